@@ -2,3 +2,5 @@
 
 Installed as ``meshbatch.kernels``. This module only re-exports.
 """
+
+from .batch import Batch as Batch

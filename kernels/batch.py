@@ -1,0 +1,43 @@
+"""The batch every meshbatch dataset emits: fixed dtypes, one row per example.
+
+A batch is a pytree of ``[batch, seq_len]`` int32 arrays, Levanter's ``LmExample`` without the
+named axes:
+
+    tokens      = [5, 6, 7, 8]
+    loss_mask   = [1, 1, 1, 0]     # 1 where position i's next token is a training target
+    segment_ids = [0, 0, 1, 1]     # attention never crosses a segment boundary
+
+``doc_idx`` is carried only by datasets that know which document a row came from (splice).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+
+class Batch(eqx.Module):
+    """A batch of causal-LM examples.
+
+    Attributes:
+        tokens: ``int32[batch, seq_len]`` token ids.
+        loss_mask: ``int32[batch, seq_len]``, 0/1; 1 where the next token is a target.
+        segment_ids: ``int32[batch, seq_len]``; attention is causal within equal ids.
+        doc_idx: ``int32[batch]`` source document per row, or ``None`` where the dataset has none.
+    """
+
+    tokens: Int[Array, "batch seq"]
+    loss_mask: Int[Array, "batch seq"]
+    segment_ids: Int[Array, "batch seq"]
+    doc_idx: Int[Array, " batch"] | None = None
+
+    def __check_init__(self):
+        for name in ("tokens", "loss_mask", "segment_ids"):
+            value = getattr(self, name)
+            if value.dtype != jnp.int32:
+                raise TypeError(f"Batch.{name} must be int32 (got dtype={value.dtype})")
+            if value.ndim != 2:
+                raise ValueError(f"Batch.{name} must be [batch, seq_len] (got shape={value.shape})")
+        if self.doc_idx is not None and self.doc_idx.dtype != jnp.int32:
+            raise TypeError(f"Batch.doc_idx must be int32 (got dtype={self.doc_idx.dtype})")
