@@ -149,6 +149,12 @@ def remove_ledger(root: str) -> None:
         _fsync_dir(root)
 
 
+def ledger_metadata(preprocessor_metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Levanter's ledger ``metadata`` dict, normalised through JSON so it compares equal after a reload."""
+    meta = dict(preprocessor_metadata) if preprocessor_metadata is not None else None
+    return json.loads(json.dumps({"preprocessor_metadata": meta}))
+
+
 def shard_table(ledger: Ledger, field_name: str) -> list[ShardEntry]:
     """Validates a sharded ledger and returns its finished shards in global row order.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import posixpath
@@ -27,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .arrays import create_field
-from .ledger import SHARDED, Ledger, read_ledger, remove_ledger, shard_table, write_ledger
+from .ledger import SHARDED, Ledger, ledger_metadata, read_ledger, remove_ledger, shard_table, write_ledger
 from .validate import check_dtype
 
 logger = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class CacheWriter:
         self.dtype = np.dtype(dtype)
         if not np.issubdtype(self.dtype, np.integer):
             raise ValueError(f"token dtype must be an integer type (got dtype={self.dtype})")
-        self._metadata = _ledger_metadata(metadata)
+        self._metadata = ledger_metadata(metadata)
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._finished = False
@@ -209,7 +208,7 @@ class ShardedCacheWriter:
         metadata: Mapping[str, Any] | None = None,
     ):
         self.root, self.field, self.dtype = root, field, np.dtype(dtype)
-        self._metadata = _ledger_metadata(metadata)
+        self._metadata = ledger_metadata(metadata)
         existing = _try_read_ledger(root)
         if existing is not None and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {root}; pass if_exists='resume' or 'overwrite'")
@@ -275,11 +274,6 @@ class ShardedCacheWriter:
         self._ledger = dataclasses.replace(self._ledger, is_finished=True)
         write_ledger(self.root, self._ledger)
         return self._ledger
-
-
-def _ledger_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Levanter's ledger ``metadata`` dict, normalised through JSON so it compares equal after a reload."""
-    return json.loads(json.dumps({"preprocessor_metadata": dict(metadata) if metadata is not None else None}))
 
 
 def _try_read_ledger(path: str) -> Ledger | None:
