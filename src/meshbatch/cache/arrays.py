@@ -71,8 +71,10 @@ class FieldArrays:
         return posixpath.join(self.root, "data")
 
 
-def open_field(root: str, field: str, *, context: ts.Context | None = None) -> FieldArrays:
-    """Opens ``<root>/<field>/{offsets,data}`` read-only.
+def open_field(
+    root: str, field: str, *, writable: bool = False, context: ts.Context | None = None
+) -> FieldArrays:
+    """Opens the existing ``<root>/<field>/{offsets,data}``; read-only unless ``writable``.
 
     Raises:
         FileNotFoundError: either array has no ``zarr.json``.
@@ -80,7 +82,11 @@ def open_field(root: str, field: str, *, context: ts.Context | None = None) -> F
     """
     field_root = posixpath.join(root, field)
     context = context or shared_context()
-    futures = {name: _open(posixpath.join(field_root, name), context) for name in ("offsets", "data")}
+    mode = {"open": True, "read": True, "write": writable}
+    futures = {
+        name: ts.open(_spec(posixpath.join(field_root, name), writable), context=context, **mode)
+        for name in ("offsets", "data")
+    }
     stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
     offsets, data = stores["offsets"], stores["data"]
     if offsets.dtype.numpy_dtype != np.int64:
@@ -92,24 +98,14 @@ def open_field(root: str, field: str, *, context: ts.Context | None = None) -> F
     return FieldArrays(field_root, offsets, data)
 
 
-def create_field(root: str, field: str, dtype: np.dtype, *, overwrite: bool) -> FieldArrays:
-    """Creates (or, with ``overwrite=False``, opens existing) writable field arrays in Levanter's layout.
-
-    Chunks equal to the fill value are stored anyway, so every written token range has a chunk on
-    disk and a missing chunk always means missing data (see ``stored_extent``).
-    """
+def create_field(root: str, field: str, dtype: np.dtype) -> FieldArrays:
+    """Creates empty writable field arrays in Levanter's layout, deleting any existing ones."""
     field_root = posixpath.join(root, field)
-    mode = {"create": True, "delete_existing": True} if overwrite else {"create": True, "open": True}
-    futures = {
-        name: ts.open(
-            _levanter_spec(
-                posixpath.join(field_root, name), np.dtype(np.int64 if name == "offsets" else dtype)
-            ),
-            context=shared_context(),
-            **mode,
-        )
-        for name in ("offsets", "data")
-    }
+    futures = {}
+    for name in ("offsets", "data"):
+        spec = _spec(posixpath.join(field_root, name), True)
+        spec["metadata"] = _levanter_metadata(np.dtype(np.int64 if name == "offsets" else dtype))
+        futures[name] = ts.open(spec, context=shared_context(), create=True, delete_existing=True)
     stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
     return FieldArrays(field_root, stores["offsets"], stores["data"])
 
@@ -126,9 +122,12 @@ def stored_extent(data: ts.TensorStore) -> int:
     return (max(indices) + 1) * int(data.chunk_layout.write_chunk.shape[0])
 
 
-def _open(path: str, context: ts.Context) -> ts.Future:
+def _spec(path: str, writable: bool) -> dict:
     spec = {"driver": "zarr3", "kvstore": kvstore_spec(path), "recheck_cached_data": True}
-    return ts.open(spec, open=True, read=True, context=context)
+    if writable:
+        # store every written chunk, even all-zero ones, so a missing chunk always means missing data
+        spec["store_data_equal_to_fill_value"] = True
+    return spec
 
 
 def _result(future: ts.Future, path: str) -> ts.TensorStore:
@@ -140,23 +139,18 @@ def _result(future: ts.Future, path: str) -> ts.TensorStore:
         raise ValueError(f"cannot open zarr array {path}: {e}") from e
 
 
-def _levanter_spec(path: str, dtype: np.dtype) -> dict:
+def _levanter_metadata(dtype: np.dtype) -> dict:
     return {
-        "driver": "zarr3",
-        "kvstore": kvstore_spec(path),
-        "store_data_equal_to_fill_value": True,
-        "metadata": {
-            "shape": [ARRAY_SHAPE],
-            "data_type": dtype.name,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [DEFAULT_WRITE_CHUNK_SIZE]}},
-            "codecs": [
-                {
-                    "name": "sharding_indexed",
-                    "configuration": {
-                        "chunk_shape": [DEFAULT_CHUNK_SIZE],
-                        "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}],
-                    },
-                }
-            ],
-        },
+        "shape": [ARRAY_SHAPE],
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [DEFAULT_WRITE_CHUNK_SIZE]}},
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [DEFAULT_CHUNK_SIZE],
+                    "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}],
+                },
+            }
+        ],
     }

@@ -252,10 +252,9 @@ class TokenCache:
             )
         with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
             loaded_parts = list(pool.map(self._load_shard, entries[loaded:]))
-        offsets, segments = [self._offsets], list(self._segments)
+        offsets, segments, start = [self._offsets], list(self._segments), self.num_tokens
         for entry, (data, shard_offsets) in zip(entries[loaded:], loaded_parts, strict=True):
             self._set_dtype(data, where=posixpath.join(self.path, entry.name, self.field, "data"))
-            start = int(offsets[-1][-1])
             offsets.append(shard_offsets[1:] + start)
             if entry.tokens:
                 segments.append(
@@ -263,6 +262,7 @@ class TokenCache:
                         posixpath.join(self.path, entry.name, self.field, "data"), start, entry.tokens, data
                     )
                 )
+            start += entry.tokens
         self._offsets = np.concatenate(offsets)
         self._segments = segments
         self._parts = [e.name for e in entries]

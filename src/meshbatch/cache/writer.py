@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .arrays import create_field
+from .arrays import create_field, open_field
 from .ledger import SHARDED, Ledger, ledger_metadata, read_ledger, remove_ledger, shard_table, write_ledger
 from .validate import check_dtype
 
@@ -82,7 +82,7 @@ class CacheWriter:
         if (existing is not None or os.path.exists(field_dir)) and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {path}; pass if_exists='resume' or 'overwrite'")
         remove_ledger(path)  # before touching arrays: an old finished ledger must not outlive its data
-        self._arrays = create_field(path, field, self.dtype, overwrite=True)
+        self._arrays = create_field(path, field, self.dtype)
         self.rows = self.tokens = 0
         self._arrays.offsets[0].write(0).result()
         self._commit(finished=False)
@@ -167,7 +167,7 @@ class CacheWriter:
                 f"cannot resume {self.path}: its ledger metadata {dict(ledger.metadata)} "
                 f"differs from {self._metadata}"
             )
-        self._arrays = create_field(self.path, self.field, self.dtype, overwrite=False)
+        self._arrays = open_field(self.path, self.field, writable=True)
         check_dtype(
             self._arrays.data.dtype.numpy_dtype,
             self.dtype,
