@@ -110,6 +110,11 @@ class TokenCache:
         return self._ledger.layout if self._ledger is not None else CONSOLIDATED
 
     @property
+    def context(self) -> ts.Context:
+        """The TensorStore context every read of this cache uses (shared across opens by default)."""
+        return self._context
+
+    @property
     def num_shards(self) -> int:
         return len(self._parts)
 
