@@ -139,6 +139,8 @@ class RunRead:
         """Gathers the spans in request order (duplicates copied) into one flat buffer."""
         offsets = np.zeros(self.span_lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(self.span_lengths, out=offsets[1:])
+        if offsets[-1] == self.buffer.shape[0] and np.array_equal(self.span_starts, offsets[:-1]):
+            return SpanRead(self.buffer, offsets)  # spans already lie back to back in request order
         pieces = [
             self.buffer[s : s + n]
             for s, n in zip(self.span_starts.tolist(), self.span_lengths.tolist(), strict=True)
