@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorstore as ts
 
-from .arrays import open_field, shared_context
+from .arrays import FieldArrays, open_field, shared_context
 from .blocks import BlockCache
 from .coalesce import ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
 from .fetch import DEFAULT_MAX_READ_TOKENS, Segment, fetch_runs
@@ -49,7 +49,7 @@ class TokenCache:
         self._dtype: np.dtype | None = None
         self._expected_dtype: np.dtype | None = None
         self._parts: list[str] = []  # shard names loaded so far ("" for a consolidated cache)
-        self._offsets_store: ts.TensorStore | None = None
+        self._arrays: FieldArrays | None = None  # the consolidated layout's arrays, once opened
 
     @classmethod
     def open(
@@ -241,22 +241,20 @@ class TokenCache:
         rows = ledger.total_num_rows
         if rows < self.num_rows:
             raise ValueError(f"cache at {self.path} went backwards: {rows} rows < {self.num_rows} loaded")
-        arrays = open_field(self.path, self.field, context=self._context) if not self._segments else None
-        data = arrays.data if arrays is not None else self._segments[0].data
-        offsets_store = arrays.offsets if arrays is not None else self._offsets_store
-        where = posixpath.join(self.path, self.field, "offsets")
-        with ts.Batch() as batch:
-            count = offsets_store[0:1].read(batch=batch)
-            tail = offsets_store[self.num_rows + 1 : rows + 1].read(batch=batch)
+        arrays = self._arrays or open_field(self.path, self.field, context=self._context)
+        where = posixpath.join(arrays.root, "offsets")
+        with ts.Batch() as batch:  # the on-disk row count, and only the offsets not loaded yet
+            count = arrays.offsets[0:1].read(batch=batch)
+            tail = arrays.offsets[self.num_rows + 1 : rows + 1].read(batch=batch)
         raw = np.concatenate([count.result(), self._offsets[1:], tail.result()])
         offsets = check_offsets(raw, rows=rows, finished=ledger.is_finished, where=where)
         recorded = ledger.field_counts.get(self.field)
         if offsets[-1] > self.num_tokens or ledger.is_finished:
-            check_extent(int(offsets[-1]), data=data, recorded=recorded, where=where)
-        self._set_dtype(data, where=posixpath.join(self.path, self.field, "data"))
-        self._offsets_store = offsets_store
+            check_extent(int(offsets[-1]), data=arrays.data, recorded=recorded, where=where)
+        self._set_dtype(arrays.data, where=arrays.data_path)
+        self._arrays = arrays
         self._offsets = offsets
-        self._segments = [Segment(posixpath.join(self.path, self.field, "data"), 0, int(offsets[-1]), data)]
+        self._segments = [Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data)]
         self._parts = [""]
 
     def _load_shards(self, ledger: Ledger) -> None:
