@@ -9,8 +9,10 @@ A commit makes buffered rows visible, in an order that keeps every reader consis
     finish: shard_ledger.json {is_finished: true, field_counts: {...}}
 
 A writer killed at any point leaves a ledger that commits only complete rows (or no ledger yet).
-``if_exists="resume"`` reopens it at the ledger's row count, truncates rows written beyond it, and
-continues; ``build_cache`` and ``ShardedCacheWriter.write_shard`` skip the inputs already committed.
+``if_exists="resume"`` reopens it at the ledger's row count, truncates rows written beyond it (those
+counted by ``offsets[0]``: their offsets and tokens are zeroed; tokens of a step 1 cut short lie past
+every offset and are overwritten as writing goes on), and continues; ``build_cache`` and
+``ShardedCacheWriter.write_shard`` skip the inputs already committed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class CacheWriter:
     ):
         if if_exists not in ("error", "resume", "overwrite"):
             raise ValueError(f"if_exists must be 'error', 'resume' or 'overwrite' (got {if_exists=})")
+        if "://" in path:
+            raise ValueError(f"CacheWriter writes local paths only (got {path=})")
         if flush_tokens <= 0:
             raise ValueError(f"flush_tokens must be > 0 (got {flush_tokens=})")
         self.path, self.field, self.flush_tokens = path, field, flush_tokens
@@ -180,6 +184,11 @@ class CacheWriter:
                 f"cannot resume {self.path}: offsets[0]={on_disk} < {self.rows} rows the ledger commits"
             )
         self.tokens = int(self._arrays.offsets[self.rows].read().result()) if self.rows else 0
+        if ledger.field_counts.get(self.field, self.tokens) != self.tokens:
+            raise ValueError(
+                f"cannot resume {self.path}: offsets[{self.rows}]={self.tokens} but the ledger records "
+                f"{ledger.field_counts[self.field]} tokens"
+            )
         self._arrays.offsets[0].write(self.rows).result()
         if on_disk > self.rows:  # rows written after the last commit: truncate them
             stale_end = int(self._arrays.offsets[on_disk].read().result())
