@@ -237,3 +237,10 @@ def test_python_dash_m_validate_cache(tmp_path):
     )
     assert run.returncode == 1
     assert f"no ledger at {path}/shard_ledger.json" in run.stdout
+
+
+def test_tensorstore_url_paths_open_the_same_cache(tmp_path):
+    path = _write(tmp_path)
+    by_url = TokenCache.open(f"file://{path}")
+    np.testing.assert_array_equal(by_url.doc_offsets(), TokenCache.open(path).doc_offsets())
+    np.testing.assert_array_equal(by_url.read_rows([3])[0], DOCS[3])
