@@ -93,10 +93,3 @@ def test_small_lru_still_returns_correct_tokens(paths):
 def test_opens_share_one_tensorstore_context(paths):
     a, b = TokenCache.open(paths[0]), TokenCache.open(paths[1])
     assert a.context is b.context is shared_context()
-
-
-def test_block_reads_stop_merging_at_max_read_tokens(paths):
-    cache = TokenCache.open(paths[0], block_cache=BlockCache(1 << 20, block_tokens=64), max_read_tokens=128)
-    got = cache.read_spans([0], [64 * 5])  # five missing blocks, at most two per read
-    assert cache.counters.reads_issued == 3
-    np.testing.assert_array_equal(got.tokens, np.arange(320, dtype=np.int32))

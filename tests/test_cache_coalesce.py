@@ -145,17 +145,6 @@ def test_read_rows_returns_whole_documents_in_order(flat_cache):
         flat_cache.read_rows([1, 37])
 
 
-def test_long_runs_are_read_in_pieces_cut_at_max_read_tokens(flat_cache):
-    cache = TokenCache.open(flat_cache.path, max_read_tokens=100)
-    got = cache.read_spans([30, 50], [350, 10])  # one run [30, 380): cut at 100, 200, 300
-    assert cache.counters.runs == 1 and cache.counters.reads_issued == 4
-    assert cache.counters.bytes_read == 350 * 4
-    np.testing.assert_array_equal(got[0], np.arange(30, 380, dtype=np.int32))
-    np.testing.assert_array_equal(got[1], np.arange(50, 60, dtype=np.int32))
-    with pytest.raises(ValueError, match="max_read_tokens must be > 0"):
-        TokenCache.open(flat_cache.path, max_read_tokens=0)
-
-
 def test_spans_back_to_back_in_request_order_are_returned_without_a_gather(flat_cache):
     runs = flat_cache.read_runs(np.arange(0, 320, 32), 32)
     assert runs.spans().tokens is runs.buffer

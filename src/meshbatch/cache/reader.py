@@ -26,7 +26,7 @@ import tensorstore as ts
 from .arrays import FieldArrays, open_field, shared_context
 from .blocks import BlockCache
 from .coalesce import ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
-from .fetch import DEFAULT_MAX_READ_TOKENS, Segment, fetch_runs
+from .fetch import Segment, fetch_runs
 from .ledger import CONSOLIDATED, Ledger, read_ledger, shard_table
 from .validate import check_dtype, check_extent, check_offsets
 
@@ -40,7 +40,6 @@ class TokenCache:
         """Use ``TokenCache.open``."""
         self.path, self.field = path, field
         self.block_cache = block_cache
-        self.max_read_tokens = DEFAULT_MAX_READ_TOKENS
         self.counters = ReadCounters()
         self._context = context
         self._ledger: Ledger | None = None
@@ -60,7 +59,6 @@ class TokenCache:
         require_finished: bool = True,
         dtype: np.dtype | str | None = None,
         block_cache: BlockCache | None = None,
-        max_read_tokens: int = DEFAULT_MAX_READ_TOKENS,
         context: ts.Context | None = None,
     ) -> TokenCache:
         """Opens and validates the cache at ``path`` (a local path or TensorStore URL).
@@ -72,8 +70,6 @@ class TokenCache:
                 committed rows of a cache under construction (quick start).
             dtype: if given, the on-disk token dtype must equal it.
             block_cache: serve reads through this LRU of decoded blocks.
-            max_read_tokens: longest single TensorStore read; longer runs are read in pieces cut at
-                its multiples (see ``fetch``).
             context: TensorStore context; defaults to the process-wide shared one.
 
         Raises:
@@ -81,10 +77,7 @@ class TokenCache:
             ValueError: unfinished ledger (with ``require_finished``), inconsistent ledger, offsets not
                 monotone or beyond the data, dtype mismatch.
         """
-        if max_read_tokens <= 0:
-            raise ValueError(f"max_read_tokens must be > 0 (got {max_read_tokens=})")
         cache = cls(path, field, block_cache=block_cache, context=context or shared_context())
-        cache.max_read_tokens = max_read_tokens
         cache._expected_dtype = None if dtype is None else np.dtype(dtype)
         ledger = read_ledger(path, context=cache._context)
         if require_finished and not ledger.is_finished:
@@ -189,7 +182,6 @@ class TokenCache:
             runs.run_offsets,
             dtype=self.dtype,
             block_cache=self.block_cache,
-            max_read_tokens=self.max_read_tokens,
         )
         self.counters.add(
             spans_requested=starts.shape[0],
