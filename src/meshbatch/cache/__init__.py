@@ -1,0 +1,22 @@
+"""Host-side token caches: Levanter's on-disk format, read coalesced and written resumably."""
+
+from .arrays import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
+from .arrays import shared_context as shared_context
+from .blocks import BlockCache as BlockCache
+from .build import build_cache as build_cache
+from .build import iter_documents as iter_documents
+from .coalesce import Coalesced as Coalesced
+from .coalesce import ReadCounters as ReadCounters
+from .coalesce import RunRead as RunRead
+from .coalesce import SpanRead as SpanRead
+from .coalesce import coalesce_spans as coalesce_spans
+from .ledger import Ledger as Ledger
+from .ledger import read_ledger as read_ledger
+from .reader import TokenCache as TokenCache
+from .tokenizers import ByteTokenizer as ByteTokenizer
+from .tokenizers import HFTokenizer as HFTokenizer
+from .tokenizers import Tokenizer as Tokenizer
+from .validate import ValidationReport as ValidationReport
+from .validate import validate_cache as validate_cache
+from .writer import CacheWriter as CacheWriter
+from .writer import ShardedCacheWriter as ShardedCacheWriter

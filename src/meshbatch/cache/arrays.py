@@ -1,0 +1,156 @@
+"""The TensorStore arrays of one cache field, exactly as Levanter lays them out.
+
+A field (``input_ids``) is a jagged array stored as two zarr v3 arrays::
+
+    <root>/input_ids/offsets   int64, offsets[0] = row count, row i = data[offsets[i] : offsets[i+1]]
+                               (row 0 starts at 0: offsets[0] is the count, not a start)
+    <root>/input_ids/data      the tokens of all rows back to back, any integer dtype
+
+    rows [5,6,7], [8], [9,9] -> offsets = [3, 3, 4, 6, 0, ...], data = [5, 6, 7, 8, 9, 9, 0, ...]
+
+Both arrays have shape ``2**54`` (unbounded in practice), a ``2**27``-element write chunk holding
+``2**18``-element (``DEFAULT_CHUNK_SIZE``) blosc-compressed inner chunks via ``sharding_indexed``:
+Levanter's ``jagged_array._get_spec``. All opens share one ``ts.Context`` so its cache pool and I/O
+concurrency limits are shared across caches, shards and re-opens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import re
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import tensorstore as ts
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 256 * 1024  # tokens per inner (read) chunk; Levanter's DEFAULT_CHUNK_SIZE
+DEFAULT_WRITE_CHUNK_SIZE = DEFAULT_CHUNK_SIZE * 512  # tokens per stored shard file
+ARRAY_SHAPE = 2**54  # Levanter's "unbounded" extent; the row count lives in offsets[0]
+DEFAULT_CACHE_POOL_BYTES = 1 << 30  # as Levanter's CACHE_BYTES_LIMIT default
+
+_context_lock = threading.Lock()
+_shared_context: ts.Context | None = None
+_CHUNK_KEY = re.compile(r"^(?:c[/.])?(\d+)$")
+
+
+def shared_context() -> ts.Context:
+    """The process-wide TensorStore context (cache pool + I/O concurrency) every cache open uses.
+
+    Its cache pool holds ``MESHBATCH_TS_CACHE_BYTES`` bytes (default 1 GiB) of decoded chunks.
+    """
+    global _shared_context
+    with _context_lock:
+        if _shared_context is None:
+            limit = int(os.environ.get("MESHBATCH_TS_CACHE_BYTES", DEFAULT_CACHE_POOL_BYTES))
+            _shared_context = ts.Context({"cache_pool": {"total_bytes_limit": limit}})
+        return _shared_context
+
+
+def kvstore_spec(path: str) -> str | dict:
+    """A TensorStore kvstore for directory ``path``: a local path or any TensorStore URL (``gs://``)."""
+    if "://" in path:
+        return path.rstrip("/") + "/"
+    return {"driver": "file", "path": os.path.abspath(path) + "/"}
+
+
+@dataclass(frozen=True)
+class FieldArrays:
+    """The open ``offsets`` and ``data`` arrays of one field of one consolidated cache directory."""
+
+    root: str
+    offsets: ts.TensorStore
+    data: ts.TensorStore
+
+    @property
+    def data_path(self) -> str:
+        return posixpath.join(self.root, "data")
+
+
+def open_field(
+    root: str, field: str, *, writable: bool = False, context: ts.Context | None = None
+) -> FieldArrays:
+    """Opens the existing ``<root>/<field>/{offsets,data}``; read-only unless ``writable``.
+
+    Raises:
+        FileNotFoundError: either array has no ``zarr.json``.
+        ValueError: the offsets are not int64 or the data is not an integer array.
+    """
+    field_root = posixpath.join(root, field)
+    context = context or shared_context()
+    mode = {"open": True, "read": True, "write": writable}
+    futures = {
+        name: ts.open(_spec(posixpath.join(field_root, name), writable), context=context, **mode)
+        for name in ("offsets", "data")
+    }
+    stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
+    offsets, data = stores["offsets"], stores["data"]
+    if offsets.dtype.numpy_dtype != np.int64:
+        raise ValueError(
+            f"{field_root}/offsets has dtype {offsets.dtype.numpy_dtype}; Levanter caches use int64"
+        )
+    if not np.issubdtype(data.dtype.numpy_dtype, np.integer):
+        raise ValueError(f"{field_root}/data has dtype {data.dtype.numpy_dtype}; token data must be integers")
+    return FieldArrays(field_root, offsets, data)
+
+
+def create_field(root: str, field: str, dtype: np.dtype) -> FieldArrays:
+    """Creates empty writable field arrays in Levanter's layout, deleting any existing ones."""
+    field_root = posixpath.join(root, field)
+    futures = {}
+    for name in ("offsets", "data"):
+        spec = _spec(posixpath.join(field_root, name), True)
+        spec["metadata"] = _levanter_metadata(np.dtype(np.int64 if name == "offsets" else dtype))
+        futures[name] = ts.open(spec, context=shared_context(), create=True, delete_existing=True)
+    stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
+    return FieldArrays(field_root, stores["offsets"], stores["data"])
+
+
+def stored_extent(data: ts.TensorStore) -> int:
+    """Elements covered by the stored chunks of ``data``: (last stored write chunk + 1) x chunk length.
+
+    Reads past this extent would silently return the fill value, so offsets must not reach beyond it.
+    """
+    keys = data.kvstore.list().result()
+    indices = [int(m.group(1)) for key in keys if (m := _CHUNK_KEY.match(key.decode(errors="replace")))]
+    if not indices:
+        return 0
+    return (max(indices) + 1) * int(data.chunk_layout.write_chunk.shape[0])
+
+
+def _spec(path: str, writable: bool) -> dict:
+    spec = {"driver": "zarr3", "kvstore": kvstore_spec(path), "recheck_cached_data": True}
+    if writable:
+        # store every written chunk, even all-zero ones, so a missing chunk always means missing data
+        spec["store_data_equal_to_fill_value"] = True
+    return spec
+
+
+def _result(future: ts.Future, path: str) -> ts.TensorStore:
+    try:
+        return future.result()
+    except ValueError as e:
+        if "NOT_FOUND" in str(e):
+            raise FileNotFoundError(f"missing zarr metadata {path}/zarr.json") from e
+        raise ValueError(f"cannot open zarr array {path}: {e}") from e
+
+
+def _levanter_metadata(dtype: np.dtype) -> dict:
+    return {
+        "shape": [ARRAY_SHAPE],
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [DEFAULT_WRITE_CHUNK_SIZE]}},
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [DEFAULT_CHUNK_SIZE],
+                    "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}],
+                },
+            }
+        ],
+    }

@@ -1,0 +1,290 @@
+"""``TokenCache``: a Levanter token cache opened read-only, as one flat token space.
+
+Rows (documents) are known from offsets alone; tokens are read only for requested spans. Spans are
+global token offsets, so they may cross rows and, in the sharded layout, shards::
+
+    cache = TokenCache.open("/data/cache", field="input_ids")
+    cache.doc_lengths()                       # [num_rows] int64, no token read
+    got = cache.read_spans([8192, 0], [4096, 4096])
+    got[0], got[1]                            # tokens 8192..12287 and 0..4095, on-disk dtype
+    cache.counters.as_dict()                  # {'spans_requested': 2, 'runs': 2, 'reads_issued': 2, ...}
+
+Quick start: ``open(..., require_finished=False)`` reads a cache still being written; it sees the rows
+its ledger commits, and ``refresh()`` / ``wait_for_rows(n)`` pick up rows committed since.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import tensorstore as ts
+
+from .arrays import FieldArrays, open_field, shared_context
+from .blocks import BlockCache
+from .coalesce import ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
+from .fetch import Segment, fetch_runs
+from .ledger import CONSOLIDATED, Ledger, read_ledger, shard_table
+from .validate import check_dtype, check_extent, check_offsets
+
+logger = logging.getLogger(__name__)
+
+
+class TokenCache:
+    """One field of a Levanter token cache (consolidated or sharded layout), read-only."""
+
+    def __init__(self, path: str, field: str, *, block_cache: BlockCache | None, context: ts.Context):
+        """Use ``TokenCache.open``."""
+        self.path, self.field = path, field
+        self.block_cache = block_cache
+        self.counters = ReadCounters()
+        self._context = context
+        self._ledger: Ledger | None = None
+        self._segments: list[Segment] = []
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._dtype: np.dtype | None = None
+        self._expected_dtype: np.dtype | None = None
+        self._parts: list[str] = []  # shard names loaded so far ("" for a consolidated cache)
+        self._arrays: FieldArrays | None = None  # the consolidated layout's arrays, once opened
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        field: str = "input_ids",
+        *,
+        require_finished: bool = True,
+        dtype: np.dtype | str | None = None,
+        block_cache: BlockCache | None = None,
+        context: ts.Context | None = None,
+    ) -> TokenCache:
+        """Opens and validates the cache at ``path`` (a local path or TensorStore URL).
+
+        Args:
+            path: cache root (the directory holding ``shard_ledger.json``).
+            field: the jagged field to read.
+            require_finished: reject a cache whose ledger is not finished; pass False to read the
+                committed rows of a cache under construction (quick start).
+            dtype: if given, the on-disk token dtype must equal it.
+            block_cache: serve reads through this LRU of decoded blocks.
+            context: TensorStore context; defaults to the process-wide shared one.
+
+        Raises:
+            FileNotFoundError: no ledger, or missing zarr metadata.
+            ValueError: unfinished ledger (with ``require_finished``), inconsistent ledger, offsets not
+                monotone or beyond the data, dtype mismatch.
+        """
+        cache = cls(path, field, block_cache=block_cache, context=context or shared_context())
+        cache._expected_dtype = None if dtype is None else np.dtype(dtype)
+        ledger = read_ledger(path, context=cache._context)
+        if require_finished and not ledger.is_finished:
+            raise ValueError(
+                f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
+                "committed); pass require_finished=False to read committed rows while it is written"
+            )
+        cache._load(ledger)
+        return cache
+
+    @property
+    def num_rows(self) -> int:
+        return self._offsets.shape[0] - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._offsets[-1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The on-disk token dtype (int32 for a cache with no rows and no data array opened)."""
+        return self._dtype if self._dtype is not None else np.dtype(np.int32)
+
+    @property
+    def is_finished(self) -> bool:
+        return self._ledger is not None and self._ledger.is_finished
+
+    @property
+    def layout(self) -> str:
+        return self._ledger.layout if self._ledger is not None else CONSOLIDATED
+
+    @property
+    def context(self) -> ts.Context:
+        """The TensorStore context every read of this cache uses (shared across opens by default)."""
+        return self._context
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._parts)
+
+    def doc_offsets(self) -> np.ndarray:
+        """int64 ``[num_rows + 1]`` global token offsets, starting at 0 (a read-only view)."""
+        view = self._offsets.view()
+        view.flags.writeable = False
+        return view
+
+    def doc_lengths(self) -> np.ndarray:
+        """int64 ``[num_rows]`` tokens per row, from offsets alone."""
+        return np.diff(self._offsets)
+
+    def refresh(self) -> int:
+        """Re-reads the ledger and loads rows committed since; returns ``num_rows``."""
+        ledger = read_ledger(self.path, context=self._context)
+        if ledger != self._ledger:
+            self._load(ledger)
+        return self.num_rows
+
+    def wait_for_rows(self, n: int, timeout: float | None = None) -> int:
+        """Blocks until at least ``n`` rows are committed, polling the ledger; returns ``num_rows``.
+
+        Raises:
+            IndexError: the cache finished with fewer than ``n`` rows.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while self.refresh() < n:
+            if self.is_finished:
+                raise IndexError(f"cache at {self.path} finished with {self.num_rows} rows < {n=} requested")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"cache at {self.path} has {self.num_rows} rows < {n=} after {timeout=}s")
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(2 * delay, 1.0)
+        return self.num_rows
+
+    def read_runs(self, starts, lengths) -> RunRead:
+        """Reads token spans coalesced: one read per run of overlapping or adjacent spans.
+
+        Args:
+            starts: int ``[n]`` global token offsets, any order, duplicates allowed.
+            lengths: int ``[n]`` (or a scalar) span lengths.
+
+        Returns:
+            The unique runs in one buffer and each span's place in it.
+
+        Raises:
+            ValueError: malformed or negative spans.
+            IndexError: a span ends beyond ``num_tokens``.
+        """
+        starts, lengths = as_spans(starts, lengths)
+        ends = starts + lengths
+        if ends.size and ends.max() > self.num_tokens:
+            i = int(np.argmax(ends))
+            raise IndexError(
+                f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
+                f"> num_tokens={self.num_tokens} of cache {self.path}"
+            )
+        runs = coalesce_spans(starts, lengths)
+        fetched = fetch_runs(
+            self._segments,
+            runs.run_starts,
+            runs.run_offsets,
+            dtype=self.dtype,
+            block_cache=self.block_cache,
+        )
+        self.counters.add(
+            spans_requested=starts.shape[0],
+            unique_spans=runs.unique_spans,
+            runs=runs.run_starts.shape[0],
+            reads_issued=fetched.reads_issued,
+            bytes_read=fetched.bytes_read,
+        )
+        return RunRead(fetched.buffer, runs.run_starts, runs.run_offsets, runs.span_starts, lengths)
+
+    def read_spans(self, starts, lengths) -> SpanRead:
+        """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""
+        return self.read_runs(starts, lengths).spans()
+
+    def read_rows(self, rows) -> list[np.ndarray]:
+        """Reads whole rows (documents) by index, in the order given.
+
+        Raises:
+            IndexError: a row is out of range.
+        """
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        bad = np.flatnonzero((rows < 0) | (rows >= self.num_rows))
+        if bad.size:
+            raise IndexError(
+                f"row {int(rows[bad[0]])} out of range for cache {self.path} of {self.num_rows} rows"
+            )
+        got = self.read_spans(self._offsets[rows], self._offsets[rows + 1] - self._offsets[rows])
+        return [got[i] for i in range(len(got))]
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenCache({self.path!r}, field={self.field!r}, layout={self.layout!r}, rows={self.num_rows}, "
+            f"tokens={self.num_tokens}, dtype={self.dtype}, finished={self.is_finished})"
+        )
+
+    def _load(self, ledger: Ledger) -> None:
+        """Brings segments and offsets up to ``ledger``; only new rows and new shards are read."""
+        if self._ledger is not None and ledger.layout != self._ledger.layout:
+            raise ValueError(
+                f"cache at {self.path} changed layout {self._ledger.layout!r} -> {ledger.layout!r}"
+            )
+        if ledger.layout == CONSOLIDATED:
+            self._load_consolidated(ledger)
+        else:
+            self._load_shards(ledger)
+        self._ledger = ledger
+
+    def _load_consolidated(self, ledger: Ledger) -> None:
+        rows = ledger.total_num_rows
+        if rows < self.num_rows:
+            raise ValueError(f"cache at {self.path} went backwards: {rows} rows < {self.num_rows} loaded")
+        arrays = self._arrays or open_field(self.path, self.field, context=self._context)
+        where = posixpath.join(arrays.root, "offsets")
+        with ts.Batch() as batch:  # the on-disk row count, and only the offsets not loaded yet
+            count = arrays.offsets[0:1].read(batch=batch)
+            tail = arrays.offsets[self.num_rows + 1 : rows + 1].read(batch=batch)
+        raw = np.concatenate([count.result(), self._offsets[1:], tail.result()])
+        offsets = check_offsets(raw, rows=rows, finished=ledger.is_finished, where=where)
+        recorded = ledger.field_counts.get(self.field)
+        if offsets[-1] > self.num_tokens or ledger.is_finished:
+            check_extent(int(offsets[-1]), data=arrays.data, recorded=recorded, where=where)
+        self._set_dtype(arrays.data, where=arrays.data_path)
+        self._arrays = arrays
+        self._offsets = offsets
+        self._segments = [Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data)]
+        self._parts = [""]
+
+    def _load_shards(self, ledger: Ledger) -> None:
+        entries = shard_table(ledger, self.field)
+        loaded = len(self._parts)
+        if [e.name for e in entries[:loaded]] != self._parts:
+            raise ValueError(
+                f"sharded cache at {self.path} rewrote its finished shards: had {self._parts}, "
+                f"ledger now lists {[e.name for e in entries]}"
+            )
+        with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
+            loaded_parts = list(pool.map(self._load_shard, entries[loaded:]))
+        offsets, segments, start = [self._offsets], list(self._segments), self.num_tokens
+        for entry, (data, shard_offsets) in zip(entries[loaded:], loaded_parts, strict=True):
+            self._set_dtype(data, where=posixpath.join(self.path, entry.name, self.field, "data"))
+            offsets.append(shard_offsets[1:] + start)
+            if entry.tokens:
+                segments.append(
+                    Segment(
+                        posixpath.join(self.path, entry.name, self.field, "data"), start, entry.tokens, data
+                    )
+                )
+            start += entry.tokens
+        self._offsets = np.concatenate(offsets)
+        self._segments = segments
+        self._parts = [e.name for e in entries]
+
+    def _load_shard(self, entry) -> tuple[ts.TensorStore, np.ndarray]:
+        root = posixpath.join(self.path, entry.name)
+        arrays = open_field(root, self.field, context=self._context)
+        where = posixpath.join(root, self.field, "offsets")
+        raw = arrays.offsets[0 : entry.rows + 1].read().result()
+        offsets = check_offsets(raw, rows=entry.rows, finished=True, where=where)
+        check_extent(int(offsets[-1]), data=arrays.data, recorded=entry.tokens, where=where)
+        return arrays.data, offsets
+
+    def _set_dtype(self, data: ts.TensorStore, *, where: str) -> None:
+        found = np.dtype(data.dtype.numpy_dtype)
+        check_dtype(found, self._expected_dtype, where=where)
+        check_dtype(found, self._dtype, where=where)  # every shard must agree with the first
+        self._dtype = found

@@ -1,0 +1,87 @@
+"""The ``meshbatch`` command: a small dispatcher; each subcommand registers its parser and handler.
+
+meshbatch validate-cache /data/cache          # prints a report; exit 0 valid, 1 invalid
+meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _add_validate_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate-cache", help="check a token cache and print a report (exit 1 if invalid)")
+    p.add_argument("path", help="cache root (the directory holding shard_ledger.json)")
+    p.add_argument("--field", default="input_ids", help="jagged field to check (default: input_ids)")
+    p.add_argument("--allow-unfinished", action="store_true", help="accept a cache still being written")
+    p.set_defaults(run=_validate_cache)
+
+
+def _validate_cache(args: argparse.Namespace) -> int:
+    from .cache import validate_cache
+
+    report = validate_cache(args.path, args.field, require_finished=not args.allow_unfinished)
+    print(report.format())
+    return 0 if report.ok else 1
+
+
+def _add_build_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build-cache", help="tokenize text / JSONL files into a Levanter-format token cache")
+    p.add_argument("output", help="cache root to write")
+    p.add_argument("inputs", nargs="+", help=".txt / .jsonl files (optionally .gz), in order")
+    p.add_argument("--tokenizer", help="local tokenizer.json (Hugging Face tokenizers); default: UTF-8 bytes")
+    p.add_argument("--eos-token", help="with --tokenizer: token appended to every document")
+    p.add_argument("--field", default="input_ids")
+    p.add_argument("--dtype", default="int32", help="token dtype on disk (default: int32)")
+    p.add_argument("--text-key", default="text", help="JSONL field holding the text (default: text)")
+    p.add_argument(
+        "--text-docs", choices=["file", "line"], default="file", help="a .txt file is one doc or one per line"
+    )
+    p.add_argument("--if-exists", choices=["resume", "error", "overwrite"], default="resume")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_build_cache)
+
+
+def _build_cache(args: argparse.Namespace) -> int:
+    from .cache import ByteTokenizer, HFTokenizer, build_cache
+
+    if args.eos_token and not args.tokenizer:
+        raise SystemExit("--eos-token needs --tokenizer (the byte tokenizer always ends documents with 256)")
+    tokenizer = HFTokenizer(args.tokenizer, eos_token=args.eos_token) if args.tokenizer else ByteTokenizer()
+    ledger = build_cache(
+        args.output,
+        args.inputs,
+        tokenizer=tokenizer,
+        field=args.field,
+        dtype=args.dtype,
+        text_key=args.text_key,
+        text_docs=args.text_docs,
+        if_exists=args.if_exists,
+        progress=False if args.no_progress else None,
+    )
+    print(
+        f"built {args.output}: {ledger.total_num_rows} rows, {ledger.field_counts.get(args.field, 0)} tokens"
+    )
+    return 0
+
+
+_SUBCOMMANDS = (_add_validate_cache, _add_build_cache)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``meshbatch`` command line; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="meshbatch", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
