@@ -39,7 +39,8 @@ class Batch(eqx.Module):
                 raise TypeError(f"Batch.{name} must be int32 (got dtype={value.dtype})")
             if value.shape != self.tokens.shape or value.ndim != 2:
                 raise ValueError(
-                    f"Batch.{name} must be [batch, seq_len] like tokens {self.tokens.shape} (got shape={value.shape})"
+                    f"Batch.{name} must be [batch, seq_len] like tokens {self.tokens.shape} "
+                    f"(got shape={value.shape})"
                 )
         if self.doc_idx is not None:
             if self.doc_idx.dtype != jnp.int32:

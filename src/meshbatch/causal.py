@@ -101,7 +101,9 @@ class CausalLMDataset:
                 f"the source holds {source.num_tokens} tokens: not one window of seq_len={seq_len}"
             )
         if num_examples > 2**32 - 1:
-            raise ValueError(f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache")
+            raise ValueError(
+                f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache"
+            )
         self.source = source
         self.seq_len = seq_len
         self.num_examples = num_examples
@@ -137,4 +139,3 @@ class CausalLMDataset:
             f"CausalLMDataset(examples={self.num_examples}, seq_len={self.seq_len}, "
             f"shuffle={self.shuffle_spec}, eos_id={self.eos_id}, ignore_id={self.ignore_id})"
         )
-

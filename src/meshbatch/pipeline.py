@@ -136,7 +136,9 @@ class Pipeline:
             raise ValueError(f"step must be a non-negative int (got step={step!r})")
         steps = self.num_steps()
         if steps is not None and step >= steps:
-            raise IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps")
+            raise IndexError(
+                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
+            )
         layout = self._layouts[self.schedule.batch_size(step)]
         if self.dataset.fetches:
             local = self._fetch_and_build(step, layout)
@@ -212,4 +214,3 @@ def _windows(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seq_le
     inside = column[None, :] < lengths[:, None]
     index = np.where(inside, starts[:, None] + column, 0)
     return np.where(inside, np.take(buffer, index), 0).astype(np.int32)
-

@@ -43,7 +43,9 @@ class Prefetcher(Generic[T], Iterator[T]):
         self._waits: list[float] = []
         self._ready_at_take: list[int] = []
         self.step = start
-        self._thread = threading.Thread(target=self._run, args=(start,), name="meshbatch-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(start,), name="meshbatch-prefetch", daemon=True
+        )
         self._thread.start()
 
     def _put(self, item) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 
@@ -33,13 +34,15 @@ class BatchSchedule:
         starts = [start for start, _ in segments]
         if starts[0] != 0:
             raise ValueError(f"the first batch-size segment must start at step 0 (got start={starts[0]})")
-        if any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(starts)):
             raise ValueError(f"batch-size segment starts must increase strictly (got starts={starts})")
         for start, size in segments:
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise ValueError(f"batch sizes must be positive ints (got batch_size={size!r} at step {start})")
+                raise ValueError(
+                    f"batch sizes must be positive ints (got batch_size={size!r} at step {start})"
+                )
         offsets = [0]
-        for (start, size), (next_start, _) in zip(segments, segments[1:], strict=False):
+        for (start, size), (next_start, _) in itertools.pairwise(segments):
             offsets.append(offsets[-1] + (next_start - start) * size)
         object.__setattr__(self, "_starts", starts)
         object.__setattr__(self, "_sizes", [size for _, size in segments])
@@ -54,7 +57,9 @@ class BatchSchedule:
                 start, size = (item.start, item.value) if hasattr(item, "value") else item
                 out.append((int(start), size))
             return out
-        raise ValueError(f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})")
+        raise ValueError(
+            f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
+        )
 
     def _segment(self, step: int) -> int:
         if step < 0:
