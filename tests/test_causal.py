@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from levanter.models.lm_model import LmExample
 
-from meshbatch.kernels.causal import causal_lm_batch
+from meshbatch.kernels.causal import causal_lm_batch, running_count
 
 
 def test_worked_example():
@@ -38,3 +38,11 @@ def test_equals_levanter_lm_example_causal(eos_id, ignore_id):
             np.testing.assert_array_equal(batch.segment_ids[row], 0)
         else:
             np.testing.assert_array_equal(batch.segment_ids[row], example.attn_mask.segment_ids[0].array)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (2, 128), (4, 129), (8, 4096), (2, 10_000)])
+def test_running_count_is_an_exact_cumsum(shape):
+    flags = np.random.default_rng(shape[1]).random(shape) < 0.3
+    got = jax.jit(running_count)(jnp.asarray(flags))
+    chex.assert_type(got, jnp.int32)
+    np.testing.assert_array_equal(np.asarray(got), np.cumsum(flags, axis=-1))
