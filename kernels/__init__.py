@@ -4,3 +4,10 @@ Installed as ``meshbatch.kernels``. This module only re-exports.
 """
 
 from .batch import Batch as Batch
+from .splice import DocumentPool as DocumentPool
+from .splice import pool_frames as pool_frames
+from .splice import splice_frames as splice_frames
+from .splice_balanced import BalancedPlacement as BalancedPlacement
+from .splice_pairs import PairPlacement as PairPlacement
+from .splice_schedule import SpliceSchedule as SpliceSchedule
+from .splice_schedule import lookup_rows as lookup_rows
