@@ -21,7 +21,6 @@ no row needs ``jax_enable_x64``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import equinox as eqx
 import jax

@@ -68,9 +68,9 @@ def test_example_a_slide_within_yields_exactly_13_frames_in_order():
     schedule = meshbatch.splice_schedule([5], **spec)
     assert len(schedule) == 13 == 3 + 3 + 3 + 4 + 0  # the seed's count
     doc, t, s, copy_len = (np.asarray(x).tolist() for x in schedule.lookup(np.arange(13)))
-    assert list(zip(t, s, strict=True)) == [(t, s) for t in range(3) for s in range(3)] + [
-        (3, s) for s in range(4)
-    ]
+    assert doc == [0] * 13
+    want = [(t, s) for t in range(3) for s in range(3)] + [(3, s) for s in range(4)]
+    assert list(zip(t, s, strict=True)) == want
     assert copy_len == [3] * 9 + [2] * 4
     tokens, loss, seg = frames(meshbatch.splice_batch([DOC], np.arange(13), **spec))
     assert tokens == EXAMPLE_A
@@ -98,7 +98,8 @@ def test_combined_coverage_pairs_are_in_the_k3_schedule():
 
 
 def test_tiny_doc_offsets_0_to_2():
-    # "build a tiny fake doc (e.g., [1,2,3]) and S=5, verify tokens, loss_mask, and segment_ids for offsets 0..2"
+    # "build a tiny fake doc (e.g., [1,2,3]) and S=5, verify tokens, loss_mask, and segment_ids
+    # for offsets 0..2"
     tokens, loss, seg = frames(
         meshbatch.splice_batch([np.array([1, 2, 3])], [0, 1, 2], seq_len=5, pad_token_id=P)
     )
@@ -124,8 +125,8 @@ def test_by_document_worked_example():
     ]  # fmt: skip
     assert meshbatch.pairs_per_doc(schedule).tolist() == [4, 4, 0]
     batch = meshbatch.splice_batch(MULTI_DOCS, [4, 5], pad_token_id=P, **spec)
-    H, I, J, K, L = (A_TO_Z[c] for c in "HIJKL")
-    assert np.asarray(batch.tokens).tolist() == [[P, P, P, P, H, I, J, K], [P, P, P, P, I, J, K, L]]
+    h, i, j, k, l = (A_TO_Z[c] for c in "HIJKL")  # noqa: E741
+    assert np.asarray(batch.tokens).tolist() == [[P, P, P, P, h, i, j, k], [P, P, P, P, i, j, k, l]]
     assert np.asarray(batch.loss_mask).tolist() == [[0, 0, 0, 0, 1, 1, 1, 0]] * 2
     assert np.asarray(batch.segment_ids).tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]] * 2
     assert np.asarray(batch.doc_idx).tolist() == [1, 1]

@@ -1,6 +1,9 @@
 """meshbatch: language-model training batches built inside the JAX device mesh."""
 
 __version__ = "0.1.0"
+
+from .select import DocumentSelection as DocumentSelection
+from .select import select_documents as select_documents
 from .splice import SpliceDataset as SpliceDataset
 from .splice import SpliceSpec as SpliceSpec
 from .splice import coverage_counts as coverage_counts
@@ -9,5 +12,3 @@ from .splice import shard_indices as shard_indices
 from .splice import splice_batch as splice_batch
 from .splice import splice_schedule as splice_schedule
 from .splice import splice_validation_set as splice_validation_set
-from .select import DocumentSelection as DocumentSelection
-from .select import select_documents as select_documents

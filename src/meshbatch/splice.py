@@ -114,7 +114,8 @@ class SpliceSpec:
                 _check_int(name, getattr(self, name), -(2**31))
         if self.content_length is not None and self.content_length < self.min_copy_len:
             raise ValueError(
-                f"content_length={self.content_length} < min_copy_len={self.min_copy_len}: no copy is long enough"
+                f"content_length={self.content_length} < min_copy_len={self.min_copy_len}: "
+                "no copy is long enough"
             )
         if self.seq_len < self.min_copy_len:
             raise ValueError(
@@ -342,6 +343,11 @@ def _frames(schedule, pool, rows, epoch, **static):
     return pool_frames(pool, doc, t, s, copy_len, **static)
 
 
+@jax.jit
+def _select_rows(take, new: Batch, old: Batch) -> Batch:
+    return jax.tree.map(lambda a, b: jnp.where(take.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
 class SpliceDataset:
     """In-memory documents as a splice dataset: device pool + schedule, one jitted call per batch.
 
@@ -371,16 +377,11 @@ class SpliceDataset:
         """Frames for global example indices (``epoch = index // len(self)``): ``int32[n, seq_len]``."""
         epoch, row = split_indices(indices, len(self.schedule))
         rows = jnp.asarray(row, dtype=jnp.uint32)
-        out = None
-        for e in np.unique(epoch):  # one call per epoch present (a batch spans at most a few)
+        epochs = np.unique(epoch)  # a batch spans one epoch, or a few at a boundary
+        out = _frames(self.schedule, self.pool, rows, jnp.uint32(epochs[0]), **self.frame_args)
+        for e in epochs[1:]:
             batch = _frames(self.schedule, self.pool, rows, jnp.uint32(e), **self.frame_args)
-            if out is None:
-                out = batch
-            else:
-                mask = jnp.asarray(epoch == e)
-                out = jax.tree.map(
-                    lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), b, a), out, batch
-                )
+            out = _select_rows(jnp.asarray(epoch == e), batch, out)
         return out
 
     def frames_at(self, doc, t, s) -> Batch:
