@@ -160,7 +160,6 @@ class SpliceSchedule(eqx.Module):
         items: ``uint32[num_docs]`` distinct placements of each document.
         placement: the mode's ``(doc, quantile) -> (t, s, copy_len)`` map.
         shuffle: optional permutation module ``perm(rows, epoch)`` applied to rows first.
-        num_rows: rows per epoch (static).
         doc_steps: binary-search steps over documents (static).
     """
 
@@ -168,11 +167,11 @@ class SpliceSchedule(eqx.Module):
     items: UInt32[Array, " docs"]
     placement: eqx.Module
     shuffle: eqx.Module | None
-    num_rows: int = eqx.field(static=True)
     doc_steps: int = eqx.field(static=True)
 
     def __len__(self) -> int:
-        return self.num_rows
+        """Rows per epoch (host only: reads the last ``cum_rows`` entry)."""
+        return int(np.asarray(self.cum_rows[-1]))
 
     @property
     def num_docs(self) -> int:

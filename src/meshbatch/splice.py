@@ -304,7 +304,6 @@ def build_schedule(lengths: np.ndarray, spec: SpliceSpec) -> SpliceSchedule:
         items=jnp.asarray(items, dtype=jnp.uint32),
         placement=placement,
         shuffle=shuffle,
-        num_rows=total,
         doc_steps=bit_length(lengths.shape[0]),
     )
 
