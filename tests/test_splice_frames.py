@@ -1,4 +1,4 @@
-"""``splice_frames`` / ``pool_frames``: golden rows, properties against the numpy reference, Levanter parity."""
+"""splice_frames / pool_frames: golden rows, properties against the numpy reference, Levanter parity."""
 
 from __future__ import annotations
 

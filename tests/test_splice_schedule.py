@@ -104,9 +104,14 @@ def test_min_copy_len_prunes_short_copies():
 
 @pytest.mark.parametrize(
     ("balance_mode", "tau", "epoch_length"),
-    [("by_document", 1.0, None), ("by_document", 1.0, 50), ("by_temperature", 1.0, 101), ("by_temperature", 0.0, 64),
-     ("by_coverage", 1.0, 77)],
-)  # fmt: skip
+    [
+        ("by_document", 1.0, None),
+        ("by_document", 1.0, 50),
+        ("by_temperature", 1.0, 101),
+        ("by_temperature", 0.0, 64),
+        ("by_coverage", 1.0, 77),
+    ],
+)
 def test_enumerated_quotas_spread_pairs_pass_by_pass(balance_mode, tau, epoch_length):
     lengths = [3, 9, 2, 6]
     kw = dict(S=6, K=3, start_mode="slide_within")
