@@ -170,8 +170,9 @@ class PairPlacement(eqx.Module):
 
     def _first_with_more(self, doc_len, slots, i):
         """Starts whose count is ``<= i`` (a prefix of the starts, since counts grow with ``t``)."""
-        cap = self.count(jnp.int32(self.prefix.shape[0]))
-        threshold = self.seq_len - i.astype(jnp.int32) * self.s_stride  # count(v) <= i  <=>  v > threshold
+        i = i.astype(jnp.int32)
+        cap = self.count(jnp.int32(self.prefix.shape[0])).astype(jnp.int32)
+        threshold = self.seq_len - i * self.s_stride  # count(v) <= i  <=>  v > threshold
         above = jnp.maximum(doc_len - threshold + self.t_stride - 1, 0) // self.t_stride
         return jnp.where(i < cap, 0, jnp.minimum(above, slots.astype(jnp.int32)))
 
