@@ -27,9 +27,8 @@ def test_policies_among_candidates(mode, want):
 
 
 def test_thresholds_are_inclusive():
-    assert select(num_docs=8, min_doc_length=12, max_doc_length=30, doc_select_mode="first").indices.tolist() == [
-        2, 5, 7,
-    ]  # fmt: skip
+    chosen = select(num_docs=8, min_doc_length=12, max_doc_length=30, doc_select_mode="first")
+    assert chosen.indices.tolist() == [2, 5, 7]
 
 
 def test_doc_index_is_honoured_when_it_qualifies(caplog):

@@ -136,7 +136,8 @@ def test_validation_grid_is_fixed_and_spread():
     rows = list(
         zip(*(x.tolist() for x in splice_module.validation_rows(schedule, starts=3, offsets=2)), strict=True)
     )
-    # doc 0: starts t = 0..8 -> 0, 4, 8; t=0,4 place s in [0, 4] -> 0, 4; t = 8 copies 2 -> s in [0, 6] -> 0, 6.
+    # doc 0: starts t = 0..8 -> 0, 4, 8; t = 0, 4 place s in [0, 4] -> 0, 4;
+    #        t = 8 copies 2 -> s in [0, 6] -> 0, 6.
     # doc 1: starts t = 0, 1 (t = 2 leaves one token): s in [0, 5] -> 0, 5; s in [0, 6] -> 0, 6.
     assert rows == [
         (0, 0, 0, 4), (0, 0, 4, 4), (0, 4, 0, 4), (0, 4, 4, 4), (0, 8, 0, 2), (0, 8, 6, 2),

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("meshbatch.kernels.permutation", reason="needs main's permutation kernels")
 
-import meshbatch  # noqa: E402
+import meshbatch
 
 LENGTHS = [1, 3, 9, 14, 30]
 ENUMERATED = dict(seq_len=8, content_length=4, content_start_mode="slide_within")
