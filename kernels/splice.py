@@ -18,8 +18,12 @@ filler variant). Cyclic rows (``content_start_mode="cyclic_roll"``) read past th
 back to its start: ``wrap_after`` tokens are read from ``src_start``, the rest ``wrap_by`` earlier.
 
 The same kernel serves a device-resident pool (``pool_frames``: ``src_start = offsets[doc] + t``)
-and a host-fetched buffer (``src_start`` = where the fetched span starts in the buffer). It is one
-gather over ``[batch, seq_len]`` plus iota comparisons; nothing loops over rows.
+and a host-fetched buffer (``src_start`` = where the fetched span starts in the buffer). Each row
+reads one contiguous ``seq_len`` window of the buffer (a batched ``dynamic_slice``: memcpy-like, no
+per-token index math) and iota comparisons mask it; nothing loops over rows. Windows may reach
+past the buffer ends, so the buffer is padded by ``seq_len - margin`` on each side; a buffer that
+already carries ``margin >= seq_len`` filler tokens at both ends (``DocumentPool(margin=...)``) is
+used as is. Cyclic rows gather token by token instead.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def _check_static(seq_len: int, segment_mode: str) -> None:
         raise ValueError(f"{segment_mode=} is not one of {get_args(SegmentMode)}")
 
 
-@partial(jax.jit, static_argnames=("seq_len", "pad_token_id", "eos_token_id", "segment_mode"))
+@partial(jax.jit, static_argnames=("seq_len", "pad_token_id", "eos_token_id", "segment_mode", "margin"))
 def splice_frames(
     buffer: Int[Array, " buffer"],
     src_start: Int[Array, " batch"],
@@ -60,6 +64,7 @@ def splice_frames(
     wrap_after: Int[Array, " batch"] | None = None,
     wrap_by: Int[Array, " batch"] | None = None,
     doc_idx: Int[Array, " batch"] | None = None,
+    margin: int = 0,
 ) -> Batch:
     """Build one splice frame per row from a flat token buffer.
 
@@ -77,6 +82,8 @@ def splice_frames(
             ``src_start + i - wrap_by`` (a cyclic document).
         wrap_by: ``int32[batch]``, required with ``wrap_after``.
         doc_idx: optional ``int32[batch]`` carried into the batch.
+        margin: tokens at each end of ``buffer`` that no row copies (static); with
+            ``margin >= seq_len`` the buffer is not padded.
 
     Returns:
         A ``Batch`` of ``int32[batch, seq_len]`` tokens, loss_mask and segment_ids, and ``doc_idx``.
@@ -87,10 +94,16 @@ def splice_frames(
     pos = jax.lax.broadcasted_iota(jnp.int32, (src_start.shape[0], seq_len), 1)
     content = pos - s[:, None]  # index into the copied span
     in_span = (content >= 0) & (content < copy_len[:, None])
-    src = src_start[:, None] + content
-    if wrap_after is not None:
+    buffer = buffer.astype(jnp.int32)
+    if wrap_after is None:
+        extra = max(seq_len - margin, 0)
+        padded = jnp.pad(buffer, (extra, extra)) if extra else buffer
+        window = src_start - s + extra  # buffer position of frame position 0; in range by padding
+        copied = jax.vmap(lambda start: jax.lax.dynamic_slice(padded, (start,), (seq_len,)))(window)
+    else:
+        src = src_start[:, None] + content
         src = jnp.where(content >= wrap_after[:, None], src - wrap_by[:, None], src)
-    copied = jnp.take(buffer.astype(jnp.int32), src, mode="clip")
+        copied = jnp.take(buffer, src, mode="clip")
     tokens = jnp.where(in_span, copied, jnp.int32(pad_token_id))
     if eos_token_id is not None:
         tokens = jnp.where(pos == s[:, None] - 1, jnp.int32(eos_token_id), tokens)
@@ -108,30 +121,34 @@ class DocumentPool(eqx.Module):
     """Documents concatenated on device: document ``d`` is ``tokens[offsets[d]:offsets[d + 1]]``.
 
     Attributes:
-        tokens: ``int32[pool]`` all document tokens, back to back.
-        offsets: ``int32[num_docs + 1]`` document boundaries, ``offsets[0] == 0``.
+        tokens: ``int32[margin + pool + margin]`` all document tokens, back to back, between
+            ``margin`` zeros at each end.
+        offsets: ``int32[num_docs + 1]`` document boundaries in ``tokens``, ``offsets[0] == margin``.
+        margin: filler tokens at each end (static); ``>= seq_len`` spares ``splice_frames`` a pad.
     """
 
     tokens: Int[Array, " pool"]
     offsets: Int[Array, " docs_plus_one"]
+    margin: int = eqx.field(static=True, default=0)
 
     @classmethod
-    def from_documents(cls, docs: Sequence[np.ndarray]) -> DocumentPool:
-        """Concatenate 1-D integer token arrays (host side, once)."""
+    def from_documents(cls, docs: Sequence[np.ndarray], *, margin: int = 0) -> DocumentPool:
+        """Concatenate 1-D integer token arrays (host side, once), with ``margin`` zeros each side."""
         lengths = np.array([np.asarray(d).shape[0] for d in docs], dtype=np.int64)
         for i, d in enumerate(docs):
             d = np.asarray(d)
             if d.ndim != 1 or not np.issubdtype(d.dtype, np.integer):
                 raise ValueError(f"docs[{i}] must be a 1-D integer array (got shape={d.shape}, {d.dtype})")
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        if offsets[-1] >= 2**31:
+        offsets = margin + np.concatenate([[0], np.cumsum(lengths)])
+        if offsets[-1] + margin >= 2**31:
             raise ValueError(
                 f"a device pool holds < 2^31 tokens (got {int(offsets[-1])}); fetch spans instead"
             )
         flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs]) if docs else np.zeros(0)
         if flat.size and (flat.min() < -(2**31) or flat.max() >= 2**31):
             raise ValueError("document tokens must fit int32")
-        return cls(tokens=jnp.asarray(flat, dtype=jnp.int32), offsets=jnp.asarray(offsets, dtype=jnp.int32))
+        flat = np.pad(flat, (margin, margin))
+        return cls(jnp.asarray(flat, dtype=jnp.int32), jnp.asarray(offsets, dtype=jnp.int32), margin)
 
 
 @partial(jax.jit, static_argnames=("seq_len", "pad_token_id", "eos_token_id", "segment_mode", "cyclic"))
@@ -177,6 +194,7 @@ def pool_frames(
         wrap_after=wrap_after,
         wrap_by=wrap_by,
         doc_idx=doc,
+        margin=pool.margin,
     )
 
 

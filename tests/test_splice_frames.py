@@ -93,6 +93,11 @@ def test_host_fetched_buffer_gives_the_same_frames_as_the_pool():
         as32(buffer), as32(starts), as32(s), as32(copy_len), seq_len=16, pad_token_id=P, doc_idx=as32(doc)
     )
     chex.assert_trees_all_equal(got, want)
+    for margin in (5, 16, 40):  # a pool padded once at construction builds the same frames
+        padded = DocumentPool.from_documents(DOCS, margin=margin)
+        assert padded.tokens.shape[0] == pool.tokens.shape[0] + 2 * margin
+        again = pool_frames(padded, as32(doc), as32(t), as32(s), as32(copy_len), seq_len=16, pad_token_id=P)
+        chex.assert_trees_all_equal(again, want)
 
 
 def test_cyclic_host_fetch_needs_no_wrap():

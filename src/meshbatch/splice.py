@@ -359,7 +359,7 @@ class SpliceDataset:
         self.spec = SpliceSpec(**spec)
         if self.spec.pad_token_id is None:
             raise ValueError("pad_token_id is required to build frames (got pad_token_id=None)")
-        self.pool = DocumentPool.from_documents(docs)
+        self.pool = DocumentPool.from_documents(docs, margin=self.spec.seq_len)  # no per-call pad
         self.schedule = build_schedule(_check_lengths([len(d) for d in docs]), self.spec)
         self.frame_args = dict(
             seq_len=self.spec.seq_len,
