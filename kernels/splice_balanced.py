@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float32, Int, PRNGKeyArray, UInt32
 
-from .splice_schedule import U32, bit_length, midpoint_item, search_last
+from .splice_schedule import U32, bit_length, midpoint_item, search_last, spread
 
 JitterMode = Literal["uniform", "low_discrepancy"]
 
@@ -111,6 +111,16 @@ class BalancedPlacement(eqx.Module):
             search_steps=bit_length(int(items.max(initial=1))),
         )
         return placement, items.astype(np.int64)
+
+    def grid(self, doc: int, *, starts: int, offsets: int) -> list[tuple[int, int, int]]:
+        """Host: ``(t, s, copy_len)`` at ``starts`` spread starts x ``offsets`` spread jitters."""
+        length, content = int(np.asarray(self.doc_len)[doc]), int(np.asarray(self.content)[doc])
+        num_starts, jitter = (length - content) // self.t_stride + 1, int(np.asarray(self.jitter)[doc])
+        return [
+            (k * self.t_stride, self.seq_len - content - j, content)
+            for k in spread(num_starts, starts)
+            for j in spread(jitter, offsets)
+        ]
 
     def _edge_mass(self, scale, content, gap, n):
         """Weight of the ``n`` starts nearest one edge, whose distances are ``1 + gap + m * k_t``."""

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, UInt32
 
-from .splice_schedule import U32, bit_length, midpoint_item, search_last
+from .splice_schedule import U32, bit_length, midpoint_item, search_last, spread
 
 PairLayout = Literal["uniform", "ragged"]
 StartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "slide"]
@@ -150,6 +150,21 @@ class PairPlacement(eqx.Module):
             search_steps=bit_length(max(int(slots.max(initial=1)), int(rounds.max(initial=1)))),
         )
         return placement, items.astype(np.int64)
+
+    def grid(self, doc: int, *, starts: int, offsets: int) -> list[tuple[int, int, int]]:
+        """Host: ``(t, s, copy_len)`` at ``starts`` spread starts x ``offsets`` spread placements."""
+        length, slots = int(np.asarray(self.doc_len)[doc]), int(np.asarray(self.slots)[doc])
+        rows = []
+        for k in spread(slots, starts):
+            v = length - k * self.t_stride
+            if self.layout == "uniform":
+                count, copy = int(np.asarray(self.per_slot)[doc]), int(np.asarray(self.copy)[doc])
+            else:
+                count = int(pair_count(v, seq_len=self.seq_len, content_length=self.content_length,
+                                       offset_stride=self.s_stride))  # fmt: skip
+                copy = min(v, self.content_length, self.seq_len)
+            rows += [(k * self.t_stride, i * self.s_stride, copy) for i in spread(count, offsets)]
+        return rows
 
     # count(v) and the table D, for the ragged layout --------------------------------------------
     def count(self, v: Int[Array, "..."]) -> UInt32[Array, "..."]:

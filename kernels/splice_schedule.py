@@ -102,6 +102,13 @@ def midpoint_item(j: UInt32[Array, "..."], quota: UInt32[Array, "..."], items: U
     return muldiv(j, items, items // U32(2), jnp.maximum(quota, U32(1)))
 
 
+def spread(n: int, k: int) -> list[int]:
+    """Host: ``min(n, k)`` distinct evenly spaced integers of ``[0, n)``, both ends included."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+
 def bit_length(n: int) -> int:
     """Binary-search steps that cover ``[0, n)``."""
     return max(int(n), 1).bit_length()

@@ -246,3 +246,18 @@ def test_kernels_import_nothing_but_jax(tmp_path):
         assert subprocess.run([sys.executable, "-c", check.format(module=module)]).returncode == 0, module
     # The check can fail: a module that does import haliax is caught.
     assert subprocess.run([sys.executable, "-c", check.format(module="haliax")]).returncode == 1
+
+
+def test_validation_grid_coverage_balanced():
+    schedule = meshbatch.splice_schedule(
+        [20, 5], seq_len=8, content_length=6, content_start_mode="coverage_balanced",
+        offset_jitter=2, jitter_mode="low_discrepancy",
+    )  # fmt: skip
+    rows = list(
+        zip(*(x.tolist() for x in splice_module.validation_rows(schedule, starts=2, offsets=3)), strict=True)
+    )
+    # doc 0: K_0 = 6, starts 0..14 -> 0, 14; jitter 0..2 -> s = 2, 1, 0.  doc 1: K_1 = 5, one start, s = 3, 2, 1.
+    assert rows == [
+        (0, 0, 2, 6), (0, 0, 1, 6), (0, 0, 0, 6), (0, 14, 2, 6), (0, 14, 1, 6), (0, 14, 0, 6),
+        (1, 0, 3, 5), (1, 0, 2, 5), (1, 0, 1, 5),
+    ]  # fmt: skip

@@ -26,7 +26,7 @@ from jaxtyping import PRNGKeyArray
 from meshbatch.kernels.batch import Batch
 from meshbatch.kernels.splice import DocumentPool, SegmentMode, pool_frames
 from meshbatch.kernels.splice_balanced import BalancedPlacement, JitterMode
-from meshbatch.kernels.splice_pairs import PairPlacement, pair_count
+from meshbatch.kernels.splice_pairs import PairPlacement
 from meshbatch.kernels.splice_schedule import (
     LanePermutation,
     SpliceSchedule,
@@ -221,12 +221,11 @@ def _log_summary(spec: SpliceSpec, lengths: np.ndarray, quotas: np.ndarray, item
 
 def _no_pairs_error(spec: SpliceSpec, lengths: np.ndarray) -> ValueError:
     if spec.mode == "slide":
-        need, what = spec.seq_len, f"seq_len={spec.seq_len} (mode='slide')"
+        what = f"seq_len={spec.seq_len} (mode='slide')"
     elif spec.content_start_mode == "coverage_balanced" and not spec.adaptive_k:
-        need = min(spec.content_length or spec.seq_len, spec.seq_len)
-        what = f"content_length={need} (adaptive_k=False)"
+        what = f"content_length={min(spec.content_length or spec.seq_len, spec.seq_len)} (adaptive_k=False)"
     else:
-        need, what = spec.min_copy_len, f"min_copy_len={spec.min_copy_len}"
+        what = f"min_copy_len={spec.min_copy_len}"
     return ValueError(
         f"no document yields a splice pair: doc_lengths={_fmt(lengths)} are all shorter than {what}"
     )
@@ -444,47 +443,20 @@ _canonical = jax.jit(partial(lookup_rows, shuffled=False))
 
 
 def validation_rows(schedule: SpliceSchedule, *, starts: int = 3, offsets: int = 3) -> tuple[np.ndarray, ...]:
-    """A fixed small grid of placements per document: ``(doc, t, s, copy_len)`` int32 arrays.
+    """The seed's validation grid: ``(doc, t, s, copy_len)`` int32 arrays, fixed and small.
 
-    For every document with pairs: ``starts`` evenly spaced starts (first and last included), and for
-    each ``offsets`` evenly spaced placements. Independent of keys and epochs.
+    Every document with pairs contributes ``starts`` evenly spaced starts (first and last
+    included) at ``offsets`` evenly spaced placements each; keys and epochs play no part.
     """
     _check_int("starts", starts, 1)
     _check_int("offsets", offsets, 1)
-    placement = schedule.placement
-    items = np.asarray(schedule.items).astype(np.int64)
-    out = []
-    for doc in np.flatnonzero(items > 0).tolist():
-        length = int(np.asarray(placement.doc_len)[doc])
-        if isinstance(placement, BalancedPlacement):
-            num_starts, kt = int(items[doc]), placement.t_stride
-            content = int(np.asarray(placement.content)[doc])
-            jitter = int(np.asarray(placement.jitter)[doc])
-        else:
-            num_starts, kt = int(np.asarray(placement.slots)[doc]), placement.t_stride
-        for k in _spread(num_starts, starts):
-            t = k * kt
-            if isinstance(placement, BalancedPlacement):
-                out += [(doc, t, placement.seq_len - content - j, content) for j in _spread(jitter, offsets)]
-                continue
-            v = length - t
-            big, seq_len = placement.content_length, placement.seq_len
-            if placement.layout == "uniform":
-                count, copy = int(np.asarray(placement.per_slot)[doc]), int(np.asarray(placement.copy)[doc])
-            else:
-                count = int(
-                    pair_count(v, seq_len=seq_len, content_length=big, offset_stride=placement.s_stride)
-                )
-                copy = min(v, big, seq_len)
-            out += [(doc, t, i * placement.s_stride, copy) for i in _spread(count, offsets)]
-    return tuple(np.asarray(col, dtype=np.int32) for col in zip(*out, strict=True))
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """``min(n, k)`` distinct evenly spaced integers in ``[0, n)``, both ends included."""
-    if n <= k:
-        return list(range(n))
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+    items = np.asarray(schedule.items)
+    rows = [
+        (doc, *row)
+        for doc in np.flatnonzero(items > 0).tolist()
+        for row in schedule.placement.grid(doc, starts=starts, offsets=offsets)
+    ]
+    return tuple(np.asarray(column, dtype=np.int32) for column in zip(*rows, strict=True))
 
 
 def splice_validation_set(docs: Sequence[np.ndarray], *, starts: int = 3, offsets: int = 3, **spec) -> Batch:
