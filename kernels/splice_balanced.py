@@ -142,7 +142,16 @@ class BalancedPlacement(eqx.Module):
         in_right = right_total - self._edge_mass(scale, content, gap, starts - jnp.maximum(k, left))
         return in_left + in_right
 
-    def place(self, doc, j, quota, items, *, rows, epoch):
+    def place(
+        self,
+        doc: Int[Array, " n"],
+        j: UInt32[Array, " n"],
+        quota: UInt32[Array, " n"],
+        items: UInt32[Array, " n"],
+        *,
+        rows: UInt32[Array, " n"],
+        epoch: UInt32[Array, ""],
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
         if self.weighted:
             total = self.cumulative(doc, items.astype(jnp.int32))
@@ -152,7 +161,7 @@ class BalancedPlacement(eqx.Module):
             k = midpoint_item(j, quota, items).astype(jnp.int32)
         jitter = self.jitter[doc]
         if self.jitter_mode == "low_discrepancy" or self.jitter_key is None:
-            offset = (j + epoch) % jitter
+            offset = (j % jitter + epoch % jitter) % jitter
         else:
             key = jax.random.fold_in(self.jitter_key, epoch)
             bits = jax.vmap(lambda r: jax.random.bits(jax.random.fold_in(key, r), dtype=U32))(rows)

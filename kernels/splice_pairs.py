@@ -160,8 +160,14 @@ class PairPlacement(eqx.Module):
             if self.layout == "uniform":
                 count, copy = int(np.asarray(self.per_slot)[doc]), int(np.asarray(self.copy)[doc])
             else:
-                count = int(pair_count(v, seq_len=self.seq_len, content_length=self.content_length,
-                                       offset_stride=self.s_stride))  # fmt: skip
+                count = int(
+                    pair_count(
+                        v,
+                        seq_len=self.seq_len,
+                        content_length=self.content_length,
+                        offset_stride=self.s_stride,
+                    )
+                )
                 copy = min(v, self.content_length, self.seq_len)
             rows += [(k * self.t_stride, i * self.s_stride, copy) for i in spread(count, offsets)]
         return rows
@@ -184,7 +190,7 @@ class PairPlacement(eqx.Module):
         return self._table(doc_len) - self._table(doc_len - k * self.t_stride)
 
     def _first_with_more(self, doc_len, slots, i):
-        """Starts whose count is ``<= i`` (a prefix of the starts, since counts grow with ``t``)."""
+        """Index of the first start with more than ``i`` placements (counts grow with ``t``)."""
         i = i.astype(jnp.int32)
         cap = self.count(jnp.int32(self.prefix.shape[0])).astype(jnp.int32)
         threshold = self.seq_len - i * self.s_stride  # count(v) <= i  <=>  v > threshold
@@ -192,7 +198,16 @@ class PairPlacement(eqx.Module):
         return jnp.where(i < cap, 0, jnp.minimum(above, slots.astype(jnp.int32)))
 
     # the map -------------------------------------------------------------------------------------
-    def place(self, doc, j, quota, items, *, rows, epoch):
+    def place(
+        self,
+        doc: Int[Array, " n"],
+        j: UInt32[Array, " n"],
+        quota: UInt32[Array, " n"],
+        items: UInt32[Array, " n"],
+        *,
+        rows: UInt32[Array, " n"],
+        epoch: UInt32[Array, ""],
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
         del rows
         item = midpoint_item(j, quota, items)

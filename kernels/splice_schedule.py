@@ -80,14 +80,19 @@ def search_last(
     return base
 
 
+def ceil_div(a: UInt32[Array, "..."], b: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """``ceil(a / b)`` without the ``a + b - 1`` that overflows near ``2^32``."""
+    return a // b + (a % b != 0).astype(U32)
+
+
 def interleave(r: UInt32[Array, "..."], quota: UInt32[Array, "..."], items: UInt32[Array, "..."]):
     """Quantile index of block row ``r``: the ``quota`` quantiles laid out pass by pass.
 
     Quantile ``j = k * passes + c`` is pass ``c``'s ``k``-th point; rows visit pass 0 first, so a
     quota that is a multiple of ``items`` replays the placements in order once per pass.
     """
-    passes = jnp.maximum((quota + items - U32(1)) // jnp.maximum(items, U32(1)), U32(1))
-    per_pass = (quota + passes - U32(1)) // passes  # rows of a full pass
+    passes = jnp.maximum(ceil_div(quota, jnp.maximum(items, U32(1))), U32(1))
+    per_pass = ceil_div(quota, passes)  # rows of a full pass
     full = quota - (per_pass - U32(1)) * passes  # passes holding per_pass rows; the rest one fewer
     in_full = r < full * per_pass
     rest = r - full * per_pass

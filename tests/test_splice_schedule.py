@@ -184,6 +184,16 @@ def test_interleave_is_the_pass_order(quota, items):
     assert got == ref_pass_order(quota, items)
 
 
+def test_interleave_near_2_to_32():
+    quota, items = 2**32 - 1, 3_000_000_000
+    r = np.array([0, 1, 2, 1_499_999_999, 1_500_000_000, 2**32 - 2], dtype=np.uint32)
+    got = np.asarray(interleave(jnp.asarray(r), jnp.full(6, quota, U32), jnp.full(6, items, U32))).tolist()
+    # Two passes: the first holds the even quantiles j = 0, 2, ... (2^31 of them), the second the odd.
+    first = (quota + 1) // 2
+    want = [2 * x if x < first else 2 * (x - first) + 1 for x in r.tolist()]
+    assert got == want
+
+
 def test_search_last_finds_the_block():
     cum = jnp.asarray([0, 0, 3, 3, 3, 10, 11], dtype=U32)  # empty blocks are skipped
     rows = jnp.arange(11, dtype=U32)

@@ -159,8 +159,11 @@ class SpliceSpec:
         return self.shuffle_per_epoch or self.shuffle_content or self.shuffle_offsets or jitter
 
     def subkey(self, purpose: str) -> PRNGKeyArray:
-        """An independent key per purpose: row shuffle, start shuffle, placement shuffle, jitter."""
-        return jax.random.fold_in(self.key, _KEY_TAGS[purpose])
+        """An independent typed key per purpose: row shuffle, start shuffle, placement shuffle, jitter."""
+        key = self.key
+        if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)  # a raw uint32[2] PRNGKey
+        return jax.random.fold_in(key, _KEY_TAGS[purpose])
 
 
 def _check_lengths(doc_lengths) -> np.ndarray:
