@@ -256,7 +256,8 @@ def test_validation_grid_coverage_balanced():
     rows = list(
         zip(*(x.tolist() for x in splice_module.validation_rows(schedule, starts=2, offsets=3)), strict=True)
     )
-    # doc 0: K_0 = 6, starts 0..14 -> 0, 14; jitter 0..2 -> s = 2, 1, 0.  doc 1: K_1 = 5, one start, s = 3, 2, 1.
+    # doc 0: K_0 = 6, starts 0..14 -> 0, 14; jitter 0..2 -> s = 2, 1, 0.
+    # doc 1: K_1 = 5, one start; jitter 0..2 -> s = 3, 2, 1.
     assert rows == [
         (0, 0, 2, 6), (0, 0, 1, 6), (0, 0, 0, 6), (0, 14, 2, 6), (0, 14, 1, 6), (0, 14, 0, 6),
         (1, 0, 3, 5), (1, 0, 2, 5), (1, 0, 1, 5),
