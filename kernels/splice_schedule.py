@@ -33,7 +33,7 @@ U32 = jnp.uint32
 
 def muldiv(
     a: UInt32[Array, "..."], b: UInt32[Array, "..."], add: UInt32[Array, "..."], c: UInt32[Array, "..."]
-):
+) -> UInt32[Array, "..."]:
     """Exact ``floor((a * b + add) / c)`` in uint32 for results below ``2^32`` (``c > 0``).
 
     The 64-bit numerator is two uint32 words built from 16-bit limbs; the division is 32 steps of
@@ -202,9 +202,17 @@ class SpliceSchedule(eqx.Module):
         return _lookup(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 
-def lookup_rows(schedule: SpliceSchedule, rows, epoch, *, shuffled: bool = True):
-    """``schedule.lookup`` unjitted, for use inside larger kernels; ``shuffled=False`` skips the
-    epoch row permutation (canonical order, e.g. for coverage counts)."""
+def lookup_rows(
+    schedule: SpliceSchedule,
+    rows: UInt32[Array, " n"],
+    epoch: UInt32[Array, ""] | int,
+    *,
+    shuffled: bool = True,
+) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
+    """``schedule.lookup`` unjitted, for the plan kernel: ``(doc, t, s, copy_len)``, int32.
+
+    ``shuffled=False`` skips the epoch row permutation (canonical order, e.g. for coverage counts).
+    """
     rows = jnp.asarray(rows).astype(U32)
     epoch = jnp.asarray(epoch).astype(U32)
     if shuffled and schedule.shuffle is not None:

@@ -51,6 +51,7 @@ P = -1
         ([5], dict(seq_len=5, alpha=0.8), "alpha=0.8 only applies to content_start_mode='coverage_balanced'"),
         ([5], dict(seq_len=5, offset_jitter=2), "offset_jitter=2 only applies to"),
         ([5], dict(seq_len=5, window_stride=2), "window_stride=2 only applies to mode='slide'"),
+        ([5], dict(seq_len=5, content_stride=2), "content_stride=2 only applies to content_start_mode in"),
         (
             [5],
             dict(seq_len=5, mode="slide", content_length=3),

@@ -133,7 +133,11 @@ class SpliceSpec:
         only = {
             "window_stride": (self.window_stride != 1, "mode='slide'", self.mode == "slide"),
             "content_length": (self.content_length is not None, "mode='splice'", self.mode == "splice"),
-            "content_stride": (self.content_stride != 1, "mode='splice'", self.mode == "splice"),
+            "content_stride": (
+                self.content_stride != 1,
+                "content_start_mode in ('slide_within', 'cyclic_roll', 'coverage_balanced')",
+                self.mode == "splice" and self.content_start_mode != "anchor_start",
+            ),
             "offset_stride": (self.offset_stride != 1, "enumerated splice modes", self.enumerated),
             "alpha": (self.alpha != 0, "content_start_mode='coverage_balanced'", balanced),
             "offset_jitter": (self.offset_jitter != 0, "content_start_mode='coverage_balanced'", balanced),
