@@ -132,3 +132,13 @@ def test_shuffled_batches_build_the_scheduled_frames():
         doc, t, s, _ = data.schedule.lookup((indices[take] % len(data)).astype(np.uint32), epoch)
         want = data.frames_at(np.asarray(doc), np.asarray(t), np.asarray(s))
         np.testing.assert_array_equal(np.asarray(batch.tokens)[take], np.asarray(want.tokens))
+
+
+def test_validation_set_ignores_shuffles():
+    docs = [np.arange(10), np.arange(3) + 50]
+    spec = dict(seq_len=8, content_length=4, content_start_mode="slide_within", pad_token_id=-1)
+    plain = meshbatch.splice_validation_set(docs, **spec)
+    keyed = meshbatch.splice_validation_set(
+        docs, shuffle_per_epoch=True, shuffle_content=True, key=jax.random.key(3), **spec
+    )
+    np.testing.assert_array_equal(np.asarray(keyed.tokens), np.asarray(plain.tokens))
