@@ -39,6 +39,7 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from .batch import Batch
+from .splice_schedule import sharded_like_rows
 
 SegmentMode = Literal["prefix", "isolate"]
 
@@ -91,6 +92,15 @@ def splice_frames(
     _check_static(seq_len, segment_mode)
     if (wrap_after is None) != (wrap_by is None):
         raise ValueError("wrap_after and wrap_by must be given together")
+    static = dict(seq_len=seq_len, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    build = partial(_build, segment_mode=segment_mode, margin=margin, **static)
+    return sharded_like_rows(build, src_start, buffer, src_start, s, copy_len, wrap_after, wrap_by, doc_idx)
+
+
+def _build(
+    buffer, src_start, s, copy_len, wrap_after, wrap_by, doc_idx, *, seq_len, pad_token_id, eos_token_id,
+    segment_mode, margin,
+) -> Batch:  # fmt: skip
     pos = jax.lax.broadcasted_iota(jnp.int32, (src_start.shape[0], seq_len), 1)
     content = pos - s[:, None]  # index into the copied span
     in_span = (content >= 0) & (content < copy_len[:, None])
@@ -177,14 +187,12 @@ def pool_frames(
         A ``Batch`` whose ``doc_idx`` is ``doc``.
     """
     doc = doc.astype(jnp.int32)
-    start = pool.offsets[doc]
-    wrap_after = wrap_by = None
-    if cyclic:
-        wrap_by = pool.offsets[doc + 1] - start
-        wrap_after = wrap_by - t
+    src_start, wrap_after, wrap_by = sharded_like_rows(
+        partial(_pool_reads, cyclic=cyclic), doc, pool.offsets, doc, t
+    )
     return splice_frames(
         pool.tokens,
-        start + t,
+        src_start,
         s,
         copy_len,
         seq_len=seq_len,
@@ -196,6 +204,15 @@ def pool_frames(
         doc_idx=doc,
         margin=pool.margin,
     )
+
+
+def _pool_reads(offsets, doc, t, *, cyclic: bool):
+    """``src_start`` of each row in the pool, and the wrap of cyclic rows."""
+    start = offsets[doc]
+    if not cyclic:
+        return start + t, None, None
+    length = offsets[doc + 1] - start
+    return start + t, length - t, length
 
 
 def cyclic_read_split(

@@ -21,11 +21,13 @@ no row needs ``jax_enable_x64``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 U32 = jnp.uint32
@@ -70,7 +72,7 @@ def search_last(
     Branchless and elementwise: ``steps`` (static, ``>= bit_length(max size)``) halvings, each one
     ``value_at`` evaluation. Requires ``value_at(0) <= target`` and ``size >= 1``.
     """
-    base = jnp.zeros(jnp.shape(target), jnp.int32)
+    base = jnp.zeros_like(target, dtype=jnp.int32)  # sharded like the rows
     n = jnp.maximum(jnp.asarray(size).astype(jnp.int32), 1)
     for _ in range(steps):
         half = n // 2
@@ -105,6 +107,22 @@ def interleave(r: UInt32[Array, "..."], quota: UInt32[Array, "..."], items: UInt
 def midpoint_item(j: UInt32[Array, "..."], quota: UInt32[Array, "..."], items: UInt32[Array, "..."]):
     """Placement ``floor((j + 1/2) * items / quota)``: quantile ``j`` of ``quota`` evenly spread."""
     return muldiv(j, items, items // U32(2), jnp.maximum(quota, U32(1)))
+
+
+def sharded_like_rows(fn: Callable, rows: Array, *args):
+    """``fn(*args)`` with every output sharded like ``rows`` on its first axis.
+
+    Row kernels gather from replicated tables with row-sharded indices; under explicit mesh axes
+    such a gather has no unambiguous output sharding. Run ``fn`` with those axes in auto mode and
+    pin the outputs to the row sharding. Without a mesh (or explicit axes) this is ``fn(*args)``.
+    """
+    typeof = getattr(jax, "typeof", None)  # sharding in types (JAX >= 0.6)
+    sharding = getattr(typeof(rows), "sharding", None) if typeof is not None else None
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or not mesh.explicit_axes:
+        return fn(*args)
+    out = NamedSharding(mesh, PartitionSpec(sharding.spec[0] if len(sharding.spec) else None))
+    return jax.sharding.auto_axes(fn, axes=mesh.explicit_axes, out_sharding=out)(*args)
 
 
 def spread(n: int, k: int) -> list[int]:
@@ -215,6 +233,10 @@ def lookup_rows(
     """
     rows = jnp.asarray(rows).astype(U32)
     epoch = jnp.asarray(epoch).astype(U32)
+    return sharded_like_rows(partial(_lookup_rows, shuffled=shuffled), rows, schedule, rows, epoch)
+
+
+def _lookup_rows(schedule: SpliceSchedule, rows, epoch, *, shuffled: bool):
     if shuffled and schedule.shuffle is not None:
         rows = schedule.shuffle(rows, epoch)
     cum = schedule.cum_rows

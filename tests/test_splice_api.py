@@ -251,3 +251,37 @@ def test_validation_grid_coverage_balanced():
         (0, 0, 2, 6), (0, 0, 1, 6), (0, 0, 0, 6), (0, 14, 2, 6), (0, 14, 1, 6), (0, 14, 0, 6),
         (1, 0, 3, 5), (1, 0, 2, 5), (1, 0, 1, 5),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(content_length=5, content_start_mode="slide_within"),
+        dict(content_length=5, content_start_mode="cyclic_roll", eos_token_id=99),
+        dict(content_start_mode="coverage_balanced", offset_jitter=2, key=jax.random.key(0)),
+    ],
+)
+def test_plan_and_build_run_sharded_over_the_mesh(spec):
+    """Rows sharded on a data axis of 8 devices: same frames, and the batch stays sharded by row."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as Spec
+
+    from meshbatch.kernels.splice import pool_frames
+
+    data = meshbatch.SpliceDataset([np.arange(40), np.arange(9) + 100], seq_len=12, pad_token_id=P, **spec)
+    mesh = jax.make_mesh((len(jax.devices()),), ("data",))
+    rows = np.arange(64, dtype=np.uint32) * 7 % len(data)
+
+    @jax.jit
+    def plan_build(schedule, pool, rows):
+        return pool_frames(pool, *lookup_rows(schedule, rows, 0), **data.frame_args)
+
+    # Tables and pool replicated over the mesh, rows split on the data axis.
+    schedule, pool = jax.device_put((data.schedule, data.pool), NamedSharding(mesh, Spec()))
+    sharded_rows = jax.device_put(rows, NamedSharding(mesh, Spec("data")))
+    sharded = plan_build(schedule, pool, sharded_rows)
+    jax.tree.map(np.testing.assert_array_equal, sharded, data.get_batch(rows))
+    assert sharded.tokens.sharding.spec[0] == "data"
+    with jax.set_mesh(mesh):  # a context mesh as well
+        again = plan_build(schedule, pool, sharded_rows)
+    jax.tree.map(np.testing.assert_array_equal, again, sharded)
