@@ -5,6 +5,7 @@ Installed as ``meshbatch.kernels``. This module only re-exports.
 
 from .batch import Batch as Batch
 from .splice import DocumentPool as DocumentPool
+from .splice import cyclic_read_split as cyclic_read_split
 from .splice import pool_frames as pool_frames
 from .splice import splice_frames as splice_frames
 from .splice_balanced import BalancedPlacement as BalancedPlacement

@@ -98,9 +98,20 @@ def splice_frames(
 
 
 def _build(
-    buffer, src_start, s, copy_len, wrap_after, wrap_by, doc_idx, *, seq_len, pad_token_id, eos_token_id,
-    segment_mode, margin,
-) -> Batch:  # fmt: skip
+    buffer,
+    src_start,
+    s,
+    copy_len,
+    wrap_after,
+    wrap_by,
+    doc_idx,
+    *,
+    seq_len: int,
+    pad_token_id: int,
+    eos_token_id: int | None,
+    segment_mode: SegmentMode,
+    margin: int,
+) -> Batch:
     pos = jax.lax.broadcasted_iota(jnp.int32, (src_start.shape[0], seq_len), 1)
     content = pos - s[:, None]  # index into the copied span
     in_span = (content >= 0) & (content < copy_len[:, None])
