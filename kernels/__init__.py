@@ -4,6 +4,10 @@ Installed as ``meshbatch.kernels``. This module only re-exports.
 """
 
 from .batch import Batch as Batch
+from .permutation import INVALID as INVALID
+from .permutation import Permutation as Permutation
+from .shuffles import BlockShuffle as BlockShuffle
+from .shuffles import EraShuffle as EraShuffle
 from .splice import DocumentPool as DocumentPool
 from .splice import cyclic_read_split as cyclic_read_split
 from .splice import pool_frames as pool_frames

@@ -9,7 +9,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")

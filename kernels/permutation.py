@@ -1,0 +1,169 @@
+"""Keyed permutations of ``[0, length)``: the building block of every shuffle.
+
+A ``Permutation`` holds its key schedule as arrays and maps indices to indices on device:
+
+    perm = Permutation.create("feistel", 5, key)      # strong default
+    perm(jnp.arange(5, dtype=jnp.uint32))            # e.g. [3, 0, 4, 1, 2]
+    perm(indices, epoch=2)                           # the order for epoch 2: key fold_in(key, 2)
+
+``compat="levanter"`` reproduces ``levanter.data._prp.Permutation.make(kind, length, key)`` bit for
+bit, its numpy key schedule included (see ``pcg64``). Epoch 0 always uses the plain key, so an
+epoch-reshuffled stream starts exactly where the plain permutation does.
+
+Indices are uint32; an index outside ``[0, length)`` maps to ``INVALID`` (a traced value cannot
+raise; the host-side API checks concrete inputs and raises instead).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PRNGKeyArray, UInt32
+
+from . import feistel, lcg, pcg64
+
+U32 = jnp.uint32
+INVALID = 0xFFFFFFFF
+Kind = Literal["feistel", "linear"]
+Compat = Literal["levanter"] | None
+KINDS = ("feistel", "linear")
+COMPATS = ("levanter", None)
+
+
+def typed_key(key: PRNGKeyArray) -> PRNGKeyArray:
+    """A new-style key array for either a typed key or a raw ``uint32[..., 2]`` PRNGKey."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    return jax.random.wrap_key_data(key)
+
+
+def epoch_key(key: PRNGKeyArray, epoch: UInt32[Array, "..."]) -> PRNGKeyArray:
+    """``key`` for epoch 0, ``fold_in(key, epoch)`` after; elementwise over ``epoch``."""
+    folded = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, epoch.reshape(-1))
+    data = jnp.where(
+        (epoch.reshape(-1) == 0)[:, None],
+        jax.random.key_data(key)[None, :],
+        jax.random.key_data(folded),
+    )
+    return jax.random.wrap_key_data(data.reshape(*epoch.shape, -1))
+
+
+def derive_network(kind: Kind, compat: Compat, keys: PRNGKeyArray, length: UInt32[Array, "..."]):
+    """The network for each key in ``keys`` (any batch shape) and matching ``length``."""
+    flat_keys = keys.reshape(-1)
+    length = jnp.broadcast_to(length, keys.shape).reshape(-1)
+    shape = keys.shape
+
+    def unflat(x, extra=()):
+        return x.reshape(*shape, *extra)
+
+    if compat == "levanter":
+        seeds = jax.vmap(pcg64.levanter_seed)(flat_keys)
+    else:
+        seeds = jax.vmap(lambda k: jax.random.bits(k, (), U32))(flat_keys)
+
+    if kind == "linear":
+        a, b = pcg64.lcg_params(seeds, length)
+        return lcg.LinearNetwork(unflat(a), unflat(b), unflat(length))
+    if compat == "levanter":
+        right_bits = feistel.levanter_right_bits(length)
+        keys_ = pcg64.feistel_round_keys(seeds, right_bits, feistel.LEVANTER_ROUNDS)
+        return feistel.LevanterNetwork(unflat(keys_, (feistel.LEVANTER_ROUNDS,)), unflat(right_bits))
+    round_keys = jax.vmap(lambda k: jax.random.bits(k, (feistel.STRONG_ROUNDS,), U32))(flat_keys)
+    a, b = feistel.strong_halves(length)
+    return feistel.StrongNetwork(unflat(round_keys, (feistel.STRONG_ROUNDS,)), unflat(a), unflat(b))
+
+
+# One compiled key schedule per (kind, compat); lengths and keys are traced, so never recompiled.
+_derive_jit = jax.jit(derive_network, static_argnums=(0, 1))
+
+
+def apply_network(
+    kind: Kind,
+    network: eqx.Module,
+    x: UInt32[Array, " n"],
+    length: UInt32[Array, "*n"],
+    *,
+    batched: bool,
+) -> UInt32[Array, " n"]:
+    """Permute ``x`` (1-D); lanes with ``x >= length`` give ``INVALID``, ``length <= 1`` gives 0."""
+    valid = x < length
+    trivial = length <= 1
+    # Lanes that must not walk get a bound every value satisfies, so they land at once.
+    walk_length = jnp.where(valid & ~trivial, length, U32(INVALID))
+    safe_x = jnp.where(valid, x, U32(0))
+    if kind == "linear":
+        y = network(safe_x)
+    else:
+        y = feistel.cycle_walk(network, safe_x, walk_length, batched=batched)
+    y = jnp.where(trivial, U32(0), y)
+    return jnp.where(valid, y, U32(INVALID))
+
+
+def check_indices(indices, length: int) -> None:
+    """Raise ``IndexError`` for concrete indices outside ``[0, length)``; traced ones pass."""
+    if isinstance(indices, jax.core.Tracer):
+        return
+    values = np.asarray(indices)  # numpy, not jnp: without x64, jnp would wrap 2**40 to 0
+    if values.size == 0:
+        return
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"indices must be integers (got dtype={values.dtype})")
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= length:
+        bad = low if low < 0 else high
+        raise IndexError(f"index {bad} is out of range for length={length}")
+
+
+class Permutation(eqx.Module):
+    """A keyed bijection of ``[0, length)``; see the module docstring.
+
+    Attributes:
+        length: uint32 scalar.
+        key: the base key (typed), for per-epoch reshuffles.
+        network: the key schedule of the plain key, computed once at construction.
+        kind: ``"feistel"`` or ``"linear"``.
+        compat: ``"levanter"`` or ``None`` (the strong default).
+    """
+
+    length: UInt32[Array, ""]
+    key: PRNGKeyArray
+    network: eqx.Module
+    kind: Kind = eqx.field(static=True)
+    compat: Compat = eqx.field(static=True)
+
+    @classmethod
+    def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
+        key = typed_key(key)
+        length_arr = jnp.asarray(length, U32)
+        network = _derive_jit(kind, compat, key, length_arr)
+        return cls(length_arr, key, network, kind, compat)
+
+    def __call__(
+        self, indices: UInt32[Array, "*shape"], epoch: UInt32[Array, "*shape"] | int | None = None
+    ) -> UInt32[Array, "*shape"]:
+        """Permuted indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
+        if not isinstance(self.length, jax.core.Tracer):
+            check_indices(indices, int(self.length))
+        return _permute(self, jnp.asarray(indices), epoch)
+
+
+@eqx.filter_jit
+def _permute(perm: Permutation, indices, epoch):
+    x = indices.reshape(-1).astype(U32)
+    if epoch is None:
+        y = apply_network(perm.kind, perm.network, x, perm.length, batched=False)
+    else:
+        epoch = jnp.asarray(epoch, U32)
+        if epoch.ndim == 0:
+            net = derive_network(perm.kind, perm.compat, epoch_key(perm.key, epoch), perm.length)
+            y = apply_network(perm.kind, net, x, perm.length, batched=False)
+        else:
+            keys = epoch_key(perm.key, jnp.broadcast_to(epoch, indices.shape).reshape(-1))
+            net = derive_network(perm.kind, perm.compat, keys, perm.length)
+            y = apply_network(perm.kind, net, x, perm.length, batched=True)
+    return y.reshape(indices.shape)

@@ -1,0 +1,193 @@
+"""Era and two-level block shuffles, built on keyed permutations.
+
+Era shuffle (Levanter's ``EraShufflingDataset``): index ``i`` in era ``e = i // era_length`` moves
+within its era by the permutation keyed ``fold_in(key, e)``; the last era may be shorter.
+
+    length = 10, era_length = 4:  [0 1 2 3 | 4 5 6 7 | 8 9]  ->  e.g. [2 0 3 1 | 5 7 4 6 | 9 8]
+
+Block shuffle (marin's ``BlockShufflingDataset``; ``blockwise-shuffle-plan.md``): full blocks of
+``io_block_size`` examples are permuted by ``block_key``; logical positions are cut into windows
+of ``window_blocks`` blocks, and inside window ``w`` the full-block region is permuted by
+``fold_in(window_full_key, w)``. A partial tail block stays last and moves only within itself,
+by ``fold_in(window_tail_key, w)``. ``block_key, window_full_key, window_tail_key = split(key, 3)``.
+
+    length = 10, io_block_size = 3, window_blocks = 2: blocks [0..2][3..5][6..8] + tail [9]
+    window 0 reads two whole blocks (say physical 2 and 0) in a mixed order; window 1 reads
+    block 1 and then the tail, still last.
+
+Both accept ``epoch``: with it, every key above is first replaced by ``fold_in(key, epoch)``
+(epoch 0 keeps the plain key). Per-era and per-window key schedules are derived on device; when
+the indices of a call span at most ``MAX_TABLE_GROUPS`` eras or windows (a training batch does),
+each schedule is derived once and gathered instead of once per index.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, PRNGKeyArray, UInt32
+
+from .permutation import (
+    INVALID,
+    Compat,
+    Kind,
+    apply_network,
+    check_indices,
+    derive_network,
+    epoch_key,
+)
+
+U32 = jnp.uint32
+MAX_TABLE_GROUPS = 8
+
+
+def _per_lane(make, group: UInt32[Array, " n"]):
+    """``make(group)`` (a batched network), derived once per distinct group when they are few."""
+    n = group.shape[0]
+    if n <= 2 * MAX_TABLE_GROUPS:
+        return make(group)
+    low = jnp.min(group)
+
+    def table():
+        net = make(low + jnp.arange(MAX_TABLE_GROUPS, dtype=U32))
+        return jax.tree.map(lambda leaf: leaf[group - low], net)
+
+    return jax.lax.cond(jnp.max(group) - low < MAX_TABLE_GROUPS, table, lambda: make(group))
+
+
+def _base_key(key: PRNGKeyArray, epoch, n: int) -> tuple[PRNGKeyArray, bool]:
+    """The (possibly per-lane) key for this call and whether it is per-lane."""
+    if epoch is None:
+        return key, False
+    epoch = jnp.asarray(epoch, U32)
+    if epoch.ndim == 0:
+        return epoch_key(key, epoch), False
+    return epoch_key(key, jnp.broadcast_to(epoch.reshape(-1), (n,))), True
+
+
+def _fold_in(key: PRNGKeyArray, data: UInt32[Array, " n"], per_lane_key: bool) -> PRNGKeyArray:
+    if per_lane_key:
+        return jax.vmap(jax.random.fold_in)(key, data)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
+
+
+class EraShuffle(eqx.Module):
+    """Levanter's era shuffle as a jittable bijection of ``[0, length)``."""
+
+    length: UInt32[Array, ""]
+    era_length: UInt32[Array, ""]
+    key: PRNGKeyArray
+    kind: Kind = eqx.field(static=True)
+    compat: Compat = eqx.field(static=True)
+
+    def __call__(self, indices: UInt32[Array, "*shape"], epoch=None) -> UInt32[Array, "*shape"]:
+        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
+        if not isinstance(self.length, jax.core.Tracer):
+            check_indices(indices, int(self.length))
+        return _era_shuffle(self, jnp.asarray(indices), epoch)
+
+    def _impl(self, indices, epoch):
+        x = indices.reshape(-1).astype(U32)
+        valid = x < self.length
+        x = jnp.where(valid, x, U32(0))
+        era = x // self.era_length
+        start = era * self.era_length
+        base, per_lane_key = _base_key(self.key, epoch, x.shape[0])
+
+        def era_size(e):
+            remaining = self.length - jnp.minimum(e * self.era_length, self.length - U32(1))
+            return jnp.minimum(self.era_length, remaining)
+
+        if per_lane_key:
+            size = era_size(era)
+            net = derive_network(self.kind, self.compat, _fold_in(base, era, True), size)
+        else:
+
+            def make(eras):
+                return derive_network(self.kind, self.compat, _fold_in(base, eras, False), era_size(eras))
+
+            net, size = _per_lane(make, era), era_size(era)
+        y = apply_network(self.kind, net, x - start, size, batched=True)
+        return jnp.where(valid, start + y, U32(INVALID)).reshape(indices.shape)
+
+
+class BlockShuffle(eqx.Module):
+    """marin's two-level block shuffle as a jittable bijection of ``[0, length)``."""
+
+    length: UInt32[Array, ""]
+    io_block_size: UInt32[Array, ""]
+    window_blocks: UInt32[Array, ""]
+    key: PRNGKeyArray
+    kind: Kind = eqx.field(static=True)
+    compat: Compat = eqx.field(static=True)
+
+    def __call__(self, indices: UInt32[Array, "*shape"], epoch=None) -> UInt32[Array, "*shape"]:
+        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
+        if not isinstance(self.length, jax.core.Tracer):
+            check_indices(indices, int(self.length))
+        return _block_shuffle(self, jnp.asarray(indices), epoch)
+
+    def _impl(self, indices, epoch):
+        x = indices.reshape(-1).astype(U32)
+        n = x.shape[0]
+        valid = x < self.length
+        x = jnp.where(valid, x, U32(0))
+        io, wb = self.io_block_size, self.window_blocks
+
+        full_blocks = self.length // io
+        tail = self.length - full_blocks * io
+        total_blocks = full_blocks + (tail > 0).astype(U32)
+        window_size = io * wb  # examples in a window of full blocks; <= length unless one window
+        last_window = (total_blocks - U32(1)) // wb
+        window = jnp.minimum(x // window_size, last_window)
+        offset = x - window * window_size
+
+        def layout(w):
+            block_start = w * wb
+            blocks_here = jnp.minimum(wb, total_blocks - block_start)
+            has_tail = (tail > 0) & (block_start + blocks_here == total_blocks)
+            full_region = (blocks_here - has_tail.astype(U32)) * io
+            return block_start, full_region, jnp.where(has_tail, tail, U32(0))
+
+        block_start, full_region, _ = layout(window)
+        in_tail = offset >= full_region
+        stage_size = jnp.where(in_tail, tail, full_region)
+        stage_x = jnp.where(in_tail, offset - full_region, offset)
+
+        base, per_lane_key = _base_key(self.key, epoch, n)
+        if per_lane_key:
+            split = jax.vmap(lambda k: jax.random.split(k, 3))(base)
+            block_key, full_key, tail_key = split[:, 0], split[:, 1], split[:, 2]
+        else:
+            block_key, full_key, tail_key = jax.random.split(base, 3)
+
+        def stage_network(group, full_key, tail_key, per_lane):
+            w, is_tail = group // U32(2), (group & U32(1)) == 1
+            _, full_w, tail_w = layout(w)
+            size = jnp.maximum(jnp.where(is_tail, tail_w, full_w), U32(1))
+            keys_full = _fold_in(full_key, w, per_lane)
+            keys_tail = _fold_in(tail_key, w, per_lane)
+            data = jnp.where(is_tail[:, None], jax.random.key_data(keys_tail), jax.random.key_data(keys_full))
+            return derive_network(self.kind, self.compat, jax.random.wrap_key_data(data), size)
+
+        group = window * U32(2) + in_tail.astype(U32)
+        if per_lane_key:
+            net = stage_network(group, full_key, tail_key, True)
+        else:
+            net = _per_lane(lambda g: stage_network(g, full_key, tail_key, False), group)
+        permuted = apply_network(self.kind, net, stage_x, jnp.maximum(stage_size, U32(1)), batched=True)
+
+        block = block_start + permuted // io
+        block_net = derive_network(self.kind, self.compat, block_key, jnp.maximum(full_blocks, U32(1)))
+        physical = apply_network(
+            self.kind, block_net, jnp.where(in_tail, U32(0), block), full_blocks, batched=per_lane_key
+        )
+        full_out = physical * io + (permuted - (permuted // io) * io)
+        tail_out = full_blocks * io + permuted
+        out = jnp.where(in_tail, tail_out, full_out)
+        return jnp.where(valid, out, U32(INVALID)).reshape(indices.shape)
+
+
+_era_shuffle = eqx.filter_jit(EraShuffle._impl)
+_block_shuffle = eqx.filter_jit(BlockShuffle._impl)

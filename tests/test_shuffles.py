@@ -1,0 +1,229 @@
+"""Era and block shuffles: Levanter/marin identity, bijections, locality, epochs, errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference import levanter_era_order, marin_block_order
+from test_permutation import BIJECTION_LENGTHS, _apply, assert_bijection
+
+import meshbatch
+from meshbatch.kernels import shuffles
+
+U32 = jnp.uint32
+ERA_CASES = [
+    (1, 1),
+    (10, 4),
+    (7, 7),
+    (7, 100),
+    (100, 8),
+    (1003, 17),
+    (5000, 1024),
+    (4097, 4096),
+    (8192, 1000),
+]
+BLOCK_CASES = [
+    (1, 1, 1),
+    (10, 3, 2),
+    (12, 3, 2),  # no tail
+    (7, 10, 2),  # only a tail
+    (100, 7, 3),
+    (257, 16, 1),  # one block per window
+    (1025, 128, 8),  # one window, tail of 1
+    (3000, 64, 8),  # several windows, tail in the last
+    (8192, 128, 8),  # the quality benchmark's layout
+]
+
+
+def _whole(shuffle, length: int) -> np.ndarray:
+    """``shuffle`` over ``[0, length)`` through one fixed-shape compiled call (padding lanes unused)."""
+    assert length <= FIXED
+    return np.asarray(_apply(shuffle, jnp.arange(FIXED, dtype=U32)))[:length]
+
+
+FIXED = 8192
+
+
+@pytest.mark.parametrize("kind", ["feistel", "linear"])
+@pytest.mark.parametrize(("length", "era_length"), ERA_CASES)
+def test_era_shuffle_equals_levanter(kind, length, era_length):
+    key = jax.random.PRNGKey(length)
+    shuffle = meshbatch.era_shuffle(length, era_length=era_length, key=key, kind=kind, compat="levanter")
+    ours = _whole(shuffle, length)
+    np.testing.assert_array_equal(ours, levanter_era_order(length, era_length, key, kind))
+
+
+@pytest.mark.parametrize("kind", ["feistel", "linear"])
+@pytest.mark.parametrize(("length", "io_block_size", "window_blocks"), BLOCK_CASES)
+def test_block_shuffle_equals_marin(kind, length, io_block_size, window_blocks):
+    key = jax.random.PRNGKey(7)
+    shuffle = meshbatch.block_shuffle(
+        length,
+        io_block_size=io_block_size,
+        window_blocks=window_blocks,
+        key=key,
+        kind=kind,
+        compat="levanter",
+    )
+    ours = _whole(shuffle, length)
+    np.testing.assert_array_equal(ours, marin_block_order(length, io_block_size, window_blocks, key, kind))
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+@pytest.mark.parametrize("kind", ["feistel", "linear"])
+def test_era_shuffle_is_a_bijection(kind, compat):
+    for length in BIJECTION_LENGTHS:
+        era_length = max(1, length // 5 + 3)
+        shuffle = meshbatch.era_shuffle(
+            length, era_length=era_length, key=jax.random.key(length), kind=kind, compat=compat
+        )
+        assert_bijection(shuffle, length)
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+@pytest.mark.parametrize("kind", ["feistel", "linear"])
+def test_block_shuffle_is_a_bijection(kind, compat):
+    for length in BIJECTION_LENGTHS:
+        io = max(1, int(np.sqrt(length)) // 2 + 1)
+        shuffle = meshbatch.block_shuffle(
+            length, io_block_size=io, window_blocks=3, key=jax.random.key(length), kind=kind, compat=compat
+        )
+        assert_bijection(shuffle, length)
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+def test_era_shuffle_stays_inside_its_era(compat):
+    length, era = 10_000, 512
+    shuffle = meshbatch.era_shuffle(length, era_length=era, key=jax.random.key(0), compat=compat)
+    x = np.arange(length)
+    out = np.asarray(shuffle(jnp.asarray(x, U32)))
+    np.testing.assert_array_equal(out // era, x // era)
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+def test_block_shuffle_windows_read_whole_blocks_and_keep_the_tail_last(compat):
+    length, io, wb = 3000, 64, 8
+    shuffle = meshbatch.block_shuffle(
+        length, io_block_size=io, window_blocks=wb, key=jax.random.key(1), compat=compat
+    )
+    out = np.asarray(shuffle(jnp.arange(length, dtype=U32)))
+    full_blocks, tail = divmod(length, io)
+    window = io * wb
+    for start in range(0, full_blocks * io - window + 1, window):
+        blocks = np.unique(out[start : start + window] // io)
+        assert blocks.size == wb, f"window at {start} touches {blocks.size} blocks"
+    np.testing.assert_array_equal(np.sort(out[-tail:]), np.arange(full_blocks * io, length))
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+@pytest.mark.parametrize("which", ["era", "block"])
+def test_epoch_reshuffle(which, compat):
+    key = jax.random.PRNGKey(11)
+
+    def make(k):
+        if which == "era":
+            return meshbatch.era_shuffle(2000, era_length=300, key=k, compat=compat)
+        return meshbatch.block_shuffle(2000, io_block_size=32, window_blocks=4, key=k, compat=compat)
+
+    x = jnp.arange(2000, dtype=U32)
+    shuffle = make(key)
+    plain = np.asarray(_apply_epoch(shuffle, x, 0))
+    np.testing.assert_array_equal(plain, np.asarray(shuffle(x)))
+    epoch2 = np.asarray(_apply_epoch(shuffle, x, 2))
+    np.testing.assert_array_equal(epoch2, np.asarray(make(jax.random.fold_in(key, 2))(x)))
+    per_lane = jnp.where(x < 1000, 0, 2).astype(U32)
+    np.testing.assert_array_equal(
+        np.asarray(shuffle(x, epoch=per_lane)), np.where(np.arange(2000) < 1000, plain, epoch2)
+    )
+
+
+@jax.jit
+def _apply_epoch(shuffle, indices, epoch):
+    return shuffle(indices, epoch=epoch)
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+def test_batch_table_path_equals_per_index_path(compat):
+    """A batch inside a few eras/windows derives each key schedule once; values must not change."""
+    era = meshbatch.era_shuffle(50_000, era_length=1000, key=jax.random.key(2), compat=compat)
+    block = meshbatch.block_shuffle(
+        50_000, io_block_size=100, window_blocks=5, key=jax.random.key(3), compat=compat
+    )
+    few = jnp.arange(4096, dtype=U32) + U32(7000)  # 5 eras, 9 window regions: the table path
+    assert (4096 + 999) // 1000 + 1 <= shuffles.MAX_TABLE_GROUPS
+    spread = few.at[-1].set(49_999)  # one far index: too many groups, every lane derives its own
+    for shuffle in (era, block):
+        np.testing.assert_array_equal(
+            np.asarray(_apply(shuffle, few))[:-1], np.asarray(_apply(shuffle, spread))[:-1]
+        )
+
+
+def test_no_retrace_across_keys_and_lengths():
+    @jax.jit
+    @chex.assert_max_traces(n=2)  # one trace per shuffle type
+    def shuffled(shuffle, indices):
+        return shuffle(indices)
+
+    x = jnp.arange(2048, dtype=U32)
+    for length, seed in [(10_000, 0), (10_000, 1), (77_777, 2)]:
+        shuffled(meshbatch.era_shuffle(length, era_length=1000, key=jax.random.key(seed)), x)
+        shuffled(
+            meshbatch.block_shuffle(length, io_block_size=64, window_blocks=8, key=jax.random.key(seed)), x
+        )
+
+
+def test_sharded_indices_give_identical_results():
+    """Each device shuffles its own shard of indices (shard_map, as the pipeline runs it)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
+    spec = jax.sharding.PartitionSpec("data")
+    x = jnp.arange(1 << 14, dtype=U32)
+
+    @jax.jit
+    def per_shard(shuffle, indices):
+        return jax.shard_map(lambda i: shuffle(i), mesh=mesh, in_specs=spec, out_specs=spec)(indices)
+
+    for compat in (None, "levanter"):
+        for shuffle in (
+            meshbatch.era_shuffle(20_000, era_length=700, key=jax.random.key(4), compat=compat),
+            meshbatch.block_shuffle(
+                20_000, io_block_size=64, window_blocks=8, key=jax.random.key(4), compat=compat
+            ),
+        ):
+            out = per_shard(shuffle, x)
+            assert len(out.sharding.device_set) == 8
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(_apply(shuffle, x)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(era_length=0), ValueError, "era_length must be positive.*era_length=0"),
+        (dict(era_length=2.0), TypeError, "era_length=2.0"),
+    ],
+)
+def test_bad_era_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        meshbatch.era_shuffle(100, key=jax.random.key(0), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("length", "kwargs", "match"),
+    [
+        (100, dict(io_block_size=0, window_blocks=8), "io_block_size=0"),
+        (100, dict(io_block_size=8, window_blocks=-1), "window_blocks=-1"),
+        (2**32 - 1, dict(io_block_size=2**20, window_blocks=8), "exceeds 2\\*\\*32 - 1"),
+        (0, dict(io_block_size=8, window_blocks=8), "length=0"),
+    ],
+)
+def test_bad_block_arguments(length, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        meshbatch.block_shuffle(length, key=jax.random.key(0), **kwargs)
+
+
+def test_out_of_range_indices_raise():
+    shuffle = meshbatch.block_shuffle(100, io_block_size=8, window_blocks=2, key=jax.random.key(0))
+    with pytest.raises(IndexError, match="index 100 is out of range for length=100"):
+        shuffle(np.array([5, 100]))
+    with pytest.raises(IndexError, match="index -2 is out of range"):
+        meshbatch.era_shuffle(100, era_length=10, key=jax.random.key(0))(np.array([-2]))
