@@ -30,6 +30,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
+from .permutation import apply_network, derive_network
+
 U32 = jnp.uint32
 
 
@@ -165,8 +167,6 @@ class LanePermutation(eqx.Module):
     key: PRNGKeyArray
 
     def __call__(self, x, length, epoch, doc, salt):
-        from .permutation import apply_network, derive_network  # main's permutation kernels
-
         x, length = x.astype(U32), length.astype(U32)
         doc, salt = jnp.broadcast_to(doc, x.shape).astype(U32), jnp.broadcast_to(salt, x.shape).astype(U32)
         epoch_key = jax.random.fold_in(self.key, epoch)

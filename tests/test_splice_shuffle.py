@@ -1,8 +1,7 @@
 """Seeded per-epoch shuffles of splice schedules (rows, the t axis, the s axis).
 
-Every test here needs ``meshbatch.permutation`` (main's permutation kernels) and is skipped
-without it; ``test_select.py::test_random_policy_is_reproducible_and_distinct`` is the only other
-test that needs it.
+Every shuffle is built on ``meshbatch.permutation`` (the Feistel permutation kernels); so is the
+``random`` selection policy, tested in ``test_select.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from collections import Counter
 import jax
 import numpy as np
 import pytest
-
-pytest.importorskip("meshbatch.kernels.permutation", reason="needs main's permutation kernels")
 
 import meshbatch
 

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
+from meshbatch.shuffle import permutation
+
 logger = logging.getLogger(__name__)
 
 SelectMode = Literal["first", "longest", "shortest", "random"]
@@ -80,8 +82,6 @@ def _pick(mode: SelectMode, candidates: np.ndarray, lengths: np.ndarray, num_doc
     if mode in ("longest", "shortest"):
         sign = -1 if mode == "longest" else 1
         return candidates[np.lexsort((candidates, sign * lengths[candidates]))][:num_docs]
-    from meshbatch.shuffle import permutation  # main's permutation API
-
     # Seeded by the dataset (its lengths) and num_docs, so the same data gives the same picks.
     fingerprint = zlib.crc32(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
     base = jax.random.key(0) if key is None else key

@@ -34,6 +34,7 @@ from meshbatch.kernels.splice_schedule import (
     largest_remainder,
     lookup_rows,
 )
+from meshbatch.shuffle import permutation
 
 logger = logging.getLogger(__name__)
 
@@ -302,8 +303,6 @@ def build_schedule(lengths: np.ndarray, spec: SpliceSpec) -> SpliceSchedule:
     total = int(quotas.sum())
     shuffle = None
     if spec.shuffle_per_epoch:
-        from meshbatch.shuffle import permutation  # main's permutation API
-
         shuffle = permutation("feistel", total, spec.subkey("rows"))
     return SpliceSchedule(
         cum_rows=jnp.asarray(np.concatenate([[0], np.cumsum(quotas)]), dtype=jnp.uint32),
