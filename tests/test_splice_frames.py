@@ -50,7 +50,7 @@ def random_rows(rng, docs, seq_len, n, *, cyclic=False):
 DOCS = [np.arange(1) + 10, np.arange(2) + 20, np.arange(3) + 30, np.arange(17) + 100, np.arange(64) + 1000]
 
 
-@pytest.mark.parametrize("seq_len", [1, 2, 3, 8, 17, 33])
+@pytest.mark.parametrize("seq_len", [1, 2, 3, 17])
 @pytest.mark.parametrize("cyclic", [False, True])
 @pytest.mark.parametrize(("eos", "segment_mode"), [(None, "prefix"), (7, "prefix"), (None, "isolate")])
 def test_pool_frames_equal_reference(seq_len, cyclic, eos, segment_mode):
