@@ -1,0 +1,171 @@
+"""Coverage-balanced starts: every row copies a full ``K_i`` tokens, right-aligned in the frame.
+
+Document ``i`` with length ``L`` and content length ``K_i`` (``min(K, S, L)`` with ``adaptive_k``,
+else ``min(K, S)``) has starts ``t = 0, k_t, ...  <= L - K_i``; every row copies ``[t, t + K_i)`` to
+``s = S - K_i - jitter``. A document's quota rows pick starts by quantile mapping over its start
+CDF. With ``alpha = 0`` the CDF is uniform and the mapping is exact integer arithmetic; with
+``alpha > 0`` start ``t`` weighs
+
+    w(t) = (K_i / min(d(t), K_i)) ** alpha,    d(t) = 1 + min(t, L - K_i - t),
+
+so windows within ``K_i`` of either document edge (whose tokens fewer windows cover) are drawn
+more often. The CDF is closed form from one shared float32 table ``U[d] = d**-alpha + U[d - k_t]``:
+the left edge sums ``U`` from ``d = 1``, the right edge from ``d = 1 + r`` with ``r`` the gap the
+stride leaves at the end, and the middle has weight 1 per start.
+
+    L = 8, K_i = 4, alpha = 1:  t = 0 1 2 3 4,  d = 1 2 3 2 1,  w = 4 2 4/3 2 4
+
+Jitter ``j in [0, J_i)``, ``J_i = min(offset_jitter, S - K_i) + 1``: ``low_discrepancy`` takes
+``(quantile + epoch) mod J_i`` (every placement equally often per epoch, passes and epochs
+rotate); ``uniform`` hashes ``(key, epoch, row)``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float32, Int, PRNGKeyArray, UInt32
+
+from .splice_schedule import U32, bit_length, midpoint_item, search_last, spread
+
+JitterMode = Literal["uniform", "low_discrepancy"]
+
+
+class BalancedPlacement(eqx.Module):
+    """Per-document tables of a coverage-balanced schedule.
+
+    Attributes:
+        doc_len: ``int32[docs]`` document lengths.
+        content: ``int32[docs]`` content length ``K_i``.
+        jitter: ``uint32[docs]`` jitter placements ``J_i``.
+        edge_scale: ``float32[docs]`` ``K_i ** alpha`` (alpha > 0 only).
+        edge_table: ``float32[table]`` the shared table ``U`` (alpha > 0 only; else empty).
+        jitter_key: key for ``uniform`` jitter, or ``None``.
+    """
+
+    doc_len: Int[Array, " docs"]
+    content: Int[Array, " docs"]
+    jitter: UInt32[Array, " docs"]
+    edge_scale: Float32[Array, " docs"]
+    edge_table: Float32[Array, " table"]
+    jitter_key: PRNGKeyArray | None
+    seq_len: int = eqx.field(static=True)
+    t_stride: int = eqx.field(static=True)
+    weighted: bool = eqx.field(static=True)
+    jitter_mode: JitterMode = eqx.field(static=True)
+    search_steps: int = eqx.field(static=True)
+    cyclic = False  # coverage-balanced copies never wrap
+
+    @classmethod
+    def build(
+        cls,
+        doc_lengths: np.ndarray,
+        *,
+        seq_len: int,
+        content_length: int | None,
+        content_stride: int,
+        min_copy_len: int,
+        alpha: float,
+        adaptive_k: bool,
+        offset_jitter: int,
+        jitter_mode: JitterMode,
+        jitter_key: PRNGKeyArray | None = None,
+    ) -> tuple[BalancedPlacement, np.ndarray]:
+        """Tables for ``doc_lengths`` (host, O(num_docs + seq_len)); returns ``(placement, items)``.
+
+        ``items`` (int64) counts each document's starts; documents with ``L < K_i`` or
+        ``K_i < min_copy_len`` get 0.
+        """
+        lengths = np.asarray(doc_lengths, dtype=np.int64)
+        S, kt = int(seq_len), int(content_stride)
+        K = S if content_length is None else min(int(content_length), S)
+        content = np.minimum(lengths, K) if adaptive_k else np.full_like(lengths, K)
+        valid = (lengths >= content) & (content >= min_copy_len)
+        items = np.where(valid, (lengths - content) // kt + 1, 0)
+        jitter = np.minimum(offset_jitter, S - content) + 1
+        weighted = alpha > 0
+        if weighted:
+            table = np.zeros(S + 1, dtype=np.float64)
+            d = np.arange(1, S + 1, dtype=np.float64)
+            table[1:] = d**-alpha
+            for r in range(1, kt + 1):  # U[d] = d^-alpha + U[d - k_t]
+                table[r::kt] = np.cumsum(table[r::kt])
+            scale = np.where(valid, np.maximum(content, 1).astype(np.float64) ** alpha, 0.0)
+        else:
+            table, scale = np.zeros(0), np.zeros_like(lengths, dtype=np.float64)
+        placement = cls(
+            doc_len=jnp.asarray(lengths, dtype=jnp.int32),
+            content=jnp.asarray(content, dtype=jnp.int32),
+            jitter=jnp.asarray(jitter, dtype=U32),
+            edge_scale=jnp.asarray(scale, dtype=jnp.float32),
+            edge_table=jnp.asarray(table, dtype=jnp.float32),
+            jitter_key=jitter_key,
+            seq_len=S,
+            t_stride=kt,
+            weighted=weighted,
+            jitter_mode=jitter_mode,
+            search_steps=bit_length(int(items.max(initial=1))),
+        )
+        return placement, items.astype(np.int64)
+
+    def grid(self, doc: int, *, starts: int, offsets: int) -> list[tuple[int, int, int]]:
+        """Host: ``(t, s, copy_len)`` at ``starts`` spread starts x ``offsets`` spread jitters."""
+        length, content = int(np.asarray(self.doc_len)[doc]), int(np.asarray(self.content)[doc])
+        num_starts, jitter = (length - content) // self.t_stride + 1, int(np.asarray(self.jitter)[doc])
+        return [
+            (k * self.t_stride, self.seq_len - content - j, content)
+            for k in spread(num_starts, starts)
+            for j in spread(jitter, offsets)
+        ]
+
+    def _edge_mass(self, scale, content, gap, n):
+        """Weight of the ``n`` starts nearest one edge, whose distances are ``1 + gap + m * k_t``."""
+        edge = jnp.maximum(content - 1 - gap + self.t_stride - 1, 0) // self.t_stride  # d < K_i
+        m = jnp.minimum(n, edge)
+        idx = jnp.clip(1 + gap + (m - 1) * self.t_stride, 0, self.edge_table.shape[0] - 1)
+        weighted = jnp.where(m > 0, scale * self.edge_table[idx], jnp.float32(0))
+        return weighted + (n - m).astype(jnp.float32)
+
+    def cumulative(self, doc, k):
+        """Weight of starts ``[0, k)`` of document ``doc`` (float32)."""
+        doc_len, content, scale = self.doc_len[doc], self.content[doc], self.edge_scale[doc]
+        span = doc_len - content  # L - K_i >= 0
+        starts = span // self.t_stride + 1
+        left = span // (2 * self.t_stride) + 1  # starts nearer the left edge (ties go left)
+        gap = span - (starts - 1) * self.t_stride
+        right_total = self._edge_mass(scale, content, gap, starts - left)
+        in_left = self._edge_mass(scale, content, jnp.zeros_like(gap), jnp.minimum(k, left))
+        in_right = right_total - self._edge_mass(scale, content, gap, starts - jnp.maximum(k, left))
+        return in_left + in_right
+
+    def place(
+        self,
+        doc: Int[Array, " n"],
+        j: UInt32[Array, " n"],
+        quota: UInt32[Array, " n"],
+        items: UInt32[Array, " n"],
+        *,
+        rows: UInt32[Array, " n"],
+        epoch: UInt32[Array, ""],
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
+        """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
+        if self.weighted:
+            total = self.cumulative(doc, items.astype(jnp.int32))
+            target = (j.astype(jnp.float32) + 0.5) / quota.astype(jnp.float32) * total
+            k = search_last(lambda k: self.cumulative(doc, k), target, items, steps=self.search_steps)
+        else:
+            k = midpoint_item(j, quota, items).astype(jnp.int32)
+        jitter = self.jitter[doc]
+        if self.jitter_mode == "low_discrepancy" or self.jitter_key is None:
+            offset = (j % jitter + epoch % jitter) % jitter
+        else:
+            key = jax.random.fold_in(self.jitter_key, epoch)
+            bits = jax.vmap(lambda r: jax.random.bits(jax.random.fold_in(key, r), dtype=U32))(rows)
+            offset = bits % jitter
+        content = self.content[doc]
+        s = self.seq_len - content - offset.astype(jnp.int32)
+        return k * self.t_stride, s, content
