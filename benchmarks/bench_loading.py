@@ -8,7 +8,7 @@ What is compared, on one local cache (written once in Levanter's format) in one 
 - ours: ``meshbatch.permutation`` / ``era_shuffle`` / ``block_shuffle`` (``compat="levanter"``, so
   the physical example order is Levanter's) mapping logical to physical indices in a jitted call,
   then ``TokenCache.read_spans`` (coalesced: one TensorStore read per run, all in one ``ts.Batch``);
-  block rows also keep a ``BlockCache`` of two windows;
+  block rows keep a ``BlockCache`` of two windows when a batch is smaller than a window;
 - Levanter: ``TokenSeqDataset(TreeCache.load(...), seq_len)`` wrapped in ``PermutationDataset`` /
   ``EraShufflingDataset`` (Levanter 1.2.dev1644 has no block shuffle: its block rows call
   ``TokenSeqDataset.get_batch`` with the same block-shuffled physical indices ours read), called
@@ -79,6 +79,11 @@ def build_cache(path: str, *, examples: int, seq_len: int, seed: int = 0) -> Non
         writer.write(tokens[a:b] for a, b in itertools.pairwise(cuts.tolist()))
 
 
+@jax.jit
+def _apply(shuffle, indices):
+    return shuffle(indices)
+
+
 def make_shuffle(pattern: Pattern, n: int, key):
     """``indices -> physical indices`` (numpy uint32 in, numpy int64 out) via meshbatch's jitted shuffles."""
     if pattern.kind == "sequential":
@@ -97,8 +102,7 @@ def make_shuffle(pattern: Pattern, n: int, key):
             key=key,
             compat="levanter",
         )
-    apply = jax.jit(lambda s, i: s(i))
-    return lambda idx: np.asarray(apply(shuffle, jnp.asarray(idx, dtype=jnp.uint32))).astype(np.int64)
+    return lambda idx: np.asarray(_apply(shuffle, jnp.asarray(idx, dtype=jnp.uint32))).astype(np.int64)
 
 
 class _CountingArray:
@@ -119,11 +123,16 @@ class _CountingArray:
         return _Read()
 
 
+def uses_block_cache(pattern: Pattern, batch: int) -> bool:
+    """Block rows keep a block cache when a batch is smaller than a window: later batches revisit it."""
+    return pattern.kind == "block" and batch < pattern.io_block_size * pattern.window_blocks
+
+
 def ours_reader(pattern: Pattern, args, batch: int, shuffle):
     """``get(b) -> [batch, seq_len]`` through a freshly opened TokenCache, and its read counter."""
     context = ts.Context({"cache_pool": {"total_bytes_limit": LEVANTER_CACHE_POOL_BYTES}})
     lru = None
-    if pattern.kind == "block":  # two windows of decoded chunks
+    if uses_block_cache(pattern, batch):  # two windows of decoded chunks
         window_tokens = pattern.io_block_size * pattern.window_blocks * args.seq_len
         lru = BlockCache(2 * window_tokens * 4, block_tokens=DEFAULT_CHUNK_SIZE)
     cache = TokenCache.open(args.cache, context=context, block_cache=lru)
@@ -205,6 +214,28 @@ def raw_ceiling(args) -> float:
     return statistics.median(rates)
 
 
+def format_table(rows: list[dict]) -> str:
+    """The rows as a markdown table (pasted into RESULTS.md)."""
+    columns = ["pattern", "batch", "block cache", "ours tok/s", "Levanter tok/s", "ours / Levanter"]
+    columns += [
+        "ours reads/ex",
+        "Levanter reads/ex",
+        "ours / ceiling",
+        "Levanter / ceiling",
+        "ours / Levanter full",
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [r["name"], str(r["batch"]), "yes" if r["block_cache"] else "no"]
+        cells += [f"{r['ours_tokens_per_s'] / 1e6:.1f} M", f"{r['levanter_tokens_per_s'] / 1e6:.1f} M"]
+        cells += [f"{r['ratio_vs_levanter']:.1f}x", f"{r['ours_reads_per_example']:.4f}"]
+        cells += [f"{r['levanter_reads_per_example']:.4f}", f"{r['ours_vs_ceiling']:.2f}"]
+        cells += [f"{r['levanter_vs_ceiling']:.2f}"]
+        cells += ["-" if r["ratio_vs_levanter_full"] is None else f"{r['ratio_vs_levanter_full']:.1f}x"]
+        lines.append("| " + " | ".join(cells) + " |" + ("" if r["tokens_match"] else "  TOKENS DIFFER"))
+    return "\n".join(lines)
+
+
 def patterns(args) -> list[Pattern]:
     out = [
         Pattern("sequential", "sequential"),
@@ -253,35 +284,34 @@ def main(argv=None) -> dict:
     print(f"cache {args.cache}: {args.examples} examples x {args.seq_len} tokens, int32")
     ceiling = raw_ceiling(args)
     print(f"raw contiguous read ceiling: {ceiling / 1e6:.1f} M tokens/s\n")
-    columns = ["pattern", "batch", "ours tok/s", "Levanter tok/s", "ours / Levanter", "ours reads/ex"]
-    columns += ["Levanter reads/ex", "ours / ceiling", "Levanter / ceiling"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * 9)
     rows = []
     for pattern in patterns(args):
         for batch in args.batch_sizes:
+            print(f"measuring {pattern.name}, batch {batch} ...", flush=True)
             ours = time_side("ours", pattern, args, batch, key)
             theirs = time_side("levanter", pattern, args, batch, key)
-            row = {
-                **asdict(pattern),
-                "batch": batch,
-                "ours_tokens_per_s": ours["tokens_per_s"],
-                "levanter_tokens_per_s": theirs["tokens_per_s"],
-                "ratio_vs_levanter": ours["tokens_per_s"] / theirs["tokens_per_s"],
-                "ours_reads_per_example": ours["reads_per_example"],
-                "levanter_reads_per_example": theirs["reads_per_example"],
-                "ours_vs_ceiling": ours["tokens_per_s"] / ceiling,
-                "levanter_vs_ceiling": theirs["tokens_per_s"] / ceiling,
-                "tokens_match": bool(np.array_equal(ours["first"], theirs["first"])),
-            }
-            rows.append(row)
-            print(
-                f"| {pattern.name} | {batch} | {row['ours_tokens_per_s'] / 1e6:.1f} M | "
-                f"{row['levanter_tokens_per_s'] / 1e6:.1f} M | {row['ratio_vs_levanter']:.1f}x | "
-                f"{row['ours_reads_per_example']:.4f} | {row['levanter_reads_per_example']:.4f} | "
-                f"{row['ours_vs_ceiling']:.2f} | {row['levanter_vs_ceiling']:.2f} |"
-                + ("" if row["tokens_match"] else "  TOKENS DIFFER")
+            rows.append(
+                {
+                    **asdict(pattern),
+                    "batch": batch,
+                    "block_cache": uses_block_cache(pattern, batch),
+                    "ours_tokens_per_s": ours["tokens_per_s"],
+                    "levanter_tokens_per_s": theirs["tokens_per_s"],
+                    "ratio_vs_levanter": ours["tokens_per_s"] / theirs["tokens_per_s"],
+                    "ours_reads_per_example": ours["reads_per_example"],
+                    "levanter_reads_per_example": theirs["reads_per_example"],
+                    "ours_vs_ceiling": ours["tokens_per_s"] / ceiling,
+                    "levanter_vs_ceiling": theirs["tokens_per_s"] / ceiling,
+                    "tokens_match": bool(np.array_equal(ours["first"], theirs["first"])),
+                }
             )
+    for row in rows:  # the acceptance comparison: against Levanter's Feistel PermutationDataset
+        full = next((r for r in rows if r["kind"] == "full" and r["batch"] == row["batch"]), None)
+        row["ratio_vs_levanter_full"] = (
+            row["ours_tokens_per_s"] / full["levanter_tokens_per_s"] if full else None
+        )
+    print()
+    print(format_table(rows))
     result = {
         "jax": jax.__version__,
         "device": f"{device.platform} ({device.device_kind})",
