@@ -19,7 +19,8 @@ What is compared, on one local cache (written once in Levanter's format) in one 
 Method: both sides open the cache afresh for every repetition with the same TensorStore cache pool
 (``10**9`` bytes, Levanter's ``CACHE_BYTES_LIMIT``), read batch 0 as warm-up (jit compile, file
 opens; its tokens from both sides must be identical), then time batches ``1..k`` (to the end of one
-epoch, at most ``--max-batches``). tokens/s = timed tokens / wall time; the median of ``--repeats``
+epoch, at most ``--max-batches``). Repetitions alternate between the sides, so a load spike on a
+shared machine hits both. tokens/s = timed tokens / wall time; the median of ``--repeats``
 repetitions is reported. reads/example = TensorStore reads issued / examples read in timed batches.
 Absolute numbers only mean something on the machine that made them; the ratios are the result.
 
@@ -168,30 +169,36 @@ def levanter_reader(pattern: Pattern, args, batch: int, shuffle, key, loop):
     return get, lambda: counter.reads
 
 
-def time_side(side: str, pattern: Pattern, args, batch: int, key) -> dict:
-    """Median tokens/s, reads/example and the warm-up batch of one side, pattern and batch size."""
+def measure(pattern: Pattern, args, batch: int, key) -> dict:
+    """Both sides, repetitions interleaved (ours, Levanter, ours, ...) so load drift hits both alike.
+
+    Returns per side: median tokens/s, reads/example of the timed batches, and the warm-up batch.
+    """
     shuffle = make_shuffle(pattern, args.examples, key)
     timed = range(1, min(args.examples // batch, args.max_batches + 1))
     loop = asyncio.new_event_loop()
-    rates, reads, first = [], 0, None
+    out = {side: {"rates": [], "reads": 0, "first": None} for side in ("ours", "levanter")}
     for _ in range(args.repeats):
-        if side == "ours":
-            get, count = ours_reader(pattern, args, batch, shuffle)
-        else:
-            get, count = levanter_reader(pattern, args, batch, shuffle, key, loop)
-        warm = get(0)
-        first = warm if first is None else first
-        before = count()
-        start = time.perf_counter()
-        for b in timed:
-            get(b)
-        rates.append(len(timed) * batch * args.seq_len / (time.perf_counter() - start))
-        reads = count() - before
+        for side, got in out.items():
+            if side == "ours":
+                get, count = ours_reader(pattern, args, batch, shuffle)
+            else:
+                get, count = levanter_reader(pattern, args, batch, shuffle, key, loop)
+            got["first"] = get(0)  # warm-up: jit, file opens; compared across sides below
+            before = count()
+            start = time.perf_counter()
+            for b in timed:
+                get(b)
+            got["rates"].append(len(timed) * batch * args.seq_len / (time.perf_counter() - start))
+            got["reads"] = count() - before
     loop.close()
     return {
-        "tokens_per_s": statistics.median(rates),
-        "reads_per_example": reads / (len(timed) * batch),
-        "first": first,
+        side: {
+            "tokens_per_s": statistics.median(got["rates"]),
+            "reads_per_example": got["reads"] / (len(timed) * batch),
+            "first": got["first"],
+        }
+        for side, got in out.items()
     }
 
 
@@ -266,8 +273,8 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--patterns", type=lambda s: s.split(","), default=["sequential", "full", "era", "block"]
     )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-batches", type=int, default=64, help="timed batches per repetition, at most")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-batches", type=int, default=32, help="timed batches per repetition, at most")
     parser.add_argument("--cache", default=None, help="cache directory (default: a temp dir per size)")
     parser.add_argument("--out", default=os.path.join(HERE, "bench_loading.json"))
     args = parser.parse_args(argv)
@@ -288,8 +295,8 @@ def main(argv=None) -> dict:
     for pattern in patterns(args):
         for batch in args.batch_sizes:
             print(f"measuring {pattern.name}, batch {batch} ...", flush=True)
-            ours = time_side("ours", pattern, args, batch, key)
-            theirs = time_side("levanter", pattern, args, batch, key)
+            measured = measure(pattern, args, batch, key)
+            ours, theirs = measured["ours"], measured["levanter"]
             rows.append(
                 {
                     **asdict(pattern),
