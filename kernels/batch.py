@@ -37,7 +37,13 @@ class Batch(eqx.Module):
             value = getattr(self, name)
             if value.dtype != jnp.int32:
                 raise TypeError(f"Batch.{name} must be int32 (got dtype={value.dtype})")
-            if value.ndim != 2:
-                raise ValueError(f"Batch.{name} must be [batch, seq_len] (got shape={value.shape})")
-        if self.doc_idx is not None and self.doc_idx.dtype != jnp.int32:
-            raise TypeError(f"Batch.doc_idx must be int32 (got dtype={self.doc_idx.dtype})")
+            if value.shape != self.tokens.shape or value.ndim != 2:
+                raise ValueError(
+                    f"Batch.{name} must be [batch, seq_len] like tokens {self.tokens.shape} "
+                    f"(got shape={value.shape})"
+                )
+        if self.doc_idx is not None:
+            if self.doc_idx.dtype != jnp.int32:
+                raise TypeError(f"Batch.doc_idx must be int32 (got dtype={self.doc_idx.dtype})")
+            if self.doc_idx.shape != self.tokens.shape[:1]:
+                raise ValueError(f"Batch.doc_idx must be [batch] (got shape={self.doc_idx.shape})")

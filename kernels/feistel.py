@@ -41,6 +41,9 @@ WALK_UNROLL = 2
 # Straggler compaction: lanes per block, and the smallest input worth compacting.
 BLOCK = 64
 COMPACT_MIN_LANES = 1 << 14
+# Dense steps continue while more than 1 lane in DENSE_UNTIL is outside: sparser than that, few
+# blocks hold a straggler (1 - (1 - 1/512)^64 ~ 12%) and compaction pays off.
+DENSE_UNTIL = 512
 
 
 class LevanterNetwork(eqx.Module):
@@ -69,14 +72,8 @@ def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
 
 
 def _scale(h: UInt32[Array, "..."], m: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """``floor(h * m / 2^32)`` for ``m <= 2^16 + 1``: a uniform map of a 32-bit hash into [0, m)."""
-    m_lo = m & U32(0xFFFF)
-    m_hi = m >> 16  # 0 or 1
-    h_lo = h & U32(0xFFFF)
-    h_hi = h >> 16
-    # h * m = h * m_lo + h * m_hi * 2^16; take the top word of the sum exactly.
-    mid = h_hi * m_lo + ((h_lo * m_lo) >> 16) + h_lo * m_hi
-    return (mid >> 16) + h_hi * m_hi
+    """``floor((h >> 16) * m / 2^16)``: a 32-bit hash mapped into ``[0, m)``, ``m <= 2^16``."""
+    return ((h >> 16) * m) >> 16
 
 
 def _divmod(x: UInt32[Array, "..."], d: UInt32[Array, "..."], inv_d: Float32[Array, "..."]):
@@ -104,17 +101,14 @@ class StrongNetwork(eqx.Module):
     b: UInt32[Array, "..."]
 
     def __call__(self, x: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+        # The halves stay split across rounds: one divmod per pass, not one per round.
+        left, right = _divmod(x, self.b, 1.0 / self.b.astype(jnp.float32))  # left < a, right < b
         a, b = self.a, self.b
-        inv_a = 1.0 / a.astype(jnp.float32)
-        inv_b = 1.0 / b.astype(jnp.float32)
         for i in range(self.keys.shape[-1]):
-            left, right = _divmod(x, b, inv_b)  # left < a, right < b
-            f = _scale(_fmix32(right ^ self.keys[..., i]), a)
-            s = left + f
-            s = jnp.where(s >= a, s - a, s)
-            x = right * a + s  # < b * a
-            a, b, inv_a, inv_b = b, a, inv_b, inv_a
-        return x
+            s = left + _scale(_fmix32(right ^ self.keys[..., i]), a)
+            left, right = right, jnp.where(s >= a, s - a, s)  # new left < b, new right < a
+            a, b = b, a
+        return left * b + right  # < a * b
 
 
 def strong_halves(length: UInt32[Array, "..."]) -> tuple[UInt32[Array, "..."], UInt32[Array, "..."]]:
@@ -162,10 +156,11 @@ def cycle_walk(
     ``x`` must lie in ``[0, length)``. With ``batched=True`` every leaf of ``network`` and
     ``length`` carries a leading per-lane axis of size ``n``; otherwise they are shared by all lanes.
 
-    A dense pass handles the bulk. While more than 1/16 of the lanes are still outside, dense steps
-    continue; then only the ``BLOCK``-lane blocks that still hold a straggler are gathered and walked,
-    so lanes that landed early do not pay for the slowest one. (A mixed-radix strong network leaves
-    about ``n^-1/2`` of the lanes outside after one pass; Levanter's leaves up to 3/4.)
+    A dense pass handles the bulk. While more than 1/``DENSE_UNTIL`` of the lanes are still
+    outside, dense steps continue; then only the ``BLOCK``-lane blocks that still hold a straggler
+    are gathered and walked, so lanes that landed early do not pay for the slowest one. (A
+    mixed-radix strong network leaves about ``n^-1/2`` of the lanes outside after one pass;
+    Levanter's leaves up to 3/4.)
     """
     y = network(x)
     n = x.shape[0]
@@ -173,7 +168,7 @@ def cycle_walk(
         return _walk_dense(network, y, length)
 
     def crowded(y):
-        return jnp.sum(y >= length, dtype=jnp.int32) > n // 16
+        return jnp.sum(y >= length, dtype=jnp.int32) > n // DENSE_UNTIL
 
     y = jax.lax.while_loop(crowded, partial(_dense_steps, network, length=length, steps=1), y)
 

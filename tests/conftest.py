@@ -10,6 +10,25 @@ os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 
 import jax
+import numpy as np
+import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+EOS = 1
+
+
+@pytest.fixture(scope="session")
+def cache_path(tmp_path_factory):
+    """A meshbatch cache of 400 documents of random lengths, each ending in EOS=1; tokens 2..9999."""
+    from meshbatch.cache import CacheWriter
+
+    path = str(tmp_path_factory.mktemp("pipeline") / "cache")
+    rng = np.random.default_rng(0)
+    docs = [
+        np.append(rng.integers(2, 10_000, rng.integers(5, 300)), EOS).astype(np.int32) for _ in range(400)
+    ]
+    with CacheWriter(path) as writer:
+        writer.write(docs)
+    return path

@@ -84,7 +84,7 @@ def strong_order(length: int, round_keys: list[int], min_half: int, indices) -> 
         ra, rb = a, b
         for k in round_keys:
             left, right = divmod(x, rb)
-            f = (_fmix32(right ^ k) * ra) >> 32
+            f = ((_fmix32(right ^ k) >> 16) * ra) >> 16
             x = right * ra + (left + f) % ra
             ra, rb = rb, ra
         return x

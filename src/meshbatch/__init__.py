@@ -7,6 +7,10 @@ from meshbatch.kernels.permutation import Permutation as Permutation
 from meshbatch.kernels.shuffles import BlockShuffle as BlockShuffle
 from meshbatch.kernels.shuffles import EraShuffle as EraShuffle
 
+from .causal import CausalLMDataset as CausalLMDataset
+from .causal import ShuffleSpec as ShuffleSpec
+from .pipeline import Pipeline as Pipeline
+from .schedule import BatchSchedule as BatchSchedule
 from .shuffle import block_shuffle as block_shuffle
 from .shuffle import era_shuffle as era_shuffle
 from .shuffle import permutation as permutation

@@ -1,0 +1,216 @@
+"""The spine: plan -> fetch -> build, per process, into globally sharded batches.
+
+Step ``k``'s batch holds examples ``offset(k) .. offset(k) + batch_size(k) - 1`` of an endless
+stream; stream index ``g`` is position ``g mod n`` of epoch ``g // n`` (``n`` examples per epoch).
+The host splits those (unbounded) integers into 32-bit (position, epoch) pairs, then:
+
+1. plan (jitted, host CPU device): each row's example, from the dataset's shuffle;
+2. fetch (host): the rows' token spans, coalesced, read once per process;
+3. build (jitted, per device shard on a local mesh): ``Batch`` rows from the tokens.
+
+Datasets whose tokens live on device (``fetches = False``) skip 1-2 on the host: plan and build
+run together in the per-shard kernel. Nothing here depends on how many processes or devices share
+the batch: every process computes the same global batch's rows for its own devices.
+
+    pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
+    for batch in pipeline.iterate_from(step):   # O(1) to resume anywhere
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+from jaxtyping import PRNGKeyArray
+
+from meshbatch.kernels import Batch
+
+from .layout import RowLayout
+from .prefetch import Prefetcher
+from .schedule import BatchSchedule
+
+logger = logging.getLogger(__name__)
+INT32_MAX = 2**31 - 1
+
+
+class Pipeline:
+    """Global batches of a dataset on a mesh, step by step; see the module docstring.
+
+    Args:
+        dataset: a dataset plan (``CausalLMDataset``, a splice dataset, ...).
+        mesh: the device mesh the batch is sharded over.
+        batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
+        key: the data key; the dataset's shuffles derive from it.
+        data_axes: mesh axis name(s) the batch dimension is sharded over.
+        prefetch: batches kept ready by ``iterate_from``.
+        max_epochs: stop before the first step that would read past this many epochs; ``None``
+            streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        mesh: Mesh,
+        batch_size,
+        key: PRNGKeyArray,
+        data_axes: str | tuple[str, ...] = "data",
+        prefetch: int = 4,
+        max_epochs: int | None = None,
+    ):
+        self.dataset = dataset
+        self.mesh = mesh
+        self.data_axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+        self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
+        if max_epochs is not None and (isinstance(max_epochs, bool) or max_epochs < 1):
+            raise ValueError(f"max_epochs must be a positive int or None (got max_epochs={max_epochs!r})")
+        self.max_epochs = max_epochs
+        self.prefetch = prefetch
+        self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
+        self._cpu = jax.local_devices(backend="cpu")[0]
+        state = dataset.plan_state(key)
+        self._plan_state = jax.device_put(state, self._cpu)
+        self._plan = jax.jit(dataset.plan)
+        self._build = {b: self._compile_build(layout, state) for b, layout in self._layouts.items()}
+        self.timings: dict[str, float] = {"plan_s": 0.0, "fetch_s": 0.0, "build_s": 0.0}
+
+    def _compile_build(self, layout: RowLayout, state):
+        local = PartitionSpec("local")
+        replicated = jax.sharding.NamedSharding(layout.local_mesh, PartitionSpec())
+        build_state = jax.device_put(state, replicated)
+        dataset = self.dataset
+        if dataset.fetches:
+
+            def per_shard(state, content, planned):
+                return dataset.build(state, content, planned)
+
+            in_specs = (PartitionSpec(), local, local)
+        else:
+
+            def per_shard(state, positions, epochs):
+                return dataset.build(state, None, dataset.plan(state, positions, epochs))
+
+            in_specs = (PartitionSpec(), local, local)
+        kernel = jax.jit(jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local))
+        return lambda a, b: kernel(build_state, a, b)
+
+    # -- host arithmetic ----------------------------------------------------------------------
+
+    def num_steps(self) -> int | None:
+        """Steps before ``max_epochs`` would be exceeded, or ``None`` for an endless stream."""
+        if self.max_epochs is None:
+            return None
+        total = self.max_epochs * self.dataset.num_examples
+        low, high = 0, 1
+        while self.schedule.offset(high) + self.schedule.batch_size(high) <= total:
+            high *= 2
+        while low < high:  # first step whose batch does not fit
+            mid = (low + high) // 2
+            if self.schedule.offset(mid) + self.schedule.batch_size(mid) <= total:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def _positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """32-bit (position, epoch) of each batch row of ``step``; the big integers stay here."""
+        n = self.dataset.num_examples
+        epoch0, position0 = divmod(self.schedule.offset(step), n)
+        position = position0 + rows.astype(np.int64)  # < n + batch_size
+        epoch = epoch0 + position // n
+        position %= n
+        if epoch.max() > 2**32 - 1:
+            raise OverflowError(f"step {step} reaches epoch {int(epoch.max())} >= 2**32")
+        return position.astype(np.uint32), epoch.astype(np.uint32)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def batch(self, step: int) -> Batch:
+        """The global batch of ``step`` (blocking; ``iterate_from`` overlaps steps)."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step must be a non-negative int (got step={step!r})")
+        steps = self.num_steps()
+        if steps is not None and step >= steps:
+            raise IndexError(
+                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
+            )
+        layout = self._layouts[self.schedule.batch_size(step)]
+        if self.dataset.fetches:
+            local = self._fetch_and_build(step, layout)
+        else:
+            per_device = [self._positions(step, np.arange(a, b)) for a, b in layout.device_rows]
+            start = time.perf_counter()
+            local = self._build[layout.batch_size](
+                layout.stack_local([p for p, _ in per_device]), layout.stack_local([e for _, e in per_device])
+            )
+            self.timings["build_s"] += time.perf_counter() - start
+        return jax.tree.map(layout.to_global, local)
+
+    def _fetch_and_build(self, step: int, layout: RowLayout):
+        start = time.perf_counter()
+        positions, epochs = self._positions(step, layout.rows)
+        planned = self._plan(
+            self._plan_state, jax.device_put(positions, self._cpu), jax.device_put(epochs, self._cpu)
+        )
+        planned = jax.tree.map(np.asarray, planned)
+        self.timings["plan_s"] += time.perf_counter() - start
+
+        start = time.perf_counter()
+        span_starts, span_lengths = self.dataset.spans(planned)
+        read = self.dataset.source.read_runs(span_starts, span_lengths)
+        seq_len = self.dataset.seq_len
+        contents, plans = [], []
+        for first, stop in layout.device_rows:
+            index = np.searchsorted(layout.rows, np.arange(first, stop))
+            contents.append(_windows(read.buffer, read.span_starts[index], span_lengths[index], seq_len))
+            plans.append(jax.tree.map(lambda leaf, index=index: leaf[index], planned))
+        self.timings["fetch_s"] += time.perf_counter() - start
+
+        start = time.perf_counter()
+        content = layout.stack_local(contents)
+        planned_local = jax.tree.map(lambda *leaves: layout.stack_local(list(leaves)), *plans)
+        local = self._build[layout.batch_size](content, planned_local)
+        self.timings["build_s"] += time.perf_counter() - start
+        return local
+
+    # -- streams ----------------------------------------------------------------------------------
+
+    def iterate_from(self, step: int = 0) -> Prefetcher[Batch]:
+        """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
+
+        Resuming costs the same at step 10**9 as at step 1: nothing is replayed. The returned
+        iterator's ``stats()`` reports how long the consumer waited for each batch.
+        """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step must be a non-negative int (got step={step!r})")
+        return Prefetcher(self._produce, start=int(step), depth=self.prefetch)
+
+    def _produce(self, step: int) -> Batch:
+        steps = self.num_steps()
+        if steps is not None and step >= steps:
+            raise StopIteration
+        batch = self.batch(step)
+        jax.block_until_ready(batch)  # ready means ready: the consumer's wait is the real wait
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterate_from(0)
+
+
+def _windows(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seq_len: int) -> np.ndarray:
+    """``[rows, seq_len]`` int32: each span's tokens left-aligned, zero after its length."""
+    if buffer.dtype.itemsize > 4 or buffer.dtype == np.uint32:
+        top = buffer.max(initial=0)
+        if top > INT32_MAX:
+            raise OverflowError(f"token id {int(top)} does not fit int32")
+    column = np.arange(seq_len, dtype=np.int64)
+    if np.all(lengths == seq_len):
+        return np.take(buffer, starts[:, None] + column).astype(np.int32, copy=False)
+    inside = column[None, :] < lengths[:, None]
+    index = np.where(inside, starts[:, None] + column, 0)
+    return np.where(inside, np.take(buffer, index), 0).astype(np.int32)

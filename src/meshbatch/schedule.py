@@ -1,0 +1,80 @@
+"""Batch sizes by step, and where each step's batch starts in the example stream.
+
+A schedule is a constant batch size or segments ``[(start_step, batch_size), ...]`` (Levanter's
+``BatchSchedule``: the first segment starts at step 0, the last one runs forever):
+
+    schedule = BatchSchedule([(0, 32), (100, 64)])
+    schedule.batch_size(99), schedule.batch_size(100)     # 32, 64
+    schedule.offset(101)                                  # 100 * 32 + 1 * 64 = 3264
+
+Offsets are Python ints: they grow without bound and never reach a device.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSchedule:
+    """Batch size per training step; see the module docstring.
+
+    Args:
+        schedule: an int, or ``(start_step, batch_size)`` pairs (or objects with ``.start`` and
+            ``.value``, like Levanter's ``ScheduleStep``) with strictly increasing starts from 0.
+    """
+
+    schedule: int | Sequence
+
+    def __post_init__(self):
+        segments = self._segments()
+        starts = [start for start, _ in segments]
+        if starts[0] != 0:
+            raise ValueError(f"the first batch-size segment must start at step 0 (got start={starts[0]})")
+        if any(b <= a for a, b in itertools.pairwise(starts)):
+            raise ValueError(f"batch-size segment starts must increase strictly (got starts={starts})")
+        for start, size in segments:
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(
+                    f"batch sizes must be positive ints (got batch_size={size!r} at step {start})"
+                )
+        offsets = [0]
+        for (start, size), (next_start, _) in itertools.pairwise(segments):
+            offsets.append(offsets[-1] + (next_start - start) * size)
+        object.__setattr__(self, "_starts", starts)
+        object.__setattr__(self, "_sizes", [size for _, size in segments])
+        object.__setattr__(self, "_offsets", offsets)
+
+    def _segments(self) -> list[tuple[int, int]]:
+        if isinstance(self.schedule, int) and not isinstance(self.schedule, bool):
+            return [(0, self.schedule)]
+        if isinstance(self.schedule, Sequence) and not isinstance(self.schedule, str) and self.schedule:
+            out = []
+            for item in self.schedule:
+                start, size = (item.start, item.value) if hasattr(item, "value") else item
+                out.append((int(start), size))
+            return out
+        raise ValueError(
+            f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
+        )
+
+    def _segment(self, step: int) -> int:
+        if step < 0:
+            raise ValueError(f"step must be >= 0 (got step={step})")
+        return bisect.bisect_right(self._starts, step) - 1
+
+    def batch_size(self, step: int) -> int:
+        """Examples in the batch of ``step``."""
+        return self._sizes[self._segment(step)]
+
+    def offset(self, step: int) -> int:
+        """Examples consumed before ``step``: where its batch starts. O(log segments)."""
+        i = self._segment(step)
+        return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
+
+    def unique_sizes(self) -> list[int]:
+        """Every batch size the schedule uses."""
+        return sorted(set(self._sizes))

@@ -1,0 +1,274 @@
+"""The pipeline in one process: exact batches, any mesh, resume, epochs, no recompiles, errors."""
+
+import contextlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+import meshbatch
+from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec
+from meshbatch.cache import TokenCache
+
+U32 = jnp.uint32
+SEQ = 32
+EOS = 1
+
+
+def flat_tokens(path: str) -> np.ndarray:
+    cache = TokenCache.open(path)
+    return np.concatenate(cache.read_rows(np.arange(cache.num_rows)))
+
+
+def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    count = int(np.prod(shape))
+    return Mesh(np.array(jax.devices()[:count]).reshape(shape), names)
+
+
+def expected_tokens(path, spec: ShuffleSpec, key, batch_size: int, step: int) -> np.ndarray:
+    """The reference for a constant batch size: see ``expected_stream``."""
+    return expected_stream(path, spec, key, step * batch_size, batch_size)
+
+
+def expected_stream(path, spec: ShuffleSpec, key, start: int, count: int) -> np.ndarray:
+    """Stream examples ``start .. start + count - 1``: order from the shuffle, windows cut from the
+    cache's flat tokens, epoch ``g // n`` and position ``g % n`` for stream index ``g``."""
+    windows = flat_tokens(path)
+    windows = windows[: windows.size // SEQ * SEQ].reshape(-1, SEQ)
+    n = windows.shape[0]
+    g = np.arange(start, start + count)
+    position, epoch = g % n, g // n
+    shuffle = CausalLMDataset(TokenCache.open(path), SEQ, shuffle=spec).plan_state(key)
+    if shuffle is None:
+        examples = position
+    elif spec.reshuffle_each_epoch:
+        examples = np.asarray(shuffle(jnp.asarray(position, U32), epoch=jnp.asarray(epoch, U32)))
+    else:
+        examples = np.asarray(shuffle(jnp.asarray(position, U32)))
+    return windows[examples]
+
+
+SPECS = {
+    "none": ShuffleSpec("none"),
+    "full": ShuffleSpec("full"),
+    "full-levanter": ShuffleSpec("full", compat="levanter"),
+    "era": ShuffleSpec("era", era_length=100),
+    "block-levanter": ShuffleSpec("block", compat="levanter", io_block_size=16, window_blocks=4),
+}
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+def test_batches_match_reference_on_any_local_mesh(cache_path, spec_name):
+    spec, key = SPECS[spec_name], jax.random.key(3)
+    meshes = [mesh_of((1,), ("data",)), mesh_of((8,), ("data",)), mesh_of((4, 2), ("data", "model"))]
+    pipelines = [
+        Pipeline(
+            CausalLMDataset(TokenCache.open(cache_path), SEQ, shuffle=spec, eos_id=EOS),
+            mesh=m,
+            batch_size=16,
+            key=key,
+        )
+        for m in meshes
+    ]
+    for step in (0, 1, 7):
+        want = expected_tokens(cache_path, spec, key, 16, step)
+        for pipeline in pipelines:
+            batch = pipeline.batch(step)
+            np.testing.assert_array_equal(np.asarray(batch.tokens), want)
+            chex.assert_shape([batch.tokens, batch.loss_mask, batch.segment_ids], (16, SEQ))
+            chex.assert_type([batch.tokens, batch.loss_mask, batch.segment_ids], jnp.int32)
+            assert batch.tokens.sharding.spec == PartitionSpec("data", None)
+            assert batch.tokens.sharding.mesh is pipeline.mesh
+
+
+def test_build_applies_causal_masks(cache_path):
+    pipeline = Pipeline(
+        CausalLMDataset(TokenCache.open(cache_path), SEQ, eos_id=EOS, ignore_id=7),
+        mesh=mesh_of((2,), ("data",)),
+        batch_size=8,
+        key=jax.random.key(0),
+    )
+    batch = pipeline.batch(0)
+    tokens = np.asarray(batch.tokens)
+    want_mask = np.ones_like(tokens)
+    want_mask[:, -1] = 0
+    want_mask[:, :-1] &= tokens[:, 1:] != 7
+    np.testing.assert_array_equal(np.asarray(batch.loss_mask), want_mask)
+    after_eos = np.zeros_like(tokens)
+    after_eos[:, 1:] = tokens[:, :-1] == EOS
+    np.testing.assert_array_equal(np.asarray(batch.segment_ids), np.cumsum(after_eos, axis=1))
+
+
+def test_replicated_rows_are_fetched_once(cache_path):
+    cache = TokenCache.open(cache_path)
+    pipeline = Pipeline(
+        CausalLMDataset(cache, SEQ),
+        mesh=mesh_of((2, 4), ("data", "model")),
+        batch_size=8,
+        key=jax.random.key(0),
+    )
+    cache.counters.reset()
+    pipeline.batch(0)
+    assert cache.counters.spans_requested == 8  # 8 rows on 8 devices, each row held by 4 of them
+
+
+def test_iterate_from_equals_iterating_from_zero(cache_path):
+    pipeline = Pipeline(
+        CausalLMDataset(TokenCache.open(cache_path), SEQ),
+        mesh=mesh_of((4,), ("data",)),
+        batch_size=8,
+        key=jax.random.key(1),
+    )
+    stream = pipeline.iterate_from(0)
+    from_zero = [np.asarray(next(stream).tokens) for _ in range(6)]
+    stream.close()
+    resumed = pipeline.iterate_from(4)
+    np.testing.assert_array_equal(np.asarray(next(resumed).tokens), from_zero[4])
+    np.testing.assert_array_equal(np.asarray(next(resumed).tokens), from_zero[5])
+    assert resumed.stats()["batches"] == 2
+    resumed.close()
+
+
+def test_resume_far_away_does_one_step_of_work(cache_path):
+    """Step 10**9 (hundreds of millions of epochs in) reads and plans exactly what step 1 does."""
+    cache = TokenCache.open(cache_path)
+    spec = ShuffleSpec("full", reshuffle_each_epoch=True)
+    key = jax.random.key(5)
+    pipeline = Pipeline(
+        CausalLMDataset(cache, SEQ, shuffle=spec), mesh=mesh_of((2,), ("data",)), batch_size=8, key=key
+    )
+    costs = {}
+    for step in (1, 10**9):
+        cache.counters.reset()
+        batch = pipeline.batch(step)
+        costs[step] = cache.counters.as_dict()
+        np.testing.assert_array_equal(
+            np.asarray(batch.tokens), expected_tokens(cache_path, spec, key, 8, step)
+        )
+    assert costs[1]["spans_requested"] == costs[10**9]["spans_requested"] == 8
+
+
+@pytest.mark.parametrize("reshuffle", [False, True])
+def test_epochs_continue_past_the_end(cache_path, reshuffle):
+    cache = TokenCache.open(cache_path)
+    spec = ShuffleSpec("full", reshuffle_each_epoch=reshuffle)
+    dataset = CausalLMDataset(cache, SEQ, shuffle=spec)
+    n = dataset.num_examples
+    batch_size = 16
+    pipeline = Pipeline(dataset, mesh=mesh_of((2,), ("data",)), batch_size=batch_size, key=jax.random.key(2))
+    straddling = n // batch_size  # this step's batch holds the end of epoch 0 and the start of epoch 1
+    got = np.asarray(pipeline.batch(straddling).tokens)
+    np.testing.assert_array_equal(
+        got, expected_tokens(cache_path, spec, jax.random.key(2), batch_size, straddling)
+    )
+    epoch0 = np.concatenate([np.asarray(pipeline.batch(s).tokens) for s in range(straddling + 1)])[:n]
+    epoch1_start = got[n - straddling * batch_size :]
+    assert np.array_equal(epoch1_start, epoch0[: epoch1_start.shape[0]]) != reshuffle
+
+
+def test_max_epochs_ends_the_stream(cache_path):
+    dataset = CausalLMDataset(TokenCache.open(cache_path), SEQ)
+    pipeline = Pipeline(
+        dataset, mesh=mesh_of((1,), ("data",)), batch_size=64, key=jax.random.key(0), max_epochs=2
+    )
+    steps = pipeline.num_steps()
+    assert steps == 2 * dataset.num_examples // 64
+    assert sum(1 for _ in pipeline) == steps
+    with pytest.raises(IndexError, match=f"step={steps} is past the end"):
+        pipeline.batch(steps)
+
+
+def test_batch_size_schedule(cache_path):
+    schedule = BatchSchedule([(0, 8), (3, 16)])
+    key, spec = jax.random.key(4), ShuffleSpec("full")
+    dataset = CausalLMDataset(TokenCache.open(cache_path), SEQ, shuffle=spec)
+    pipeline = Pipeline(dataset, mesh=mesh_of((8,), ("data",)), batch_size=schedule, key=key)
+    batches = [np.asarray(pipeline.batch(s).tokens) for s in range(5)]
+    assert [b.shape[0] for b in batches] == [8, 8, 8, 16, 16]
+    assert schedule.offset(4) == 3 * 8 + 16
+    np.testing.assert_array_equal(np.concatenate(batches), expected_stream(cache_path, spec, key, 0, 56))
+
+
+@contextlib.contextmanager
+def count_compiles():
+    events = []
+
+    def listener(name, duration, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_no_recompilation_after_the_first_step(cache_path):
+    pipeline = Pipeline(
+        CausalLMDataset(
+            TokenCache.open(cache_path), SEQ, shuffle=ShuffleSpec("block", io_block_size=16), eos_id=EOS
+        ),
+        mesh=mesh_of((4, 2), ("data", "model")),
+        batch_size=16,
+        key=jax.random.key(0),
+    )
+    jax.block_until_ready(pipeline.batch(0))
+    with count_compiles() as compiles:
+        for step in range(1, 25):  # crosses an epoch boundary too
+            jax.block_until_ready(pipeline.batch(step))
+    assert compiles == []
+
+
+def test_prefetch_reports_consumer_wait(cache_path):
+    pipeline = Pipeline(
+        CausalLMDataset(TokenCache.open(cache_path), SEQ),
+        mesh=mesh_of((2,), ("data",)),
+        batch_size=8,
+        key=jax.random.key(0),
+        prefetch=3,
+    )
+    stream = pipeline.iterate_from(0)
+    for _ in range(5):
+        next(stream)
+    stats = stream.stats()
+    stream.close()
+    assert stats["batches"] == 5 and stats["wait_total_s"] >= stats["wait_max_s"] >= 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(batch_size=6), ValueError, "batch_size=6 must be divisible by the data axes' size 4"),
+        (dict(batch_size=8, data_axes="rows"), ValueError, "data axis 'rows' is not a mesh axis"),
+        (dict(batch_size=0), ValueError, "batch_size=0"),
+        (dict(batch_size=8, max_epochs=0), ValueError, "max_epochs=0"),
+    ],
+)
+def test_bad_pipeline_arguments(cache_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Pipeline(
+            CausalLMDataset(TokenCache.open(cache_path), SEQ),
+            mesh=mesh_of((4,), ("data",)),
+            key=jax.random.key(0),
+            **kwargs,
+        )
+
+
+def test_bad_dataset_arguments(cache_path):
+    cache = TokenCache.open(cache_path)
+    with pytest.raises(ValueError, match=r"seq_len must be a positive int.*seq_len=0"):
+        CausalLMDataset(cache, 0)
+    with pytest.raises(ValueError, match=f"holds {cache.num_tokens} tokens: not one window"):
+        CausalLMDataset(cache, cache.num_tokens + 1)
+    with pytest.raises(ValueError, match="needs era_length"):
+        ShuffleSpec("era")
+    with pytest.raises(ValueError, match="strategy='random'"):
+        ShuffleSpec("random")
+
+
+def test_public_names():
+    assert meshbatch.Pipeline is Pipeline and meshbatch.CausalLMDataset is CausalLMDataset
