@@ -46,7 +46,7 @@ import tensorstore as ts
 
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, BlockCache, CacheWriter, TokenCache
 from meshbatch.cache.arrays import open_field
-from meshbatch.cache.ledger import read_ledger
+from meshbatch.cache.ledger import try_read_ledger
 
 LEVANTER_CACHE_POOL_BYTES = 10**9  # levanter.store.jagged_array.CACHE_BYTES_LIMIT's default
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,11 +66,13 @@ class Pattern:
 def build_cache(path: str, *, examples: int, seq_len: int, seed: int = 0) -> None:
     """Writes ``examples * seq_len`` random tokens as documents of 100..8000 tokens (reused if present)."""
     metadata = {"bench_loading": {"examples": examples, "seq_len": seq_len, "seed": seed}}
-    try:
-        if read_ledger(path).metadata == {"preprocessor_metadata": metadata}:
-            return
-    except FileNotFoundError:
-        pass
+    existing = try_read_ledger(path)
+    if (
+        existing is not None
+        and existing.is_finished
+        and existing.metadata == {"preprocessor_metadata": metadata}
+    ):
+        return
     rng = np.random.default_rng(seed)
     total = examples * seq_len
     tokens = rng.integers(0, 50_257, size=total, dtype=np.int32)
