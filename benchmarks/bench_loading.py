@@ -8,7 +8,7 @@ What is compared, on one local cache (written once in Levanter's format) in one 
 - ours: ``meshbatch.permutation`` / ``era_shuffle`` / ``block_shuffle`` (``compat="levanter"``, so
   the physical example order is Levanter's) mapping logical to physical indices in a jitted call,
   then ``TokenCache.read_spans`` (coalesced: one TensorStore read per run, all in one ``ts.Batch``);
-  block rows also keep a ``BlockCache`` of two windows;
+  block rows keep a ``BlockCache`` of two windows when a batch is smaller than a window;
 - Levanter: ``TokenSeqDataset(TreeCache.load(...), seq_len)`` wrapped in ``PermutationDataset`` /
   ``EraShufflingDataset`` (Levanter 1.2.dev1644 has no block shuffle: its block rows call
   ``TokenSeqDataset.get_batch`` with the same block-shuffled physical indices ours read), called
@@ -19,7 +19,8 @@ What is compared, on one local cache (written once in Levanter's format) in one 
 Method: both sides open the cache afresh for every repetition with the same TensorStore cache pool
 (``10**9`` bytes, Levanter's ``CACHE_BYTES_LIMIT``), read batch 0 as warm-up (jit compile, file
 opens; its tokens from both sides must be identical), then time batches ``1..k`` (to the end of one
-epoch, at most ``--max-batches``). tokens/s = timed tokens / wall time; the median of ``--repeats``
+epoch, at most ``--max-batches``). Repetitions alternate between the sides, so a load spike on a
+shared machine hits both. tokens/s = timed tokens / wall time; the median of ``--repeats``
 repetitions is reported. reads/example = TensorStore reads issued / examples read in timed batches.
 Absolute numbers only mean something on the machine that made them; the ratios are the result.
 
@@ -45,7 +46,7 @@ import tensorstore as ts
 
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, BlockCache, CacheWriter, TokenCache
 from meshbatch.cache.arrays import open_field
-from meshbatch.cache.ledger import read_ledger
+from meshbatch.cache.ledger import try_read_ledger
 
 LEVANTER_CACHE_POOL_BYTES = 10**9  # levanter.store.jagged_array.CACHE_BYTES_LIMIT's default
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,11 +66,13 @@ class Pattern:
 def build_cache(path: str, *, examples: int, seq_len: int, seed: int = 0) -> None:
     """Writes ``examples * seq_len`` random tokens as documents of 100..8000 tokens (reused if present)."""
     metadata = {"bench_loading": {"examples": examples, "seq_len": seq_len, "seed": seed}}
-    try:
-        if read_ledger(path).metadata == {"preprocessor_metadata": metadata}:
-            return
-    except FileNotFoundError:
-        pass
+    existing = try_read_ledger(path)
+    if (
+        existing is not None
+        and existing.is_finished
+        and existing.metadata == {"preprocessor_metadata": metadata}
+    ):
+        return
     rng = np.random.default_rng(seed)
     total = examples * seq_len
     tokens = rng.integers(0, 50_257, size=total, dtype=np.int32)
@@ -77,6 +80,11 @@ def build_cache(path: str, *, examples: int, seq_len: int, seed: int = 0) -> Non
     cuts = np.concatenate([[0], cuts[cuts < total], [total]])
     with CacheWriter(path, if_exists="overwrite", metadata=metadata, flush_tokens=total) as writer:
         writer.write(tokens[a:b] for a, b in itertools.pairwise(cuts.tolist()))
+
+
+@jax.jit
+def _apply(shuffle, indices):
+    return shuffle(indices)
 
 
 def make_shuffle(pattern: Pattern, n: int, key):
@@ -97,8 +105,7 @@ def make_shuffle(pattern: Pattern, n: int, key):
             key=key,
             compat="levanter",
         )
-    apply = jax.jit(lambda s, i: s(i))
-    return lambda idx: np.asarray(apply(shuffle, jnp.asarray(idx, dtype=jnp.uint32))).astype(np.int64)
+    return lambda idx: np.asarray(_apply(shuffle, jnp.asarray(idx, dtype=jnp.uint32))).astype(np.int64)
 
 
 class _CountingArray:
@@ -119,11 +126,16 @@ class _CountingArray:
         return _Read()
 
 
+def uses_block_cache(pattern: Pattern, batch: int) -> bool:
+    """Block rows keep a block cache when a batch is smaller than a window: later batches revisit it."""
+    return pattern.kind == "block" and batch < pattern.io_block_size * pattern.window_blocks
+
+
 def ours_reader(pattern: Pattern, args, batch: int, shuffle):
     """``get(b) -> [batch, seq_len]`` through a freshly opened TokenCache, and its read counter."""
     context = ts.Context({"cache_pool": {"total_bytes_limit": LEVANTER_CACHE_POOL_BYTES}})
     lru = None
-    if pattern.kind == "block":  # two windows of decoded chunks
+    if uses_block_cache(pattern, batch):  # two windows of decoded chunks
         window_tokens = pattern.io_block_size * pattern.window_blocks * args.seq_len
         lru = BlockCache(2 * window_tokens * 4, block_tokens=DEFAULT_CHUNK_SIZE)
     cache = TokenCache.open(args.cache, context=context, block_cache=lru)
@@ -159,30 +171,36 @@ def levanter_reader(pattern: Pattern, args, batch: int, shuffle, key, loop):
     return get, lambda: counter.reads
 
 
-def time_side(side: str, pattern: Pattern, args, batch: int, key) -> dict:
-    """Median tokens/s, reads/example and the warm-up batch of one side, pattern and batch size."""
+def measure(pattern: Pattern, args, batch: int, key) -> dict:
+    """Both sides, repetitions interleaved (ours, Levanter, ours, ...) so load drift hits both alike.
+
+    Returns per side: median tokens/s, reads/example of the timed batches, and the warm-up batch.
+    """
     shuffle = make_shuffle(pattern, args.examples, key)
     timed = range(1, min(args.examples // batch, args.max_batches + 1))
     loop = asyncio.new_event_loop()
-    rates, reads, first = [], 0, None
+    out = {side: {"rates": [], "reads": 0, "first": None} for side in ("ours", "levanter")}
     for _ in range(args.repeats):
-        if side == "ours":
-            get, count = ours_reader(pattern, args, batch, shuffle)
-        else:
-            get, count = levanter_reader(pattern, args, batch, shuffle, key, loop)
-        warm = get(0)
-        first = warm if first is None else first
-        before = count()
-        start = time.perf_counter()
-        for b in timed:
-            get(b)
-        rates.append(len(timed) * batch * args.seq_len / (time.perf_counter() - start))
-        reads = count() - before
+        for side, got in out.items():
+            if side == "ours":
+                get, count = ours_reader(pattern, args, batch, shuffle)
+            else:
+                get, count = levanter_reader(pattern, args, batch, shuffle, key, loop)
+            got["first"] = get(0)  # warm-up: jit, file opens; compared across sides below
+            before = count()
+            start = time.perf_counter()
+            for b in timed:
+                get(b)
+            got["rates"].append(len(timed) * batch * args.seq_len / (time.perf_counter() - start))
+            got["reads"] = count() - before
     loop.close()
     return {
-        "tokens_per_s": statistics.median(rates),
-        "reads_per_example": reads / (len(timed) * batch),
-        "first": first,
+        side: {
+            "tokens_per_s": statistics.median(got["rates"]),
+            "reads_per_example": got["reads"] / (len(timed) * batch),
+            "first": got["first"],
+        }
+        for side, got in out.items()
     }
 
 
@@ -203,6 +221,28 @@ def raw_ceiling(args) -> float:
         if rep:
             rates.append(total / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a markdown table (pasted into RESULTS.md)."""
+    columns = ["pattern", "batch", "block cache", "ours tok/s", "Levanter tok/s", "ours / Levanter"]
+    columns += [
+        "ours reads/ex",
+        "Levanter reads/ex",
+        "ours / ceiling",
+        "Levanter / ceiling",
+        "ours / Levanter full",
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [r["name"], str(r["batch"]), "yes" if r["block_cache"] else "no"]
+        cells += [f"{r['ours_tokens_per_s'] / 1e6:.1f} M", f"{r['levanter_tokens_per_s'] / 1e6:.1f} M"]
+        cells += [f"{r['ratio_vs_levanter']:.1f}x", f"{r['ours_reads_per_example']:.4f}"]
+        cells += [f"{r['levanter_reads_per_example']:.4f}", f"{r['ours_vs_ceiling']:.2f}"]
+        cells += [f"{r['levanter_vs_ceiling']:.2f}"]
+        cells += ["-" if r["ratio_vs_levanter_full"] is None else f"{r['ratio_vs_levanter_full']:.1f}x"]
+        lines.append("| " + " | ".join(cells) + " |" + ("" if r["tokens_match"] else "  TOKENS DIFFER"))
+    return "\n".join(lines)
 
 
 def patterns(args) -> list[Pattern]:
@@ -235,8 +275,8 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--patterns", type=lambda s: s.split(","), default=["sequential", "full", "era", "block"]
     )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-batches", type=int, default=64, help="timed batches per repetition, at most")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-batches", type=int, default=32, help="timed batches per repetition, at most")
     parser.add_argument("--cache", default=None, help="cache directory (default: a temp dir per size)")
     parser.add_argument("--out", default=os.path.join(HERE, "bench_loading.json"))
     args = parser.parse_args(argv)
@@ -253,35 +293,34 @@ def main(argv=None) -> dict:
     print(f"cache {args.cache}: {args.examples} examples x {args.seq_len} tokens, int32")
     ceiling = raw_ceiling(args)
     print(f"raw contiguous read ceiling: {ceiling / 1e6:.1f} M tokens/s\n")
-    columns = ["pattern", "batch", "ours tok/s", "Levanter tok/s", "ours / Levanter", "ours reads/ex"]
-    columns += ["Levanter reads/ex", "ours / ceiling", "Levanter / ceiling"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * 9)
     rows = []
     for pattern in patterns(args):
         for batch in args.batch_sizes:
-            ours = time_side("ours", pattern, args, batch, key)
-            theirs = time_side("levanter", pattern, args, batch, key)
-            row = {
-                **asdict(pattern),
-                "batch": batch,
-                "ours_tokens_per_s": ours["tokens_per_s"],
-                "levanter_tokens_per_s": theirs["tokens_per_s"],
-                "ratio_vs_levanter": ours["tokens_per_s"] / theirs["tokens_per_s"],
-                "ours_reads_per_example": ours["reads_per_example"],
-                "levanter_reads_per_example": theirs["reads_per_example"],
-                "ours_vs_ceiling": ours["tokens_per_s"] / ceiling,
-                "levanter_vs_ceiling": theirs["tokens_per_s"] / ceiling,
-                "tokens_match": bool(np.array_equal(ours["first"], theirs["first"])),
-            }
-            rows.append(row)
-            print(
-                f"| {pattern.name} | {batch} | {row['ours_tokens_per_s'] / 1e6:.1f} M | "
-                f"{row['levanter_tokens_per_s'] / 1e6:.1f} M | {row['ratio_vs_levanter']:.1f}x | "
-                f"{row['ours_reads_per_example']:.4f} | {row['levanter_reads_per_example']:.4f} | "
-                f"{row['ours_vs_ceiling']:.2f} | {row['levanter_vs_ceiling']:.2f} |"
-                + ("" if row["tokens_match"] else "  TOKENS DIFFER")
+            print(f"measuring {pattern.name}, batch {batch} ...", flush=True)
+            measured = measure(pattern, args, batch, key)
+            ours, theirs = measured["ours"], measured["levanter"]
+            rows.append(
+                {
+                    **asdict(pattern),
+                    "batch": batch,
+                    "block_cache": uses_block_cache(pattern, batch),
+                    "ours_tokens_per_s": ours["tokens_per_s"],
+                    "levanter_tokens_per_s": theirs["tokens_per_s"],
+                    "ratio_vs_levanter": ours["tokens_per_s"] / theirs["tokens_per_s"],
+                    "ours_reads_per_example": ours["reads_per_example"],
+                    "levanter_reads_per_example": theirs["reads_per_example"],
+                    "ours_vs_ceiling": ours["tokens_per_s"] / ceiling,
+                    "levanter_vs_ceiling": theirs["tokens_per_s"] / ceiling,
+                    "tokens_match": bool(np.array_equal(ours["first"], theirs["first"])),
+                }
             )
+    for row in rows:  # the acceptance comparison: against Levanter's Feistel PermutationDataset
+        full = next((r for r in rows if r["kind"] == "full" and r["batch"] == row["batch"]), None)
+        row["ratio_vs_levanter_full"] = (
+            row["ours_tokens_per_s"] / full["levanter_tokens_per_s"] if full else None
+        )
+    print()
+    print(format_table(rows))
     result = {
         "jax": jax.__version__,
         "device": f"{device.platform} ({device.device_kind})",

@@ -47,3 +47,22 @@ def test_cache_is_reused_only_for_the_same_shape(tmp_path):
     cache = TokenCache.open(path)
     assert cache.num_tokens == 40
     np.testing.assert_array_equal(cache.read_spans([0], [32]).tokens, first)  # same seed, same prefix
+
+
+def test_shuffled_patterns_read_the_same_examples_as_levanter(tmp_path):
+    bench = _bench()
+    args = ["--examples", "96", "--seq-len", "16", "--batch-sizes", "4,32", "--patterns", "full,era,block"]
+    args += ["--era-length", "24", "--io-block-sizes", "4", "--window-blocks", "2", "--repeats", "1"]
+    result = bench.main([*args, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out.json")])
+
+    assert {(r["kind"], r["batch"]) for r in result["rows"]} == {
+        (k, b) for k in ("full", "era", "block") for b in (4, 32)
+    }
+    for row in result["rows"]:
+        # compat="levanter" shuffles pick Levanter's physical examples: batch 0 is token-identical
+        assert row["tokens_match"], row["name"]
+        assert row["levanter_reads_per_example"] == 1.0
+        assert 0 < row["ours_reads_per_example"] <= 1.0
+        assert row["block_cache"] == (row["kind"] == "block" and row["batch"] < 8)
+        full = next(r for r in result["rows"] if r["kind"] == "full" and r["batch"] == row["batch"])
+        assert row["ratio_vs_levanter_full"] == row["ours_tokens_per_s"] / full["levanter_tokens_per_s"]

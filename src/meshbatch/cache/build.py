@@ -21,7 +21,7 @@ from typing import IO, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from .ledger import Ledger, ledger_metadata, read_ledger
+from .ledger import Ledger, ledger_metadata, try_read_ledger
 from .tokenizers import ByteTokenizer, Tokenizer
 from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists
 
@@ -99,8 +99,8 @@ def build_cache(
         "text_docs": text_docs,
     }
     if if_exists == "resume":
-        done = _finished_ledger(output)
-        if done is not None and dict(done.metadata) == ledger_metadata(metadata):
+        done = try_read_ledger(output)
+        if done is not None and done.is_finished and dict(done.metadata) == ledger_metadata(metadata):
             logger.info("cache %s is already built (%d rows)", output, done.total_num_rows)
             return done
 
@@ -126,14 +126,6 @@ def build_cache(
             bar.update(len(batch))
         bar.close()
         return writer.finish()
-
-
-def _finished_ledger(path: str) -> Ledger | None:
-    try:
-        ledger = read_ledger(path)
-    except FileNotFoundError:
-        return None
-    return ledger if ledger.is_finished else None
 
 
 def _is_jsonl(path: str) -> bool:

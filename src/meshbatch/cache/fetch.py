@@ -94,7 +94,7 @@ def _read_into(targets: list[tuple[np.ndarray, ts.TensorStore]]) -> None:
     """Reads each source into its destination array, all in one ``ts.Batch``.
 
     TensorStore decodes straight into the destination (a ``ts.array`` view of it): no intermediate
-    array, which is several times faster than ``read()`` plus a copy for multi-MiB reads.
+    array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads).
     """
     with ts.Batch() as batch:
         futures = [
@@ -104,13 +104,18 @@ def _read_into(targets: list[tuple[np.ndarray, ts.TensorStore]]) -> None:
         future.result()
 
 
+def _block_key(seg: Segment, k: int, size: int) -> tuple:
+    """Block ``k`` of ``seg``; its length is part of the key, so a tail block that grew is a new block."""
+    return (seg.key, k, min(size, seg.tokens - k * size))
+
+
 def _fetch_blocks(pieces, total: int, dtype: np.dtype, cache: BlockCache) -> Fetched:
     size = cache.block_tokens
     blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
     missing: dict[tuple, tuple[Segment, int]] = {}
     for _, seg, lo, hi in pieces:
         for k in range(lo // size, (hi - 1) // size + 1):
-            key = (seg.key, k, min(size, seg.tokens - k * size))  # a growing tail block is a new key
+            key = _block_key(seg, k, size)
             if key in blocks or key in missing:
                 continue
             block = cache.get(key)
@@ -123,8 +128,8 @@ def _fetch_blocks(pieces, total: int, dtype: np.dtype, cache: BlockCache) -> Fet
     groups: list[list[tuple]] = []
     for key in sorted(missing, key=lambda key: (missing[key][0].token_start, key[1])):
         seg, k = missing[key]
-        last = groups[-1][-1] if groups else None
-        if last is not None and missing[last] == (seg, k - 1):
+        previous = missing[groups[-1][-1]] if groups else None
+        if previous is not None and previous[0] is seg and previous[1] == k - 1:
             groups[-1].append(key)
         else:
             groups.append([key])
@@ -147,7 +152,7 @@ def _fetch_blocks(pieces, total: int, dtype: np.dtype, cache: BlockCache) -> Fet
         pos = lo
         while pos < hi:
             k = pos // size
-            block = blocks[(seg.key, k, min(size, seg.tokens - k * size))]
+            block = blocks[_block_key(seg, k, size)]
             take = min(hi, (k + 1) * size) - pos
             buffer[dest : dest + take] = block[pos - k * size : pos - k * size + take]
             dest, pos = dest + take, pos + take

@@ -118,6 +118,14 @@ def read_ledger(root: str, *, context: ts.Context | None = None) -> Ledger:
     return Ledger.from_dict(raw, where=where)
 
 
+def try_read_ledger(root: str) -> Ledger | None:
+    """``read_ledger``, or None where there is no ledger."""
+    try:
+        return read_ledger(root)
+    except FileNotFoundError:
+        return None
+
+
 def write_ledger(root: str, ledger: Ledger) -> None:
     """Commits ``ledger`` to ``<root>/shard_ledger.json`` atomically and durably (local paths only).
 

@@ -28,7 +28,15 @@ from typing import Any, Literal
 import numpy as np
 
 from .arrays import create_field, open_field
-from .ledger import SHARDED, Ledger, ledger_metadata, read_ledger, remove_ledger, shard_table, write_ledger
+from .ledger import (
+    SHARDED,
+    Ledger,
+    ledger_metadata,
+    remove_ledger,
+    shard_table,
+    try_read_ledger,
+    write_ledger,
+)
 from .validate import check_dtype
 
 logger = logging.getLogger(__name__)
@@ -78,7 +86,7 @@ class CacheWriter:
         self._pending_tokens = 0
         self._finished = False
 
-        existing = _try_read_ledger(path)
+        existing = try_read_ledger(path)
         field_dir = os.path.join(path, field)
         if existing is not None and if_exists == "resume":
             self._resume(existing)
@@ -218,7 +226,7 @@ class ShardedCacheWriter:
     ):
         self.root, self.field, self.dtype = root, field, np.dtype(dtype)
         self._metadata = ledger_metadata(metadata)
-        existing = _try_read_ledger(root)
+        existing = try_read_ledger(root)
         if existing is not None and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {root}; pass if_exists='resume' or 'overwrite'")
         self._resumed = existing is not None and if_exists == "resume"
@@ -249,7 +257,7 @@ class ShardedCacheWriter:
             return self._ledger.shard_rows[name]
         shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
         shard_root = posixpath.join(self.root, name)
-        done = _try_read_ledger(shard_root) if self._resumed else None
+        done = try_read_ledger(shard_root) if self._resumed else None
         if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
             if dict(done.metadata) != self._metadata or self.field not in done.field_counts:
                 raise ValueError(f"cannot adopt finished shard {shard_root}: ledger {done.to_dict()}")
@@ -283,10 +291,3 @@ class ShardedCacheWriter:
         self._ledger = dataclasses.replace(self._ledger, is_finished=True)
         write_ledger(self.root, self._ledger)
         return self._ledger
-
-
-def _try_read_ledger(path: str) -> Ledger | None:
-    try:
-        return read_ledger(path)
-    except FileNotFoundError:
-        return None
