@@ -2,12 +2,16 @@
 
 Method: for each n, Levanter's ``FeistelPermutation(n, key)(arange(n))`` (numpy, uint64) and our
 jitted ``permutation(...)(arange(n))`` (uint32, one XLA computation) run in the same process, one
-after the other. Each is warmed up once (ours: compile), then timed as the median of N runs with
-``block_until_ready``. Levanter-compatible outputs are checked equal to Levanter's, element for
-element. The ceiling is one pass of each network over all n indices without cycle walking: no
-cycle-walked permutation can beat it. Reported: indices/s and the ratio to Levanter.
+after the other. Each runs back to back (warm-up, then N timed runs with ``block_until_ready``),
+the implementations rotate for 3 rounds, and each reports the median of its timed runs. The
+allocator is glibc's default, as in a user's process; ``--keep-freed-memory`` makes glibc reuse
+freed blocks instead (``harness.keep_freed_memory``), which spares both sides page faults and
+mostly speeds up numpy's temporaries. Levanter-compatible outputs are checked equal to
+Levanter's, element for element. The ceiling is one pass of each network over all n indices
+without cycle walking: no cycle-walked permutation can beat it. Reported: indices/s and the
+ratio to Levanter.
 
-    python benchmarks/bench_permutation.py [--quick]
+    python benchmarks/bench_permutation.py [--quick] [--keep-freed-memory]
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import banner, median_seconds, write_json
+from harness import banner, keep_freed_memory, rotating_medians, write_json
 from levanter.data._prp import FeistelPermutation
 
 import meshbatch
@@ -35,50 +39,52 @@ def _one_pass(perm, indices):
     return perm.network(indices)
 
 
-def run(sizes: list[int], repeats: int) -> dict:
+def run(sizes: list[int], repeats: int, keep_freed: bool) -> dict:
     env = banner("bench_permutation")
+    env["allocator"] = keep_freed_memory() if keep_freed else "glibc default"
+    print(env["allocator"])
     key = jax.random.PRNGKey(0)
     rows = []
-    header = f"{'n':>10} {'implementation':<34} {'indices/s':>12} {'vs levanter':>12}"
+    header = f"{'n':>10} {'implementation':<42} {'indices/s':>12} {'vs levanter':>12}"
     print(header)
     print("-" * len(header))
     for n in sizes:
         host = np.arange(n, dtype=np.int64)
         levanter_perm = FeistelPermutation(n, key)
         expected = levanter_perm(host)
-        base = median_seconds(lambda p=levanter_perm, h=host: p(h), repeats=max(1, repeats // 2))
         x = jnp.arange(n, dtype=U32)
-        measured = {"levanter numpy FeistelPermutation": base}
+        fns = {"levanter numpy FeistelPermutation": lambda p=levanter_perm, h=host: p(h)}
         for compat in ("levanter", None):
             perm = meshbatch.permutation("feistel", n, key, compat=compat)
-            name = f"meshbatch feistel compat={compat}"
             out = np.asarray(_permute(perm, x))
             if compat == "levanter":
                 np.testing.assert_array_equal(out, expected)
             else:
                 assert np.array_equal(np.sort(out), host), "strong default is not a bijection"
-            measured[name] = median_seconds(
-                lambda p=perm, x=x: _permute(p, x).block_until_ready(), repeats=repeats
+            fns[f"meshbatch feistel compat={compat}"] = lambda p=perm, x=x: _permute(p, x).block_until_ready()
+            fns[f"ceiling: one network pass, compat={compat}"] = lambda p=perm, x=x: jax.block_until_ready(
+                _one_pass(p, x)
             )
-            measured[f"ceiling: one network pass compat={compat}"] = median_seconds(
-                lambda p=perm, x=x: _one_pass(p, x).block_until_ready(), repeats=repeats
-            )
-        for name, seconds in measured.items():
-            rate = n / seconds
-            ratio = base / seconds
+        seconds = rotating_medians(fns, rounds=3, repeats=repeats)
+        base = seconds["levanter numpy FeistelPermutation"]
+        for name, secs in seconds.items():
+            rate = n / secs
             rows.append(
-                {"n": n, "implementation": name, "seconds": seconds, "indices_per_s": rate, "ratio": ratio}
+                {"n": n, "implementation": name, "seconds": secs, "indices_per_s": rate, "ratio": base / secs}
             )
-            print(f"{n:>10} {name:<34} {rate:>12.3e} {ratio:>11.1f}x")
+            print(f"{n:>10} {name:<42} {rate:>12.3e} {base / secs:>11.1f}x")
     return {"env": env, "rows": rows, "outputs_equal_levanter": True}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 1e5 and 1e6, fewer repeats")
+    parser.add_argument(
+        "--keep-freed-memory", action="store_true", help="ask glibc to reuse freed blocks (both sides)"
+    )
     args = parser.parse_args()
     sizes = [10**5, 10**6] if args.quick else [10**6, 10**7]
-    write_json(__file__, run(sizes, repeats=3 if args.quick else 7))
+    write_json(__file__, run(sizes, repeats=2 if args.quick else 5, keep_freed=args.keep_freed_memory))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import pathlib
 import platform
@@ -36,6 +37,45 @@ def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def rotating_medians(
+    fns: dict[str, Callable[[], object]], *, rounds: int, repeats: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall time of each ``fn()`` over ``rounds`` rotations of ``repeats`` back-to-back runs.
+
+    Each implementation runs back to back (its steady state: warm caches, reused buffers), and
+    the rotation spreads a noisy neighbour's slow spells over all of them. Each ``fn`` must block
+    until its result is ready.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def keep_freed_memory() -> str:
+    """Ask glibc to keep freed blocks for reuse (no ``mmap`` per block, never trim the heap).
+
+    With glibc's defaults every large array a call returns (XLA outputs, numpy temporaries) is a
+    fresh ``mmap`` that the kernel zero-fills page by page, so a benchmark would time page faults,
+    and whoever ran just before decides how many. A long-running process reuses its heap; this
+    makes a benchmark process do the same, for both sides of every comparison. Returns a label.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return "allocator unchanged (not glibc)"
+    m_trim_threshold, m_mmap_max = -1, -4
+    if libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**30):
+        return "glibc: freed blocks kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB)"
+    return "allocator unchanged (mallopt refused)"
 
 
 def write_json(script: str, payload: dict) -> pathlib.Path:

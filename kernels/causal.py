@@ -14,11 +14,11 @@ For each row of ``seq_len`` tokens:
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Int
 
 from .batch import Batch
+from .scan import running_count
 
 
 def causal_lm_batch(
@@ -48,28 +48,3 @@ def causal_lm_batch(
     else:
         segment_ids = jnp.zeros_like(tokens)
     return Batch(tokens=tokens, loss_mask=loss_mask.astype(jnp.int32), segment_ids=segment_ids)
-
-
-SCAN_BLOCK = 128
-
-
-def running_count(flags: Bool[Array, "rows seq"]) -> Int[Array, "rows seq"]:
-    """Inclusive running count of ``True`` along the last axis, as int32.
-
-    ``cumsum`` lowers to a slow windowed reduction on CPU; two small triangular matmuls (within
-    blocks of ``SCAN_BLOCK``, then across blocks) compute the same integers exactly: every
-    product is 0 or 1 and every partial sum an integer below 2^24, so float32 cannot round.
-    """
-    rows, seq_len = flags.shape
-    if seq_len >= 2**24:
-        return jnp.cumsum(flags.astype(jnp.int32), axis=-1, dtype=jnp.int32)
-    block = min(SCAN_BLOCK, seq_len)
-    blocks = -(-seq_len // block)
-    x = jnp.pad(flags.astype(jnp.float32), ((0, 0), (0, blocks * block - seq_len)))
-    x = x.reshape(rows, blocks, block)
-    upper = jnp.triu(jnp.ones((block, block), jnp.float32))  # upper[i, j] = 1 where i <= j
-    within = jnp.matmul(x, upper, precision=jax.lax.Precision.HIGHEST)
-    before = jnp.triu(jnp.ones((blocks, blocks), jnp.float32), k=1)  # blocks strictly earlier
-    offsets = jnp.matmul(within[..., -1], before, precision=jax.lax.Precision.HIGHEST)
-    counts = within + offsets[..., None]
-    return counts.reshape(rows, blocks * block)[:, :seq_len].astype(jnp.int32)

@@ -29,21 +29,24 @@ from functools import partial
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float32, UInt32
+
+from .scan import compact
 
 U32 = jnp.uint32
 LEVANTER_ROUNDS = 5
 LEVANTER_MULTIPLIER = 2654435761
-STRONG_ROUNDS = 6
+STRONG_ROUNDS = 5
 MIN_HALF = 16
 # Cycle-walk steps fused into one pass over the data before the loop re-checks for stragglers.
 WALK_UNROLL = 2
-# Straggler compaction: lanes per block, and the smallest input worth compacting.
-BLOCK = 64
-COMPACT_MIN_LANES = 1 << 14
-# Dense steps continue while more than 1 lane in DENSE_UNTIL is outside: sparser than that, few
-# blocks hold a straggler (1 - (1 - 1/512)^64 ~ 12%) and compaction pays off.
-DENSE_UNTIL = 512
+# The walk's layout: lanes in groups of GROUP (the compaction unit). Dense steps run while more
+# than 1/COMPACT_AT of the groups hold a straggler; then those groups are gathered, recursively,
+# at most COMPACT_DEPTH levels deep.
+GROUP = 8
+COMPACT_AT = 8
+COMPACT_DEPTH = 3
 
 
 class LevanterNetwork(eqx.Module):
@@ -63,12 +66,13 @@ class LevanterNetwork(eqx.Module):
         return (left << rb) | right
 
 
-def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+def _round_hash(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """murmur3's fmix32 without its last ``h ^= h >> 16``: only ``h >> 16`` is read, which that
+    step cannot change."""
     h = h ^ (h >> 16)
     h = h * U32(0x85EBCA6B)
     h = h ^ (h >> 13)
-    h = h * U32(0xC2B2AE35)
-    return h ^ (h >> 16)
+    return h * U32(0xC2B2AE35)
 
 
 def _scale(h: UInt32[Array, "..."], m: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
@@ -105,8 +109,9 @@ class StrongNetwork(eqx.Module):
         left, right = _divmod(x, self.b, 1.0 / self.b.astype(jnp.float32))  # left < a, right < b
         a, b = self.a, self.b
         for i in range(self.keys.shape[-1]):
-            s = left + _scale(_fmix32(right ^ self.keys[..., i]), a)
-            left, right = right, jnp.where(s >= a, s - a, s)  # new left < b, new right < a
+            s = left + _scale(_round_hash(right ^ self.keys[..., i]), a)
+            # (left + f) mod a for left, f < a: s - a wraps above s exactly when s < a.
+            left, right = right, jnp.minimum(s, s - a)  # new left < b, new right < a
             a, b = b, a
         return left * b + right  # < a * b
 
@@ -153,48 +158,79 @@ def cycle_walk(
 ) -> UInt32[Array, " n"]:
     """Apply ``network`` to ``x`` until every value lies in ``[0, length)``.
 
-    ``x`` must lie in ``[0, length)``. With ``batched=True`` every leaf of ``network`` and
-    ``length`` carries a leading per-lane axis of size ``n``; otherwise they are shared by all lanes.
+    ``x`` must lie in ``[0, length)``. ``length`` is a scalar or one bound per lane. With
+    ``batched=True`` every leaf of ``network`` carries a leading per-lane axis of size ``n``;
+    otherwise the network is shared by all lanes.
 
-    A dense pass handles the bulk. While more than 1/``DENSE_UNTIL`` of the lanes are still
-    outside, dense steps continue; then only the ``BLOCK``-lane blocks that still hold a straggler
-    are gathered and walked, so lanes that landed early do not pay for the slowest one. (A
-    mixed-radix strong network leaves about ``n^-1/2`` of the lanes outside after one pass;
-    Levanter's leaves up to 3/4.)
+    Lanes are laid out in groups of ``GROUP`` (XLA:CPU vectorises that for any ``n``, whereas a
+    loop over an odd 1-D length can run ten times slower). A dense pass handles the bulk; dense
+    steps continue while more than 1/``COMPACT_AT`` of the groups hold a straggler; then only those
+    groups are gathered and walked, recursively, so lanes that landed early do not pay for the
+    slowest one. (A mixed-radix strong network leaves about ``n^-1/2`` of the lanes outside after
+    one pass; Levanter's leaves up to 3/4.)
     """
-    y = network(x)
     n = x.shape[0]
-    if n < COMPACT_MIN_LANES:
-        return _walk_dense(network, y, length)
+    groups = -(-n // GROUP)
 
-    def crowded(y):
-        return jnp.sum(y >= length, dtype=jnp.int32) > n // DENSE_UNTIL
+    def lay_out(leaf, fill):
+        fill = np.asarray(fill, leaf.dtype)
+        leaf = jnp.pad(leaf, [(0, groups * GROUP - n)] + [(0, 0)] * (leaf.ndim - 1), constant_values=fill)
+        return leaf.reshape(groups, GROUP, *leaf.shape[1:])
 
-    y = jax.lax.while_loop(crowded, partial(_dense_steps, network, length=length, steps=1), y)
+    # Padding lanes start at 0 and get a bound nothing exceeds: they land at once.
+    lanes = {"length": lay_out(length, 0xFFFFFFFF) if jnp.ndim(length) else None}
+    lanes["network"] = jax.tree.map(lambda leaf: lay_out(leaf, 1), network) if batched else None
+    y = _bind(network, lanes)[0](lay_out(x, 0))
+    y = _walk_groups(network, lanes, y, length, depth=COMPACT_DEPTH)
+    # The walk's while loops are fusion boundaries: this slice does not drag the network into an
+    # odd-shaped loop.
+    return y.reshape(-1)[:n]
 
-    num_blocks = -(-n // BLOCK)
-    pad = num_blocks * BLOCK - n
-    capacity = max(num_blocks // 8, 1)
 
-    def blocked(leaf, fill):
-        leaf = jnp.pad(leaf, [(0, pad)] + [(0, 0)] * (leaf.ndim - 1), constant_values=fill)
-        return leaf.reshape(num_blocks, BLOCK, *leaf.shape[1:])
+def _bind(network, lanes):
+    """The network and bound to use for these lanes (per-lane leaves when given)."""
+    net = lanes["network"] if lanes["network"] is not None else network
+    return net, lanes["length"]
 
-    # Padding and fill lanes hold y = 0 < length = 1, so they never count as stragglers.
-    y_blocks = blocked(y, 0)
-    len_blocks = blocked(jnp.broadcast_to(length, (n,)), 1)
-    lane_net = jax.tree.map(lambda leaf: blocked(leaf, 1), network) if batched else network
+
+def _walk_groups(network, lanes, y, length, *, depth: int):
+    net, lane_length = _bind(network, lanes)
+    bound = length if lane_length is None else lane_length
+    groups = y.shape[0]
+    if depth == 0 or groups < 4 * COMPACT_AT:
+        return _walk_dense(net, y, bound)
+    capacity = max(groups // COMPACT_AT, 1)
+
+    def flagged(y):
+        return jnp.any(y >= bound, axis=1)
+
+    def dense_step(carry):
+        y = _dense_steps(net, carry[0], bound, steps=1)
+        return y, flagged(y)
+
+    # Group flags are 1/GROUP of the data: counting them costs nothing beside the pass that
+    # computes them, and the compaction below reuses them.
+    y, flags = jax.lax.while_loop(
+        lambda c: jnp.sum(c[1], dtype=jnp.int32) > capacity, dense_step, (y, flagged(y))
+    )
 
     def take(leaf, ids, fill):
-        return leaf.at[ids].get(mode="fill", fill_value=fill)
+        if leaf is None:
+            return None
+        return leaf.at[ids].get(mode="fill", fill_value=np.asarray(fill, leaf.dtype))
 
     def walk_flagged(carry):
-        y_blocks, flags = carry
-        ids = jnp.nonzero(flags, size=capacity, fill_value=num_blocks)[0]
-        sub_net = jax.tree.map(lambda leaf: take(leaf, ids, 1), lane_net) if batched else network
-        sub_y = _walk_dense(sub_net, take(y_blocks, ids, 0), take(len_blocks, ids, 1))
-        return y_blocks.at[ids].set(sub_y, mode="drop"), flags.at[ids].set(False, mode="drop")
+        y, flags = carry
+        ids = compact(flags, size=capacity)
+        sub_lanes = {
+            "length": take(lanes["length"], ids, 0xFFFFFFFF),
+            "network": None
+            if lanes["network"] is None
+            else jax.tree.map(lambda leaf: take(leaf, ids, 1), lanes["network"]),
+        }
+        # Fill groups hold y = 0, below any bound: they never walk.
+        sub_y = _walk_groups(network, sub_lanes, take(y, ids, 0), length, depth=depth - 1)
+        return y.at[ids].set(sub_y, mode="drop"), flags.at[ids].set(False, mode="drop")
 
-    flags = jnp.any(y_blocks >= len_blocks, axis=1)
-    y_blocks, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), walk_flagged, (y_blocks, flags))
-    return y_blocks.reshape(-1)[:n]
+    y, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), walk_flagged, (y, flags))
+    return y

@@ -93,8 +93,9 @@ def apply_network(
     """Permute ``x`` (1-D); lanes with ``x >= length`` give ``INVALID``, ``length <= 1`` gives 0."""
     valid = x < length
     trivial = length <= 1
-    # Lanes that must not walk get a bound every value satisfies, so they land at once.
-    walk_length = jnp.where(valid & ~trivial, length, U32(INVALID))
+    # Out-of-range lanes walk from 0 (a valid start) and are masked after; a trivial length gets a
+    # bound every value satisfies. A scalar length stays scalar: no per-lane bound array.
+    walk_length = jnp.where(trivial, U32(INVALID), length)
     safe_x = jnp.where(valid, x, U32(0))
     if kind == "linear":
         y = network(safe_x)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from levanter.models.lm_model import LmExample
 
-from meshbatch.kernels.causal import causal_lm_batch, running_count
+from meshbatch.kernels.causal import causal_lm_batch
+from meshbatch.kernels.scan import compact, running_count
 
 
 def test_worked_example():
@@ -46,3 +47,12 @@ def test_running_count_is_an_exact_cumsum(shape):
     got = jax.jit(running_count)(jnp.asarray(flags))
     chex.assert_type(got, jnp.int32)
     np.testing.assert_array_equal(np.asarray(got), np.cumsum(flags, axis=-1))
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "density"), [(1, 1, 1.0), (5, 4, 0.6), (1000, 100, 0.05), (130_000, 16_000, 0.1)]
+)
+def test_compact_equals_nonzero(n, size, density):
+    flags = jnp.asarray(np.random.default_rng(n).random(n) < density)
+    want = jnp.nonzero(flags, size=size, fill_value=n)[0]
+    np.testing.assert_array_equal(jax.jit(compact, static_argnames="size")(flags, size=size), want)
