@@ -150,7 +150,7 @@ class BalancedPlacement(eqx.Module):
         items: UInt32[Array, " n"],
         *,
         rows: UInt32[Array, " n"],
-        epoch: UInt32[Array, ""],
+        epoch: UInt32[Array, "*n"],
     ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
         if self.weighted:
@@ -163,8 +163,13 @@ class BalancedPlacement(eqx.Module):
         if self.jitter_mode == "low_discrepancy" or self.jitter_key is None:
             offset = (j % jitter + epoch % jitter) % jitter
         else:
-            key = jax.random.fold_in(self.jitter_key, epoch)
-            bits = jax.vmap(lambda r: jax.random.bits(jax.random.fold_in(key, r), dtype=U32))(rows)
+            epochs = jnp.broadcast_to(epoch, rows.shape)  # one epoch, or one per row
+
+            def row_bits(e, r):
+                row_key = jax.random.fold_in(jax.random.fold_in(self.jitter_key, e), r)
+                return jax.random.bits(row_key, dtype=U32)
+
+            bits = jax.vmap(row_bits)(epochs, rows)
             offset = bits % jitter
         content = self.content[doc]
         s = self.seq_len - content - offset.astype(jnp.int32)

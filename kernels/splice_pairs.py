@@ -206,7 +206,7 @@ class PairPlacement(eqx.Module):
         items: UInt32[Array, " n"],
         *,
         rows: UInt32[Array, " n"],
-        epoch: UInt32[Array, ""],
+        epoch: UInt32[Array, "*n"],
     ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
         del rows

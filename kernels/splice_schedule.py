@@ -169,12 +169,13 @@ class LanePermutation(eqx.Module):
     def __call__(self, x, length, epoch, doc, salt):
         x, length = x.astype(U32), length.astype(U32)
         doc, salt = jnp.broadcast_to(doc, x.shape).astype(U32), jnp.broadcast_to(salt, x.shape).astype(U32)
-        epoch_key = jax.random.fold_in(self.key, epoch)
+        epoch = jnp.broadcast_to(epoch, x.shape).astype(U32)  # one epoch, or one per lane
 
-        def lane_key(d, c):
+        def lane_key(e, d, c):
+            epoch_key = jax.random.fold_in(self.key, e)
             return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(epoch_key, d), c))
 
-        keys = jax.random.wrap_key_data(jax.vmap(lane_key)(doc, salt))
+        keys = jax.random.wrap_key_data(jax.vmap(lane_key)(epoch, doc, salt))
         network = derive_network("feistel", None, keys, length)
         return apply_network("feistel", network, x, length, batched=True)
 
@@ -212,7 +213,7 @@ class SpliceSchedule(eqx.Module):
 
         Args:
             rows: ``uint32[n]`` rows in ``[0, len(self))``.
-            epoch: scalar epoch; reshuffles (and low-discrepancy jitter) depend on it.
+            epoch: the epoch, scalar or one per row; reshuffles and jitter depend on it.
 
         Returns:
             ``(doc, t, s, copy_len)``, each ``int32[n]``.
@@ -223,7 +224,7 @@ class SpliceSchedule(eqx.Module):
 def lookup_rows(
     schedule: SpliceSchedule,
     rows: UInt32[Array, " n"],
-    epoch: UInt32[Array, ""] | int,
+    epoch: UInt32[Array, "*n"] | int,
     *,
     shuffled: bool = True,
 ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:

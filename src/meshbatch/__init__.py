@@ -24,6 +24,7 @@ from .splice import shard_indices as shard_indices
 from .splice import splice_batch as splice_batch
 from .splice import splice_schedule as splice_schedule
 from .splice import splice_validation_set as splice_validation_set
+from .splice_lm import SpliceLMDataset as SpliceLMDataset
 
 __version__ = "0.1.0"
 
