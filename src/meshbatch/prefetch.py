@@ -101,6 +101,11 @@ class Prefetcher(Generic[T], Iterator[T]):
             "ready_min": float(ready.min()),
         }
 
+    def reset_stats(self) -> None:
+        """Forget the waits so far (e.g. the first batch's, which includes compiling)."""
+        self._waits.clear()
+        self._ready_at_take.clear()
+
     def close(self) -> None:
         """Stops the producer; safe to call more than once."""
         self._stop.set()

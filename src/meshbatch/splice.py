@@ -258,7 +258,7 @@ def splice_schedule(doc_lengths: Sequence[int] | np.ndarray, **spec) -> SpliceSc
     return build_schedule(_check_lengths(doc_lengths), SpliceSpec(**spec))
 
 
-def build_schedule(lengths: np.ndarray, spec: SpliceSpec) -> SpliceSchedule:
+def build_schedule(lengths: np.ndarray, spec: SpliceSpec, *, log_summary: bool = True) -> SpliceSchedule:
     """``splice_schedule`` for checked int64 lengths and a built ``SpliceSpec``."""
     if spec.content_start_mode == "coverage_balanced":
         uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform"
@@ -299,7 +299,8 @@ def build_schedule(lengths: np.ndarray, spec: SpliceSpec) -> SpliceSchedule:
         doc = int(items.argmax())
         raise ValueError(f"document {doc} (length {lengths[doc]}) has {int(items.max())} pairs, >= 2^32")
     quotas = _quotas(spec, lengths, items)
-    _log_summary(spec, lengths, quotas, items)
+    if log_summary:
+        _log_summary(spec, lengths, quotas, items)
     total = int(quotas.sum())
     shuffle = None
     if spec.shuffle_per_epoch:

@@ -91,7 +91,12 @@ class SpliceLMDataset:
         # epoch do not depend on the key, so any key counts them.
         keyless = self.spec.needs_key and own_key is None
         self._schedule = None if keyless else build_schedule(self.doc_lengths, self.spec)
-        counted = self._schedule if self._schedule is not None else self._build(self.spec.key)
+        self._keyed_schedules: dict[bytes, object] = {}
+        counted = (
+            self._schedule
+            if self._schedule is not None
+            else build_schedule(self.doc_lengths, self.spec, log_summary=False)
+        )
         self.num_examples = len(counted)
         self.cyclic = counted.placement.cyclic
         if self.fetches and self.cyclic:
@@ -113,8 +118,13 @@ class SpliceLMDataset:
 
     def plan_state(self, key: PRNGKeyArray):
         """The schedule (keyed by the spec, else by ``key``) and, in pool mode, the documents."""
-        schedule = self._schedule if self._schedule is not None else self._build(key)
-        return {"schedule": schedule, "pool": self.pool}
+        if self._schedule is not None:
+            return {"schedule": self._schedule, "pool": self.pool}
+        data = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
+        cached = self._keyed_schedules.get(data.tobytes())
+        if cached is None:
+            cached = self._keyed_schedules[data.tobytes()] = self._build(key)
+        return {"schedule": cached, "pool": self.pool}
 
     def plan(self, state, positions, epochs) -> dict[str, Int[Array, " n"]]:
         """Each row's ``(doc, t, s, copy_len)`` from the schedule."""
