@@ -20,6 +20,7 @@ the batch: every process computes the same global batch's rows for its own devic
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -47,7 +48,9 @@ class Pipeline:
         batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
         key: the data key; the dataset's shuffles derive from it.
         data_axes: mesh axis name(s) the batch dimension is sharded over.
-        prefetch: batches kept ready by ``iterate_from``.
+        prefetch: batches kept ready (or in the making) by ``iterate_from``.
+        workers: threads making batches concurrently in ``iterate_from`` (reads and host copies
+            release the GIL, so steps overlap).
         max_epochs: stop before the first step that would read past this many epochs; ``None``
             streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
     """
@@ -61,6 +64,7 @@ class Pipeline:
         key: PRNGKeyArray,
         data_axes: str | tuple[str, ...] = "data",
         prefetch: int = 4,
+        workers: int = 2,
         max_epochs: int | None = None,
     ):
         self.dataset = dataset
@@ -71,6 +75,7 @@ class Pipeline:
             raise ValueError(f"max_epochs must be a positive int or None (got max_epochs={max_epochs!r})")
         self.max_epochs = max_epochs
         self.prefetch = prefetch
+        self.workers = min(workers, prefetch)
         self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
         self._cpu = jax.local_devices(backend="cpu")[0]
         state = dataset.plan_state(key)
@@ -78,6 +83,7 @@ class Pipeline:
         self._plan = jax.jit(dataset.plan)
         self._build = {b: self._compile_build(layout, state) for b, layout in self._layouts.items()}
         self.timings: dict[str, float] = {"plan_s": 0.0, "fetch_s": 0.0, "build_s": 0.0}
+        self._timings_lock = threading.Lock()
 
     def _compile_build(self, layout: RowLayout, state):
         local = PartitionSpec("local")
@@ -148,7 +154,7 @@ class Pipeline:
             local = self._build[layout.batch_size](
                 layout.stack_local([p for p, _ in per_device]), layout.stack_local([e for _, e in per_device])
             )
-            self.timings["build_s"] += time.perf_counter() - start
+            self._timed("build_s", start)
         return jax.tree.map(layout.to_global, local)
 
     def _fetch_and_build(self, step: int, layout: RowLayout):
@@ -158,7 +164,7 @@ class Pipeline:
             self._plan_state, jax.device_put(positions, self._cpu), jax.device_put(epochs, self._cpu)
         )
         planned = jax.tree.map(np.asarray, planned)
-        self.timings["plan_s"] += time.perf_counter() - start
+        self._timed("plan_s", start)
 
         start = time.perf_counter()
         span_starts, span_lengths = self.dataset.spans(planned)
@@ -169,14 +175,19 @@ class Pipeline:
             index = np.searchsorted(layout.rows, np.arange(first, stop))
             contents.append(_windows(read.buffer, read.span_starts[index], span_lengths[index], seq_len))
             plans.append(jax.tree.map(lambda leaf, index=index: leaf[index], planned))
-        self.timings["fetch_s"] += time.perf_counter() - start
+        self._timed("fetch_s", start)
 
         start = time.perf_counter()
         content = layout.stack_local(contents)
         planned_local = jax.tree.map(lambda *leaves: layout.stack_local(list(leaves)), *plans)
         local = self._build[layout.batch_size](content, planned_local)
-        self.timings["build_s"] += time.perf_counter() - start
+        self._timed("build_s", start)
         return local
+
+    def _timed(self, stage: str, start: float) -> None:
+        elapsed = time.perf_counter() - start
+        with self._timings_lock:
+            self.timings[stage] += elapsed
 
     # -- streams ----------------------------------------------------------------------------------
 
@@ -188,7 +199,7 @@ class Pipeline:
         """
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
             raise ValueError(f"step must be a non-negative int (got step={step!r})")
-        return Prefetcher(self._produce, start=int(step), depth=self.prefetch)
+        return Prefetcher(self._produce, start=int(step), depth=self.prefetch, workers=self.workers)
 
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()
@@ -208,9 +219,10 @@ def _windows(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seq_le
         top = buffer.max(initial=0)
         if top > INT32_MAX:
             raise OverflowError(f"token id {int(top)} does not fit int32")
-    column = np.arange(seq_len, dtype=np.int64)
-    if np.all(lengths == seq_len):
-        return np.take(buffer, starts[:, None] + column).astype(np.int32, copy=False)
-    inside = column[None, :] < lengths[:, None]
-    index = np.where(inside, starts[:, None] + column, 0)
-    return np.where(inside, np.take(buffer, index), 0).astype(np.int32)
+    if np.all(lengths == seq_len) and buffer.shape[0] >= seq_len:
+        # Whole rows: index a strided window view, so numpy copies contiguous rows, not tokens.
+        return np.lib.stride_tricks.sliding_window_view(buffer, seq_len)[starts].astype(np.int32, copy=False)
+    out = np.zeros((starts.shape[0], seq_len), np.int32)
+    for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+        out[row, :length] = buffer[start : start + length]
+    return out
