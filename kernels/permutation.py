@@ -120,7 +120,32 @@ def check_indices(indices, length: int) -> None:
         raise IndexError(f"index {bad} is out of range for length={length}")
 
 
-class Permutation(eqx.Module):
+class IndexShuffle(eqx.Module):
+    """A keyed bijection of ``[0, length)`` called on index arrays; subclasses define ``_impl``.
+
+    Concrete indices are range-checked here, at the host boundary; the work runs jitted.
+    """
+
+    length: UInt32[Array, ""]
+
+    def __call__(
+        self, indices: UInt32[Array, "*shape"], epoch: UInt32[Array, "*shape"] | int | None = None
+    ) -> UInt32[Array, "*shape"]:
+        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
+        if not isinstance(self.length, jax.core.Tracer):
+            check_indices(indices, int(self.length))
+        return _shuffle(self, jnp.asarray(indices), epoch)
+
+    def _impl(self, indices, epoch):
+        raise NotImplementedError
+
+
+@eqx.filter_jit
+def _shuffle(shuffle: IndexShuffle, indices, epoch):
+    return shuffle._impl(indices, epoch)
+
+
+class Permutation(IndexShuffle):
     """A keyed bijection of ``[0, length)``; see the module docstring.
 
     Attributes:
@@ -131,7 +156,6 @@ class Permutation(eqx.Module):
         compat: ``"levanter"`` or ``None`` (the strong default).
     """
 
-    length: UInt32[Array, ""]
     key: PRNGKeyArray
     network: eqx.Module
     kind: Kind = eqx.field(static=True)
@@ -144,27 +168,17 @@ class Permutation(eqx.Module):
         network = _derive_jit(kind, compat, key, length_arr)
         return cls(length_arr, key, network, kind, compat)
 
-    def __call__(
-        self, indices: UInt32[Array, "*shape"], epoch: UInt32[Array, "*shape"] | int | None = None
-    ) -> UInt32[Array, "*shape"]:
-        """Permuted indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
-        if not isinstance(self.length, jax.core.Tracer):
-            check_indices(indices, int(self.length))
-        return _permute(self, jnp.asarray(indices), epoch)
-
-
-@eqx.filter_jit
-def _permute(perm: Permutation, indices, epoch):
-    x = indices.reshape(-1).astype(U32)
-    if epoch is None:
-        y = apply_network(perm.kind, perm.network, x, perm.length, batched=False)
-    else:
-        epoch = jnp.asarray(epoch, U32)
-        if epoch.ndim == 0:
-            net = derive_network(perm.kind, perm.compat, epoch_key(perm.key, epoch), perm.length)
-            y = apply_network(perm.kind, net, x, perm.length, batched=False)
+    def _impl(self, indices, epoch):
+        x = indices.reshape(-1).astype(U32)
+        if epoch is None:
+            y = apply_network(self.kind, self.network, x, self.length, batched=False)
         else:
-            keys = epoch_key(perm.key, jnp.broadcast_to(epoch, indices.shape).reshape(-1))
-            net = derive_network(perm.kind, perm.compat, keys, perm.length)
-            y = apply_network(perm.kind, net, x, perm.length, batched=True)
-    return y.reshape(indices.shape)
+            epoch = jnp.asarray(epoch, U32)
+            if epoch.ndim == 0:
+                net = derive_network(self.kind, self.compat, epoch_key(self.key, epoch), self.length)
+                y = apply_network(self.kind, net, x, self.length, batched=False)
+            else:
+                keys = epoch_key(self.key, jnp.broadcast_to(epoch, indices.shape).reshape(-1))
+                net = derive_network(self.kind, self.compat, keys, self.length)
+                y = apply_network(self.kind, net, x, self.length, batched=True)
+        return y.reshape(indices.shape)

@@ -31,9 +31,9 @@ from jaxtyping import Array, PRNGKeyArray, UInt32
 from .permutation import (
     INVALID,
     Compat,
+    IndexShuffle,
     Kind,
     apply_network,
-    check_indices,
     derive_network,
     epoch_key,
 )
@@ -72,20 +72,13 @@ def _fold_in(key: PRNGKeyArray, data: UInt32[Array, " n"], per_lane_key: bool) -
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
 
 
-class EraShuffle(eqx.Module):
+class EraShuffle(IndexShuffle):
     """Levanter's era shuffle as a jittable bijection of ``[0, length)``."""
 
-    length: UInt32[Array, ""]
     era_length: UInt32[Array, ""]
     key: PRNGKeyArray
     kind: Kind = eqx.field(static=True)
     compat: Compat = eqx.field(static=True)
-
-    def __call__(self, indices: UInt32[Array, "*shape"], epoch=None) -> UInt32[Array, "*shape"]:
-        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
-        if not isinstance(self.length, jax.core.Tracer):
-            check_indices(indices, int(self.length))
-        return _era_shuffle(self, jnp.asarray(indices), epoch)
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
@@ -112,21 +105,14 @@ class EraShuffle(eqx.Module):
         return jnp.where(valid, start + y, U32(INVALID)).reshape(indices.shape)
 
 
-class BlockShuffle(eqx.Module):
+class BlockShuffle(IndexShuffle):
     """marin's two-level block shuffle as a jittable bijection of ``[0, length)``."""
 
-    length: UInt32[Array, ""]
     io_block_size: UInt32[Array, ""]
     window_blocks: UInt32[Array, ""]
     key: PRNGKeyArray
     kind: Kind = eqx.field(static=True)
     compat: Compat = eqx.field(static=True)
-
-    def __call__(self, indices: UInt32[Array, "*shape"], epoch=None) -> UInt32[Array, "*shape"]:
-        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
-        if not isinstance(self.length, jax.core.Tracer):
-            check_indices(indices, int(self.length))
-        return _block_shuffle(self, jnp.asarray(indices), epoch)
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
@@ -187,7 +173,3 @@ class BlockShuffle(eqx.Module):
         tail_out = full_blocks * io + permuted
         out = jnp.where(in_tail, tail_out, full_out)
         return jnp.where(valid, out, U32(INVALID)).reshape(indices.shape)
-
-
-_era_shuffle = eqx.filter_jit(EraShuffle._impl)
-_block_shuffle = eqx.filter_jit(BlockShuffle._impl)
