@@ -25,3 +25,10 @@ def test_kernels_import_no_io_or_levanter():
 def test_the_check_can_fail(module):
     """The same probe does see a forbidden module when something imports it."""
     assert module in _imports_after(f"import meshbatch.kernels\nimport {module}")
+
+
+def test_top_level_import_needs_no_levanter_or_tensorstore():
+    """``import meshbatch`` loads the cache layer lazily and the Levanter adapter only on request."""
+    loaded = _imports_after("import meshbatch")
+    assert not loaded & set(FORBIDDEN), f"import meshbatch pulled in {sorted(loaded & set(FORBIDDEN))}"
+    assert "levanter" in _imports_after("import meshbatch.levanter")
