@@ -67,9 +67,12 @@ class LevanterNetwork(eqx.Module):
 
 
 def _round_hash(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """murmur3's fmix32 without its last ``h ^= h >> 16``: only ``h >> 16`` is read, which that
-    step cannot change."""
-    h = h ^ (h >> 16)
+    """murmur3's fmix32 without its first and last xor-shifts, for ``h = R ^ k'``.
+
+    The first (``h ^= h >> 16``) only XORs the constant high half of ``R ^ k`` (``R < 2^16``) into
+    the low half, so callers fold it into the key: ``k' = k ^ (k >> 16)``. The last cannot change
+    ``h >> 16``, the only bits read.
+    """
     h = h * U32(0x85EBCA6B)
     h = h ^ (h >> 13)
     return h * U32(0xC2B2AE35)
@@ -108,8 +111,9 @@ class StrongNetwork(eqx.Module):
         # The halves stay split across rounds: one divmod per pass, not one per round.
         left, right = _divmod(x, self.b, 1.0 / self.b.astype(jnp.float32))  # left < a, right < b
         a, b = self.a, self.b
-        for i in range(self.keys.shape[-1]):
-            s = left + _scale(_round_hash(right ^ self.keys[..., i]), a)
+        keys = self.keys ^ (self.keys >> 16)  # fmix32's first step, folded in (see _round_hash)
+        for i in range(keys.shape[-1]):
+            s = left + _scale(_round_hash(right ^ keys[..., i]), a)
             # (left + f) mod a for left, f < a: s - a wraps above s exactly when s < a.
             left, right = right, jnp.minimum(s, s - a)  # new left < b, new right < a
             a, b = b, a

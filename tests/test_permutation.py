@@ -13,7 +13,7 @@ import meshbatch
 from meshbatch.kernels import INVALID, feistel
 
 U32 = jnp.uint32
-SAMPLE = 4096
+SAMPLE = 1 << 16  # every index for lengths up to 2^16, a 65536-index spread beyond
 
 # Levanter compat must hold exactly where Levanter is exact (see test_levanter_linear_float64_quirk).
 LENGTHS = sorted(
