@@ -272,3 +272,52 @@ def test_bad_dataset_arguments(cache_path):
 
 def test_public_names():
     assert meshbatch.Pipeline is Pipeline and meshbatch.CausalLMDataset is CausalLMDataset
+
+
+def test_numpy_steps_are_python_ints_and_never_wrap(cache_path):
+    dataset = CausalLMDataset(TokenCache.open(cache_path), SEQ)
+    pipeline = Pipeline(dataset, mesh=mesh_of((1,), ("data",)), batch_size=64, key=jax.random.key(0))
+    np.testing.assert_array_equal(
+        np.asarray(pipeline.batch(np.int64(3)).tokens), np.asarray(pipeline.batch(3).tokens)
+    )
+    for step in (np.int64(2**59), 2**59, 2**70):  # 2**59 * 64 wraps int64; the epoch passes 2**32
+        with pytest.raises(OverflowError, match=f"step={int(step)} reaches epoch"):
+            pipeline.batch(step)
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="step must be a non-negative int"):
+            pipeline.batch(bad)
+
+
+def test_schedule_refuses_what_it_would_truncate():
+    assert BatchSchedule(np.int64(8)).offset(np.int64(3)) == 24
+    with pytest.raises(ValueError, match=r"start_step must be an int.*2.9"):
+        BatchSchedule([(0, 8), (2.9, 16)])
+    with pytest.raises(ValueError, match="batch_size must be an int"):
+        BatchSchedule([(0, 8.0)])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(strategy="full", kind="bogus"), "kind='bogus'"),
+        (dict(strategy="full", compat="numpy"), "compat='numpy'"),
+        (dict(strategy="none", reshuffle_each_epoch=True), "does not shuffle"),
+        (dict(strategy="full", era_length=100), "era_length=100 only applies"),
+        (dict(strategy="era", era_length=10, io_block_size=4), "only apply to strategy='block'"),
+    ],
+)
+def test_shuffle_spec_checks_everything_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ShuffleSpec(**kwargs)
+
+
+def test_pool_state_is_placed_once_for_all_batch_sizes():
+    docs = [np.arange(3, 400, dtype=np.int32), np.arange(5, 900, dtype=np.int32)]
+    dataset = meshbatch.SpliceLMDataset(docs, seq_len=32, pad_token_id=0)
+    pipeline = Pipeline(
+        dataset, mesh=mesh_of((4,), ("data",)), batch_size=[(0, 8), (2, 16), (4, 24)], key=jax.random.key(0)
+    )
+    pool_tokens = dataset.pool.tokens.shape
+    copies = [a for a in jax.live_arrays() if a.shape == pool_tokens and a.dtype == dataset.pool.tokens.dtype]
+    assert len(copies) <= 2  # the dataset's own array and one replicated copy on the local devices
+    assert [pipeline.batch(s).tokens.shape[0] for s in (0, 2, 4)] == [8, 16, 24]

@@ -18,6 +18,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.kernels import Batch
 from meshbatch.kernels.causal import causal_lm_batch
+from meshbatch.kernels.permutation import COMPATS, KINDS
 
 from .shuffle import block_shuffle, era_shuffle, permutation
 
@@ -51,8 +52,20 @@ class ShuffleSpec:
     def __post_init__(self):
         if self.strategy not in ("none", "full", "era", "block"):
             raise ValueError(f"strategy must be none, full, era or block (got strategy={self.strategy!r})")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS} (got kind={self.kind!r})")
+        if self.compat not in COMPATS:
+            raise ValueError(f"compat must be one of {COMPATS} (got compat={self.compat!r})")
         if self.strategy == "era" and self.era_length is None:
             raise ValueError("strategy='era' needs era_length (got era_length=None)")
+        if self.strategy != "era" and self.era_length is not None:
+            raise ValueError(f"era_length={self.era_length} only applies to strategy='era'")
+        if self.strategy != "block" and (self.io_block_size is not None or self.window_blocks != 8):
+            raise ValueError("io_block_size and window_blocks only apply to strategy='block'")
+        if self.strategy == "none" and (self.reshuffle_each_epoch or self.kind != "feistel" or self.compat):
+            raise ValueError(
+                "strategy='none' does not shuffle: kind, compat and reshuffle_each_epoch do not apply"
+            )
 
     def create(self, length: int, key: PRNGKeyArray, *, read_chunk_examples: int):
         """The shuffle module for ``length`` examples, or ``None`` for ``strategy="none"``."""

@@ -166,6 +166,11 @@ def main(argv=None) -> int:
     key = jax.random.key(0)
     pipeline = Pipeline(dataset, mesh=mesh, batch_size=args.batch_size, key=key)
     steps = args.epochs * dataset.num_examples // args.batch_size
+    if steps < 2:
+        parser.error(
+            f"--epochs {args.epochs} x {dataset.num_examples} rows per epoch // --batch-size "
+            f"{args.batch_size} gives {steps} steps; the demo needs at least 2"
+        )
     mode = "fetched spans" if dataset.fetches else "device pool"
     print(
         f"streaming {steps} steps of {args.batch_size} x {args.seq_len} on mesh {dict(mesh.shape)}: "

@@ -56,6 +56,11 @@ class RowLayout:
             )
         sharding = NamedSharding(mesh, PartitionSpec(data_axes))
         index_map = sharding.addressable_devices_indices_map((batch_size,))
+        if not index_map:
+            raise ValueError(
+                f"process {jax.process_index()} owns no device of the mesh {dict(mesh.shape)}: "
+                "every process must hold some of the mesh's devices"
+            )
         devices = tuple(sorted(index_map, key=lambda d: d.id))
         device_rows = tuple(index_map[d][0].indices(batch_size)[:2] for d in devices)
         rows = np.unique(np.concatenate([np.arange(start, stop) for start, stop in device_rows]))

@@ -73,6 +73,8 @@ class MultiSpliceDocumentDataset(AsyncDataset[LmExample]):
         **spec,
     ):
         super().__init__()
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+            raise ValueError(f"epochs must be a positive int or None (got epochs={epochs!r})")
         self.Pos = Pos
         self.splice = SpliceDataset(doc_tokens_list, seq_len=Pos.size, pad_token_id=pad_token_id, **spec)
         self.epochs = 1 if epochs is None else epochs

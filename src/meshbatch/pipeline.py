@@ -20,6 +20,7 @@ the batch: every process computes the same global batch's rows for its own devic
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from jaxtyping import PRNGKeyArray
 from meshbatch.kernels import Batch
 
 from .layout import RowLayout
-from .prefetch import Prefetcher
+from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .schedule import BatchSchedule
 
 logger = logging.getLogger(__name__)
@@ -71,24 +72,29 @@ class Pipeline:
         self.mesh = mesh
         self.data_axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
         self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
-        if max_epochs is not None and (isinstance(max_epochs, bool) or max_epochs < 1):
+        if max_epochs is not None and (
+            not isinstance(max_epochs, int | np.integer) or isinstance(max_epochs, bool) or max_epochs < 1
+        ):
             raise ValueError(f"max_epochs must be a positive int or None (got max_epochs={max_epochs!r})")
-        self.max_epochs = max_epochs
-        self.prefetch = prefetch
-        self.workers = min(workers, prefetch)
+        check_prefetch(prefetch, workers)
+        self.max_epochs = None if max_epochs is None else int(max_epochs)
+        self.prefetch, self.workers = prefetch, workers
         self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
         self._cpu = jax.local_devices(backend="cpu")[0]
         state = dataset.plan_state(key)
-        self._plan_state = jax.device_put(state, self._cpu)
-        self._plan = jax.jit(dataset.plan)
-        self._build = {b: self._compile_build(layout, state) for b, layout in self._layouts.items()}
+        if dataset.fetches:  # the host plans; device-resident datasets plan on their devices
+            self._plan_state = jax.device_put(state, self._cpu)
+            self._plan = jax.jit(dataset.plan)
+        # Every batch size builds on the same local devices: one replicated copy of the state.
+        local_mesh = next(iter(self._layouts.values())).local_mesh
+        build_state = jax.device_put(state, jax.sharding.NamedSharding(local_mesh, PartitionSpec()))
+        del state
+        self._build = {b: self._compile_build(layout, build_state) for b, layout in self._layouts.items()}
         self.timings: dict[str, float] = {"plan_s": 0.0, "fetch_s": 0.0, "build_s": 0.0}
         self._timings_lock = threading.Lock()
 
-    def _compile_build(self, layout: RowLayout, state):
+    def _compile_build(self, layout: RowLayout, build_state):
         local = PartitionSpec("local")
-        replicated = jax.sharding.NamedSharding(layout.local_mesh, PartitionSpec())
-        build_state = jax.device_put(state, replicated)
         dataset = self.dataset
         if dataset.fetches:
 
@@ -126,20 +132,19 @@ class Pipeline:
     def _positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """32-bit (position, epoch) of each batch row of ``step``; the big integers stay here."""
         n = self.dataset.num_examples
-        epoch0, position0 = divmod(self.schedule.offset(step), n)
-        position = position0 + rows.astype(np.int64)  # < n + batch_size
-        epoch = epoch0 + position // n
-        position %= n
-        if epoch.max() > 2**32 - 1:
-            raise OverflowError(f"step {step} reaches epoch {int(epoch.max())} >= 2**32")
-        return position.astype(np.uint32), epoch.astype(np.uint32)
+        epoch0, position0 = divmod(self.schedule.offset(step), n)  # Python ints: never wrap
+        last_epoch = epoch0 + (position0 + self.schedule.batch_size(step) - 1) // n
+        if last_epoch > 2**32 - 1:
+            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
+        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
+        epoch = np.uint32(epoch0) + (position // n).astype(np.uint32)
+        return (position % n).astype(np.uint32), epoch
 
     # -- one step ----------------------------------------------------------------------------------
 
     def batch(self, step: int) -> Batch:
         """The global batch of ``step`` (blocking; ``iterate_from`` overlaps steps)."""
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise ValueError(f"step must be a non-negative int (got step={step!r})")
+        step = _as_step(step)
         steps = self.num_steps()
         if steps is not None and step >= steps:
             raise IndexError(
@@ -195,16 +200,15 @@ class Pipeline:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
         Resuming costs the same at step 10**9 as at step 1: nothing is replayed. The returned
-        iterator's ``stats()`` reports how long the consumer waited for each batch.
+        iterator's ``stats()`` reports how long the consumer waited for each batch; use it as a
+        context manager (or ``close()`` it) to stop its threads early.
         """
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise ValueError(f"step must be a non-negative int (got step={step!r})")
-        return Prefetcher(self._produce, start=int(step), depth=self.prefetch, workers=self.workers)
+        return Prefetcher(self._produce, start=_as_step(step), depth=self.prefetch, workers=self.workers)
 
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()
         if steps is not None and step >= steps:
-            raise StopIteration
+            raise EndOfStream
         batch = self.batch(step)
         jax.block_until_ready(batch)  # ready means ready: the consumer's wait is the real wait
         return batch
@@ -213,12 +217,23 @@ class Pipeline:
         return self.iterate_from(0)
 
 
+def _as_step(step) -> int:
+    """``step`` as a Python int (numpy ints included), refusing anything else or a negative."""
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise ValueError(f"step must be a non-negative int (got step={step!r})") from None
+    if isinstance(step, bool) or value < 0:
+        raise ValueError(f"step must be a non-negative int (got step={step!r})")
+    return value
+
+
 def _windows(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seq_len: int) -> np.ndarray:
     """``[rows, seq_len]`` int32: each span's tokens left-aligned, zero after its length."""
-    if buffer.dtype.itemsize > 4 or buffer.dtype == np.uint32:
-        top = buffer.max(initial=0)
-        if top > INT32_MAX:
-            raise OverflowError(f"token id {int(top)} does not fit int32")
+    if buffer.size and (buffer.dtype.itemsize > 4 or buffer.dtype == np.uint32):
+        low, top = int(buffer.min()), int(buffer.max())
+        if low < -INT32_MAX - 1 or top > INT32_MAX:
+            raise OverflowError(f"token id {top if top > INT32_MAX else low} does not fit int32")
     if np.all(lengths == seq_len) and buffer.shape[0] >= seq_len:
         # Whole rows: index a strided window view, so numpy copies contiguous rows, not tokens.
         return np.lib.stride_tricks.sliding_window_view(buffer, seq_len)[starts].astype(np.int32, copy=False)

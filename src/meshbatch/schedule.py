@@ -15,7 +15,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import operator
 from collections.abc import Sequence
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +40,8 @@ class BatchSchedule:
         if any(b <= a for a, b in itertools.pairwise(starts)):
             raise ValueError(f"batch-size segment starts must increase strictly (got starts={starts})")
         for start, size in segments:
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise ValueError(
-                    f"batch sizes must be positive ints (got batch_size={size!r} at step {start})"
-                )
+            if size <= 0:
+                raise ValueError(f"batch sizes must be positive (got batch_size={size} at step {start})")
         offsets = [0]
         for (start, size), (next_start, _) in itertools.pairwise(segments):
             offsets.append(offsets[-1] + (next_start - start) * size)
@@ -49,19 +50,20 @@ class BatchSchedule:
         object.__setattr__(self, "_offsets", offsets)
 
     def _segments(self) -> list[tuple[int, int]]:
-        if isinstance(self.schedule, int) and not isinstance(self.schedule, bool):
-            return [(0, self.schedule)]
+        if _is_int(self.schedule):
+            return [(0, _int("batch_size", self.schedule))]
         if isinstance(self.schedule, Sequence) and not isinstance(self.schedule, str) and self.schedule:
             out = []
             for item in self.schedule:
                 start, size = (item.start, item.value) if hasattr(item, "value") else item
-                out.append((int(start), size))
+                out.append((_int("start_step", start), _int("batch_size", size)))
             return out
         raise ValueError(
             f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
         )
 
     def _segment(self, step: int) -> int:
+        step = _int("step", step)
         if step < 0:
             raise ValueError(f"step must be >= 0 (got step={step})")
         return bisect.bisect_right(self._starts, step) - 1
@@ -72,9 +74,21 @@ class BatchSchedule:
 
     def offset(self, step: int) -> int:
         """Examples consumed before ``step``: where its batch starts. O(log segments)."""
+        step = _int("step", step)  # a Python int: offsets never wrap
         i = self._segment(step)
         return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
 
     def unique_sizes(self) -> list[int]:
         """Every batch size the schedule uses."""
         return sorted(set(self._sizes))
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | np.integer)
+
+
+def _int(name: str, value) -> int:
+    """``value`` as a Python int; floats and bools are refused, not truncated."""
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an int (got {name}={value!r})")
+    return operator.index(value)

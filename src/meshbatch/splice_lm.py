@@ -46,7 +46,9 @@ class SpliceLMDataset:
         doc_lengths: int64 lengths of the selected documents (``doc_idx`` indexes them).
     """
 
-    def __init__(self, docs: Sequence[np.ndarray] | None = None, **spec):
+    def __init__(self, docs: Sequence[np.ndarray], **spec):
+        if docs is None or len(docs) == 0:
+            raise ValueError(f"give at least one document (got docs={docs!r}); or use from_cache")
         self._init(docs=docs, source=None, doc_offsets=None, **spec)
 
     @classmethod
