@@ -35,10 +35,25 @@ COMPATS = ("levanter", None)
 
 
 def typed_key(key: PRNGKeyArray) -> PRNGKeyArray:
-    """A new-style key array for either a typed key or a raw ``uint32[..., 2]`` PRNGKey."""
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return key
-    return jax.random.wrap_key_data(key)
+    """A new-style threefry key array for either a typed key or a raw ``uint32[..., 2]`` PRNGKey.
+
+    Raises:
+        ValueError: for ``rbg``/``unsafe_rbg`` keys: their bits may change with batching (JAX
+            documents it), so key schedules derived per lane would disagree with each other.
+    """
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    impl = str(jax.random.key_impl(key))
+    if impl != "threefry2x32":
+        raise ValueError(
+            f"shuffles need a threefry2x32 key (got impl={impl!r}, whose bits may depend on batching)"
+        )
+    return key
+
+
+def rewrap(data: Array, like: PRNGKeyArray) -> PRNGKeyArray:
+    """Key data back into keys of ``like``'s implementation (threefry, rbg, ...)."""
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
 
 
 def epoch_key(key: PRNGKeyArray, epoch: UInt32[Array, "..."]) -> PRNGKeyArray:
@@ -49,7 +64,7 @@ def epoch_key(key: PRNGKeyArray, epoch: UInt32[Array, "..."]) -> PRNGKeyArray:
         jax.random.key_data(key)[None, :],
         jax.random.key_data(folded),
     )
-    return jax.random.wrap_key_data(data.reshape(*epoch.shape, -1))
+    return rewrap(data.reshape(*epoch.shape, data.shape[-1]), key)
 
 
 def derive_network(kind: Kind, compat: Compat, keys: PRNGKeyArray, length: UInt32[Array, "..."]):
@@ -134,6 +149,10 @@ class IndexShuffle(eqx.Module):
         """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
         if not isinstance(self.length, jax.core.Tracer):
             check_indices(indices, int(self.length))
+        if not isinstance(indices, jax.Array):  # checked in range: Python ints >= 2**31 included
+            indices = np.asarray(indices).astype(np.uint32)
+        # An array epoch (never a Python int: eqx.filter_jit would compile once per value).
+        epoch = None if epoch is None else jnp.asarray(epoch, U32)
         return _shuffle(self, jnp.asarray(indices), epoch)
 
     def _impl(self, indices, epoch):
@@ -142,7 +161,18 @@ class IndexShuffle(eqx.Module):
 
 @eqx.filter_jit
 def _shuffle(shuffle: IndexShuffle, indices, epoch):
-    return shuffle._impl(indices, epoch)
+    if epoch is None or epoch.ndim == 0:
+        return shuffle._impl(indices, epoch)
+    epoch = jnp.broadcast_to(epoch, indices.shape)
+    if epoch.size == 0:
+        return shuffle._impl(indices, epoch)
+    # A batch almost always lies in one epoch: then the scalar path derives each key schedule once.
+    first = epoch.reshape(-1)[0]
+    return jax.lax.cond(
+        jnp.all(epoch == first),
+        lambda: shuffle._impl(indices, first),
+        lambda: shuffle._impl(indices, epoch),
+    )
 
 
 class Permutation(IndexShuffle):

@@ -17,8 +17,9 @@ by ``fold_in(window_tail_key, w)``. ``block_key, window_full_key, window_tail_ke
 
 Both accept ``epoch``: with it, every key above is first replaced by ``fold_in(key, epoch)``
 (epoch 0 keeps the plain key). Per-era and per-window key schedules are derived on device; when
-the indices of a call span at most ``MAX_TABLE_GROUPS`` eras or windows (a training batch does),
-each schedule is derived once and gathered instead of once per index.
+the indices of a call (in one epoch) span at most ``MAX_TABLE_GROUPS`` eras, or half as many
+block-shuffle windows (a window has a full-block and a tail schedule), each schedule is derived
+once and gathered instead of once per index; a training batch does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PRNGKeyArray, UInt32
+from jaxtyping import Array, Bool, PRNGKeyArray, UInt32
 
 from .permutation import (
     INVALID,
@@ -36,17 +37,23 @@ from .permutation import (
     apply_network,
     derive_network,
     epoch_key,
+    rewrap,
 )
 
 U32 = jnp.uint32
 MAX_TABLE_GROUPS = 8
 
 
-def _per_lane(make, group: UInt32[Array, " n"]):
-    """``make(group)`` (a batched network), derived once per distinct group when they are few."""
+def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"]):
+    """``make(group)`` (a batched network), derived once per distinct group when they are few.
+
+    Out-of-range lanes (their result is discarded) take a valid lane's group, so they do not
+    widen the span.
+    """
     n = group.shape[0]
     if n <= 2 * MAX_TABLE_GROUPS:
         return make(group)
+    group = jnp.where(valid, group, group[jnp.argmax(valid)])
     low = jnp.min(group)
 
     def table():
@@ -56,14 +63,16 @@ def _per_lane(make, group: UInt32[Array, " n"]):
     return jax.lax.cond(jnp.max(group) - low < MAX_TABLE_GROUPS, table, lambda: make(group))
 
 
-def _base_key(key: PRNGKeyArray, epoch, n: int) -> tuple[PRNGKeyArray, bool]:
-    """The (possibly per-lane) key for this call and whether it is per-lane."""
+def _base_key(key: PRNGKeyArray, epoch) -> tuple[PRNGKeyArray, bool]:
+    """The (possibly per-lane) key for this call and whether it is per-lane.
+
+    ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``IndexShuffle``).
+    """
     if epoch is None:
         return key, False
-    epoch = jnp.asarray(epoch, U32)
     if epoch.ndim == 0:
         return epoch_key(key, epoch), False
-    return epoch_key(key, jnp.broadcast_to(epoch.reshape(-1), (n,))), True
+    return epoch_key(key, epoch.reshape(-1)), True
 
 
 def _fold_in(key: PRNGKeyArray, data: UInt32[Array, " n"], per_lane_key: bool) -> PRNGKeyArray:
@@ -86,7 +95,7 @@ class EraShuffle(IndexShuffle):
         x = jnp.where(valid, x, U32(0))
         era = x // self.era_length
         start = era * self.era_length
-        base, per_lane_key = _base_key(self.key, epoch, x.shape[0])
+        base, per_lane_key = _base_key(self.key, epoch)
 
         def era_size(e):
             remaining = self.length - jnp.minimum(e * self.era_length, self.length - U32(1))
@@ -100,7 +109,7 @@ class EraShuffle(IndexShuffle):
             def make(eras):
                 return derive_network(self.kind, self.compat, _fold_in(base, eras, False), era_size(eras))
 
-            net, size = _per_lane(make, era), era_size(era)
+            net, size = _per_lane(make, era, valid), era_size(era)
         y = apply_network(self.kind, net, x - start, size, batched=True)
         return jnp.where(valid, start + y, U32(INVALID)).reshape(indices.shape)
 
@@ -116,7 +125,6 @@ class BlockShuffle(IndexShuffle):
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
-        n = x.shape[0]
         valid = x < self.length
         x = jnp.where(valid, x, U32(0))
         io, wb = self.io_block_size, self.window_blocks
@@ -141,7 +149,7 @@ class BlockShuffle(IndexShuffle):
         stage_size = jnp.where(in_tail, tail, full_region)
         stage_x = jnp.where(in_tail, offset - full_region, offset)
 
-        base, per_lane_key = _base_key(self.key, epoch, n)
+        base, per_lane_key = _base_key(self.key, epoch)
         if per_lane_key:
             split = jax.vmap(lambda k: jax.random.split(k, 3))(base)
             block_key, full_key, tail_key = split[:, 0], split[:, 1], split[:, 2]
@@ -155,13 +163,13 @@ class BlockShuffle(IndexShuffle):
             keys_full = _fold_in(full_key, w, per_lane)
             keys_tail = _fold_in(tail_key, w, per_lane)
             data = jnp.where(is_tail[:, None], jax.random.key_data(keys_tail), jax.random.key_data(keys_full))
-            return derive_network(self.kind, self.compat, jax.random.wrap_key_data(data), size)
+            return derive_network(self.kind, self.compat, rewrap(data, full_key), size)
 
         group = window * U32(2) + in_tail.astype(U32)
         if per_lane_key:
             net = stage_network(group, full_key, tail_key, True)
         else:
-            net = _per_lane(lambda g: stage_network(g, full_key, tail_key, False), group)
+            net = _per_lane(lambda g: stage_network(g, full_key, tail_key, False), group, valid)
         permuted = apply_network(self.kind, net, stage_x, jnp.maximum(stage_size, U32(1)), batched=True)
 
         block = block_start + permuted // io

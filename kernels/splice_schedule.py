@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from .permutation import apply_network, derive_network
+from .permutation import apply_network, derive_network, rewrap
 
 U32 = jnp.uint32
 
@@ -175,7 +175,7 @@ class LanePermutation(eqx.Module):
             epoch_key = jax.random.fold_in(self.key, e)
             return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(epoch_key, d), c))
 
-        keys = jax.random.wrap_key_data(jax.vmap(lane_key)(epoch, doc, salt))
+        keys = rewrap(jax.vmap(lane_key)(epoch, doc, salt), self.key)
         network = derive_network("feistel", None, keys, length)
         return apply_network("feistel", network, x, length, batched=True)
 

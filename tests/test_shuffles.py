@@ -227,3 +227,34 @@ def test_out_of_range_indices_raise():
         shuffle(np.array([5, 100]))
     with pytest.raises(IndexError, match="index -2 is out of range"):
         meshbatch.era_shuffle(100, era_length=10, key=jax.random.key(0))(np.array([-2]))
+
+
+def test_epoch_edge_cases_from_review():
+    """Python-int epochs never retrace; empty inputs, 2-D epochs and large Python ints work."""
+    era = meshbatch.era_shuffle(1000, era_length=100, key=jax.random.key(0))
+    x = jnp.arange(12, dtype=U32).reshape(4, 3)
+    chex.assert_trees_all_equal(era(x, epoch=2), era(x, epoch=np.uint32(2)))
+    traces = []
+    probe = jax.jit(lambda s, i, e: (traces.append(1), s(i, epoch=e))[1])
+    for e in range(4):
+        probe(era, x, e)
+    assert len(traces) == 1
+    per_row = jnp.asarray([[0], [1], [0], [2]], U32)  # broadcasts against [4, 3]
+    for shuffle in (era, meshbatch.permutation("feistel", 1000, jax.random.key(0))):
+        got = np.asarray(shuffle(x, epoch=per_row))
+        for r, e in enumerate([0, 1, 0, 2]):
+            np.testing.assert_array_equal(got[r], np.asarray(shuffle(x[r], epoch=e)))
+        assert shuffle(jnp.zeros((0,), U32), epoch=jnp.zeros((0,), U32)).shape == (0,)
+    big = meshbatch.permutation("feistel", 2**32 - 1, jax.random.key(1))
+    assert int(big([3_000_000_000])[0]) < 2**32 - 1
+    with pytest.raises(ValueError, match=r"threefry2x32 key.*impl='rbg'"):
+        meshbatch.era_shuffle(1000, era_length=100, key=jax.random.key(0, impl="rbg"))
+
+
+def test_one_invalid_lane_keeps_the_table_path_values():
+    era = meshbatch.era_shuffle(50_000, era_length=1000, key=jax.random.key(2))
+    few = jnp.arange(4096, dtype=U32) + U32(7000)
+    with_invalid = few.at[-1].set(U32(2**32 - 1))
+    got = np.asarray(_apply(era, with_invalid))
+    np.testing.assert_array_equal(got[:-1], np.asarray(_apply(era, few))[:-1])
+    assert got[-1] == 2**32 - 1
