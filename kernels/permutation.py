@@ -158,6 +158,20 @@ class IndexShuffle(eqx.Module):
     def _impl(self, indices, epoch):
         raise NotImplementedError
 
+    def _lanes(self, indices) -> tuple[UInt32[Array, " n"], Array]:
+        """Flat uint32 lanes with out-of-range ones parked at 0, and which lanes were in range."""
+        x = indices.reshape(-1).astype(U32)
+        valid = x < self.length
+        return jnp.where(valid, x, U32(0)), valid
+
+
+class KeyedShuffle(IndexShuffle):
+    """An ``IndexShuffle`` derived from a key with a permutation ``kind`` and ``compat`` mode."""
+
+    key: PRNGKeyArray
+    kind: Kind = eqx.field(static=True)
+    compat: Compat = eqx.field(static=True)
+
 
 @eqx.filter_jit
 def _shuffle(shuffle: IndexShuffle, indices, epoch):
@@ -175,7 +189,7 @@ def _shuffle(shuffle: IndexShuffle, indices, epoch):
     )
 
 
-class Permutation(IndexShuffle):
+class Permutation(KeyedShuffle):
     """A keyed bijection of ``[0, length)``; see the module docstring.
 
     Attributes:
@@ -186,17 +200,14 @@ class Permutation(IndexShuffle):
         compat: ``"levanter"`` or ``None`` (the strong default).
     """
 
-    key: PRNGKeyArray
     network: eqx.Module
-    kind: Kind = eqx.field(static=True)
-    compat: Compat = eqx.field(static=True)
 
     @classmethod
     def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
         key = typed_key(key)
         length_arr = jnp.asarray(length, U32)
         network = _derive_jit(kind, compat, key, length_arr)
-        return cls(length_arr, key, network, kind, compat)
+        return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network)
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)

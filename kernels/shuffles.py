@@ -24,16 +24,13 @@ once and gathered instead of once per index; a training batch does.
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, PRNGKeyArray, UInt32
 
 from .permutation import (
     INVALID,
-    Compat,
-    IndexShuffle,
-    Kind,
+    KeyedShuffle,
     apply_network,
     derive_network,
     epoch_key,
@@ -81,18 +78,13 @@ def _fold_in(key: PRNGKeyArray, data: UInt32[Array, " n"], per_lane_key: bool) -
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
 
 
-class EraShuffle(IndexShuffle):
+class EraShuffle(KeyedShuffle):
     """Levanter's era shuffle as a jittable bijection of ``[0, length)``."""
 
     era_length: UInt32[Array, ""]
-    key: PRNGKeyArray
-    kind: Kind = eqx.field(static=True)
-    compat: Compat = eqx.field(static=True)
 
     def _impl(self, indices, epoch):
-        x = indices.reshape(-1).astype(U32)
-        valid = x < self.length
-        x = jnp.where(valid, x, U32(0))
+        x, valid = self._lanes(indices)
         era = x // self.era_length
         start = era * self.era_length
         base, per_lane_key = _base_key(self.key, epoch)
@@ -114,19 +106,14 @@ class EraShuffle(IndexShuffle):
         return jnp.where(valid, start + y, U32(INVALID)).reshape(indices.shape)
 
 
-class BlockShuffle(IndexShuffle):
+class BlockShuffle(KeyedShuffle):
     """marin's two-level block shuffle as a jittable bijection of ``[0, length)``."""
 
     io_block_size: UInt32[Array, ""]
     window_blocks: UInt32[Array, ""]
-    key: PRNGKeyArray
-    kind: Kind = eqx.field(static=True)
-    compat: Compat = eqx.field(static=True)
 
     def _impl(self, indices, epoch):
-        x = indices.reshape(-1).astype(U32)
-        valid = x < self.length
-        x = jnp.where(valid, x, U32(0))
+        x, valid = self._lanes(indices)
         io, wb = self.io_block_size, self.window_blocks
 
         full_blocks = self.length // io

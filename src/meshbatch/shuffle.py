@@ -81,7 +81,11 @@ def era_shuffle(
     _check_positive("era_length", era_length)
     era_length = min(int(era_length), int(length))
     return EraShuffle(
-        jnp.asarray(length, jnp.uint32), jnp.asarray(era_length, jnp.uint32), typed_key(key), kind, compat
+        length=jnp.asarray(length, jnp.uint32),
+        key=typed_key(key),
+        kind=kind,
+        compat=compat,
+        era_length=jnp.asarray(era_length, jnp.uint32),
     )
 
 
@@ -116,10 +120,10 @@ def block_shuffle(
     # A window wider than the dataset is the whole dataset; clamping keeps io * window in 32 bits.
     window_blocks = min(int(window_blocks), total_blocks)
     return BlockShuffle(
-        jnp.asarray(length, jnp.uint32),
-        jnp.asarray(io_block_size, jnp.uint32),
-        jnp.asarray(window_blocks, jnp.uint32),
-        typed_key(key),
-        kind,
-        compat,
+        length=jnp.asarray(length, jnp.uint32),
+        key=typed_key(key),
+        kind=kind,
+        compat=compat,
+        io_block_size=jnp.asarray(io_block_size, jnp.uint32),
+        window_blocks=jnp.asarray(window_blocks, jnp.uint32),
     )
