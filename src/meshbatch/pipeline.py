@@ -92,6 +92,7 @@ class Pipeline:
         self._build = {b: self._compile_build(layout, build_state) for b, layout in self._layouts.items()}
         self.timings: dict[str, float] = {"plan_s": 0.0, "fetch_s": 0.0, "build_s": 0.0}
         self._timings_lock = threading.Lock()
+        self._num_steps = self._count_steps()
 
     def _compile_build(self, layout: RowLayout, build_state):
         local = PartitionSpec("local")
@@ -101,13 +102,12 @@ class Pipeline:
             def per_shard(state, content, planned):
                 return dataset.build(state, content, planned)
 
-            in_specs = (PartitionSpec(), local, local)
         else:
 
             def per_shard(state, positions, epochs):
                 return dataset.build(state, None, dataset.plan(state, positions, epochs))
 
-            in_specs = (PartitionSpec(), local, local)
+        in_specs = (PartitionSpec(), local, local)  # state replicated, row inputs split by device
         kernel = jax.jit(jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local))
         return lambda a, b: kernel(build_state, a, b)
 
@@ -115,6 +115,9 @@ class Pipeline:
 
     def num_steps(self) -> int | None:
         """Steps before ``max_epochs`` would be exceeded, or ``None`` for an endless stream."""
+        return self._num_steps
+
+    def _count_steps(self) -> int | None:
         if self.max_epochs is None:
             return None
         total = self.max_epochs * self.dataset.num_examples
