@@ -209,7 +209,9 @@ def _walk_groups(network, lanes, y, length, *, depth: int):
         return jnp.any(y >= bound, axis=1)
 
     def dense_step(carry):
-        y = _dense_steps(net, carry[0], bound, steps=1)
+        # WALK_UNROLL steps per flag pass: where many lanes walk (Levanter's domain can be 4x n),
+        # flagging after every step costs more than the extra network evaluations.
+        y = _dense_steps(net, carry[0], bound, steps=WALK_UNROLL)
         return y, flagged(y)
 
     # Group flags are 1/GROUP of the data: counting them costs nothing beside the pass that
