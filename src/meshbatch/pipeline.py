@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import threading
-import time
 from collections.abc import Iterator
 
 import jax
@@ -90,8 +88,6 @@ class Pipeline:
         build_state = jax.device_put(state, jax.sharding.NamedSharding(local_mesh, PartitionSpec()))
         del state
         self._build = {b: self._compile_build(layout, build_state) for b, layout in self._layouts.items()}
-        self.timings: dict[str, float] = {"plan_s": 0.0, "fetch_s": 0.0, "build_s": 0.0}
-        self._timings_lock = threading.Lock()
         self._num_steps = self._count_steps()
 
     def _compile_build(self, layout: RowLayout, build_state):
@@ -158,23 +154,18 @@ class Pipeline:
             local = self._fetch_and_build(step, layout)
         else:
             per_device = [self._positions(step, np.arange(a, b)) for a, b in layout.device_rows]
-            start = time.perf_counter()
             local = self._build[layout.batch_size](
                 layout.stack_local([p for p, _ in per_device]), layout.stack_local([e for _, e in per_device])
             )
-            self._timed("build_s", start)
         return jax.tree.map(layout.to_global, local)
 
     def _fetch_and_build(self, step: int, layout: RowLayout):
-        start = time.perf_counter()
         positions, epochs = self._positions(step, layout.rows)
         planned = self._plan(
             self._plan_state, jax.device_put(positions, self._cpu), jax.device_put(epochs, self._cpu)
         )
         planned = jax.tree.map(np.asarray, planned)
-        self._timed("plan_s", start)
 
-        start = time.perf_counter()
         span_starts, span_lengths = self.dataset.spans(planned)
         read = self.dataset.source.read_runs(span_starts, span_lengths)
         seq_len = self.dataset.seq_len
@@ -183,19 +174,10 @@ class Pipeline:
             index = np.searchsorted(layout.rows, np.arange(first, stop))
             contents.append(_windows(read.buffer, read.span_starts[index], span_lengths[index], seq_len))
             plans.append(jax.tree.map(lambda leaf, index=index: leaf[index], planned))
-        self._timed("fetch_s", start)
 
-        start = time.perf_counter()
         content = layout.stack_local(contents)
         planned_local = jax.tree.map(lambda *leaves: layout.stack_local(list(leaves)), *plans)
-        local = self._build[layout.batch_size](content, planned_local)
-        self._timed("build_s", start)
-        return local
-
-    def _timed(self, stage: str, start: float) -> None:
-        elapsed = time.perf_counter() - start
-        with self._timings_lock:
-            self.timings[stage] += elapsed
+        return self._build[layout.batch_size](content, planned_local)
 
     # -- streams ----------------------------------------------------------------------------------
 
