@@ -21,7 +21,7 @@ Allocator: every jitted call returns fresh multi-MB output buffers. glibc's defa
 blocks back to the kernel when they are freed, so each call page-faults its outputs in again and
 XLA:CPU timings measure the kernel zeroing pages (several ms per batch, for any XLA program,
 including the XLA ceiling row). A training process reuses its buffers; the benchmark therefore
-asks glibc (``mallopt``) to keep freed blocks, which changes nothing for the numpy rows.
+asks glibc to keep freed blocks (``harness.keep_freed_memory``), which changes nothing for the numpy rows.
 ``--system-malloc`` keeps glibc's default to show the difference.
 
 Usage: ``python benchmarks/bench_splice.py [--quick] [--repeats N]``; writes ``bench_splice.json``
@@ -31,12 +31,10 @@ next to this file.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import pathlib
-import statistics
-import time
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,25 +47,9 @@ SEQ_LEN, CONTENT_LENGTH, DOC_LENGTH, BATCH = 4096, 4096, 45231, 256
 PAD = 0
 
 
-def keep_freed_blocks() -> bool:
-    """glibc: serve large blocks from the heap and never trim it (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 2**30))
-
-
 def median_seconds(fn, repeats: int) -> float:
-    for _ in range(2):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median of ``repeats`` calls after two warm-up calls, each blocking on ``fn()``'s result."""
+    return harness.median_seconds(lambda: jax.block_until_ready(fn()), repeats=repeats, warmup=2)
 
 
 def numpy_per_example(doc, t, s, copy_len, out):
@@ -113,9 +95,7 @@ def main() -> None:
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's default trimming")
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.quick else 30)
-    allocator = "glibc default" if args.system_malloc else "glibc, freed blocks kept"
-    if not args.system_malloc and not keep_freed_blocks():
-        allocator = "unchanged (mallopt unavailable)"
+    allocator = "glibc default" if args.system_malloc else harness.keep_freed_memory()
     print(f"jax {jax.__version__}  device: {jax.devices()[0].device_kind}  ({jax.devices()[0].platform})")
     print(f"allocator: {allocator}")
 
