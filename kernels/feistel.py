@@ -142,15 +142,23 @@ def levanter_right_bits(length: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
     return bits - bits // U32(2)
 
 
-def _dense_steps(network, y, length, steps: int):
+INVALID = 0xFFFFFFFF  # the output for an index outside [0, length)
+
+
+def _walks(y, x, bound):
+    """Lanes still outside ``[0, bound)``; lanes whose index was out of range never walk."""
+    return (y >= bound) & (x < bound)
+
+
+def _dense_steps(network, y, x, bound, steps: int):
     for _ in range(steps):
-        y = jnp.where(y >= length, network(y), y)
+        y = jnp.where(_walks(y, x, bound), network(y), y)
     return y
 
 
-def _walk_dense(network, y, length):
-    body = partial(_dense_steps, network, length=length, steps=WALK_UNROLL)
-    return jax.lax.while_loop(lambda y: jnp.any(y >= length), body, y)
+def _walk_dense(network, y, x, bound):
+    body = partial(_dense_steps, network, x=x, bound=bound, steps=WALK_UNROLL)
+    return jax.lax.while_loop(lambda y: jnp.any(_walks(y, x, bound)), body, y)
 
 
 def cycle_walk(
@@ -160,18 +168,18 @@ def cycle_walk(
     *,
     batched: bool,
 ) -> UInt32[Array, " n"]:
-    """Apply ``network`` to ``x`` until every value lies in ``[0, length)``.
+    """The network's permutation of ``[0, length)``, by cycle walking: apply it until in range.
 
-    ``x`` must lie in ``[0, length)``. ``length`` is a scalar or one bound per lane. With
-    ``batched=True`` every leaf of ``network`` carries a leading per-lane axis of size ``n``;
-    otherwise the network is shared by all lanes.
+    Lanes with ``x >= length`` give ``INVALID``; ``length <= 1`` gives 0. ``length`` is a scalar
+    or one bound per lane. With ``batched=True`` every leaf of ``network`` carries a leading
+    per-lane axis of size ``n``; otherwise the network is shared by all lanes.
 
     Lanes are laid out in groups of ``GROUP`` (XLA:CPU vectorises that for any ``n``, whereas a
-    loop over an odd 1-D length can run ten times slower). A dense pass handles the bulk; dense
-    steps continue while more than 1/``COMPACT_AT`` of the groups hold a straggler; then only those
-    groups are gathered and walked, recursively, so lanes that landed early do not pay for the
-    slowest one. (A mixed-radix strong network leaves about ``n^-1/2`` of the lanes outside after
-    one pass; Levanter's leaves up to 3/4.)
+    loop over an odd 1-D length can run ten times slower). One dense pass computes the network,
+    the range masks and the output at once; dense steps continue while more than 1/``COMPACT_AT``
+    of the groups hold a straggler; then only those groups are gathered and walked, recursively,
+    so lanes that landed early do not pay for the slowest one. (A mixed-radix strong network
+    leaves about ``n^-1/2`` of the lanes outside after one pass; Levanter's leaves up to 3/4.)
     """
     n = x.shape[0]
     groups = -(-n // GROUP)
@@ -181,44 +189,47 @@ def cycle_walk(
         leaf = jnp.pad(leaf, [(0, groups * GROUP - n)] + [(0, 0)] * (leaf.ndim - 1), constant_values=fill)
         return leaf.reshape(groups, GROUP, *leaf.shape[1:])
 
-    # Padding lanes start at 0 and get a bound nothing exceeds: they land at once.
-    lanes = {"length": lay_out(length, 0xFFFFFFFF) if jnp.ndim(length) else None}
+    # Padding lanes get index 0 (a valid start) and, with per-lane bounds, one nothing exceeds.
+    lanes = {"length": lay_out(length, 0xFFFFFFFF) if jnp.ndim(length) else None, "x": lay_out(x, 0)}
     lanes["network"] = jax.tree.map(lambda leaf: lay_out(leaf, 1), network) if batched else None
-    y = _bind(network, lanes)[0](lay_out(x, 0))
-    y = _walk_groups(network, lanes, y, length, depth=COMPACT_DEPTH)
+    net, bound = _bind(network, lanes, length)
+    valid = lanes["x"] < bound
+    # length <= 1: the only index maps to 0. The range masks ride in the network's pass, so the
+    # walk's result is the output: no extra pass over the lanes, no extra buffer.
+    y = jnp.where(bound <= 1, U32(0), net(jnp.where(valid, lanes["x"], U32(0))))
+    y = _walk_groups(network, lanes, jnp.where(valid, y, U32(INVALID)), length, depth=COMPACT_DEPTH)
     # The walk's while loops are fusion boundaries: this slice does not drag the network into an
     # odd-shaped loop.
     return y.reshape(-1)[:n]
 
 
-def _bind(network, lanes):
+def _bind(network, lanes, length):
     """The network and bound to use for these lanes (per-lane leaves when given)."""
     net = lanes["network"] if lanes["network"] is not None else network
-    return net, lanes["length"]
+    return net, length if lanes["length"] is None else lanes["length"]
 
 
 def _walk_groups(network, lanes, y, length, *, depth: int):
-    net, lane_length = _bind(network, lanes)
-    bound = length if lane_length is None else lane_length
+    net, bound = _bind(network, lanes, length)
+    x = lanes["x"]
     groups = y.shape[0]
     if depth == 0 or groups < 4 * COMPACT_AT:
-        return _walk_dense(net, y, bound)
+        return _walk_dense(net, y, x, bound)
     capacity = max(groups // COMPACT_AT, 1)
 
     def flagged(y):
-        return jnp.any(y >= bound, axis=1)
+        flags = jnp.any(_walks(y, x, bound), axis=1)
+        return flags, jnp.sum(flags, dtype=jnp.int32)
 
     def dense_step(carry):
         # WALK_UNROLL steps per flag pass: where many lanes walk (Levanter's domain can be 4x n),
         # flagging after every step costs more than the extra network evaluations.
-        y = _dense_steps(net, carry[0], bound, steps=WALK_UNROLL)
-        return y, flagged(y)
+        y = _dense_steps(net, carry[0], x, bound, steps=WALK_UNROLL)
+        return y, *flagged(y)
 
     # Group flags are 1/GROUP of the data: counting them costs nothing beside the pass that
     # computes them, and the compaction below reuses them.
-    y, flags = jax.lax.while_loop(
-        lambda c: jnp.sum(c[1], dtype=jnp.int32) > capacity, dense_step, (y, flagged(y))
-    )
+    y, flags, count = jax.lax.while_loop(lambda c: c[2] > capacity, dense_step, (y, *flagged(y)))
 
     def take(leaf, ids, fill):
         if leaf is None:
@@ -226,17 +237,19 @@ def _walk_groups(network, lanes, y, length, *, depth: int):
         return leaf.at[ids].get(mode="fill", fill_value=np.asarray(fill, leaf.dtype))
 
     def walk_flagged(carry):
-        y, flags = carry
+        # At most ``capacity`` groups are flagged: one compaction gathers them all, and the
+        # sub-walk returns only when each of its lanes has landed.
+        y, count = carry
         ids = compact(flags, size=capacity)
         sub_lanes = {
             "length": take(lanes["length"], ids, 0xFFFFFFFF),
-            "network": None
-            if lanes["network"] is None
-            else jax.tree.map(lambda leaf: take(leaf, ids, 1), lanes["network"]),
+            "x": take(x, ids, 0),
+            "network": jax.tree.map(lambda leaf: take(leaf, ids, 1), lanes["network"]),
         }
         # Fill groups hold y = 0, below any bound: they never walk.
         sub_y = _walk_groups(network, sub_lanes, take(y, ids, 0), length, depth=depth - 1)
-        return y.at[ids].set(sub_y, mode="drop"), flags.at[ids].set(False, mode="drop")
+        # count - count, not a constant 0: under shard_map the carry keeps its per-shard type.
+        return y.at[ids].set(sub_y, mode="drop"), count - count
 
-    y, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), walk_flagged, (y, flags))
-    return y
+    # Runs once, or not at all when no lane walks (a loop, not a cond: XLA updates y in place).
+    return jax.lax.while_loop(lambda c: c[1] > 0, walk_flagged, (y, count))[0]

@@ -27,7 +27,7 @@ from jaxtyping import Array, PRNGKeyArray, UInt32
 from . import feistel, lcg, pcg64
 
 U32 = jnp.uint32
-INVALID = 0xFFFFFFFF
+INVALID = feistel.INVALID
 Kind = Literal["feistel", "linear"]
 Compat = Literal["levanter"] | None
 KINDS = ("feistel", "linear")
@@ -106,17 +106,10 @@ def apply_network(
     batched: bool,
 ) -> UInt32[Array, " n"]:
     """Permute ``x`` (1-D); lanes with ``x >= length`` give ``INVALID``, ``length <= 1`` gives 0."""
+    if kind != "linear":
+        return feistel.cycle_walk(network, x, length, batched=batched)
     valid = x < length
-    trivial = length <= 1
-    # Out-of-range lanes walk from 0 (a valid start) and are masked after; a trivial length gets a
-    # bound every value satisfies. A scalar length stays scalar: no per-lane bound array.
-    walk_length = jnp.where(trivial, U32(INVALID), length)
-    safe_x = jnp.where(valid, x, U32(0))
-    if kind == "linear":
-        y = network(safe_x)
-    else:
-        y = feistel.cycle_walk(network, safe_x, walk_length, batched=batched)
-    y = jnp.where(trivial, U32(0), y)
+    y = jnp.where(length <= 1, U32(0), network(jnp.where(valid, x, U32(0))))
     return jnp.where(valid, y, U32(INVALID))
 
 
