@@ -39,10 +39,10 @@ def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -
     return statistics.median(times)
 
 
-def rotating_medians(
+def rotating_times(
     fns: dict[str, Callable[[], object]], *, rounds: int, repeats: int, warmup: int = 1
-) -> dict[str, float]:
-    """Median wall time of each ``fn()`` over ``rounds`` rotations of ``repeats`` back-to-back runs.
+) -> dict[str, list[float]]:
+    """Wall times of each ``fn()`` over ``rounds`` rotations of ``repeats`` back-to-back runs.
 
     Each implementation runs back to back (its steady state: warm caches, reused buffers), and
     the rotation spreads a noisy neighbour's slow spells over all of them. Each ``fn`` must block
@@ -57,7 +57,7 @@ def rotating_medians(
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def keep_freed_memory() -> str:
