@@ -30,7 +30,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float32, UInt32
+from jaxtyping import Array, Bool, Float32, UInt32
 
 from .scan import compact
 
@@ -145,8 +145,10 @@ def levanter_right_bits(length: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
 INVALID = 0xFFFFFFFF  # the output for an index outside [0, length)
 
 
-def _walks(y, x, bound):
-    """Lanes still outside ``[0, bound)``; lanes whose index was out of range never walk."""
+def _walks(
+    y: UInt32[Array, "groups lanes"], x: UInt32[Array, "groups lanes"], bound: UInt32[Array, "..."]
+) -> Bool[Array, "groups lanes"]:
+    """Lanes still outside ``[0, bound)`` (a scalar or per-lane bound); out-of-range indices never walk."""
     return (y >= bound) & (x < bound)
 
 
