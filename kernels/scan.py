@@ -21,12 +21,7 @@ from jaxtyping import Array, Bool, Float32, Int, UInt32
 SCAN_BLOCK = 128
 WORD = 32
 U32 = jnp.uint32
-_POSITION = np.arange(WORD, dtype=np.uint32)  # bit positions
-
-
-def _positions(ndim: int) -> np.ndarray:
-    """Bit positions on a new last axis, broadcastable against ``ndim`` leading axes."""
-    return _POSITION.reshape((1,) * ndim + (WORD,))
+_POSITION = np.arange(WORD, dtype=np.uint32)[None, None, :]  # bit positions: [rows, words, WORD]
 
 
 def _pack(flags: Bool[Array, "rows n"]) -> UInt32[Array, "rows words"]:
@@ -35,7 +30,7 @@ def _pack(flags: Bool[Array, "rows n"]) -> UInt32[Array, "rows words"]:
     words = -(-n // WORD)
     bits = jnp.pad(flags, ((0, 0), (0, words * WORD - n))).reshape(rows, words, WORD)
     # Distinct powers of two: the sum is the bitwise or, exactly.
-    return jnp.sum(bits.astype(U32) << _positions(2), axis=-1, dtype=U32)
+    return jnp.sum(bits.astype(U32) << _POSITION, axis=-1, dtype=U32)
 
 
 def running_count(flags: Bool[Array, "rows n"]) -> Int[Array, "rows n"]:
@@ -47,9 +42,8 @@ def running_count(flags: Bool[Array, "rows n"]) -> Int[Array, "rows n"]:
         before = jnp.cumsum(counts, axis=-1, dtype=jnp.int32) - counts
     else:
         before = _running_sum(counts.astype(jnp.float32)).astype(jnp.int32) - counts
-    # Set bits at or below each position i: mask (2 << i) - 1, all ones at i = 31.
-    position = _positions(2)
-    at_or_below = jnp.where(position == WORD - 1, U32(0xFFFFFFFF), (U32(2) << position) - U32(1))
+    # Set bits at or below each position i: mask (2 << i) - 1 (2 << 31 wraps to 0: all ones).
+    at_or_below = (U32(2) << _POSITION) - U32(1)
     within = jax.lax.population_count(packed[..., None] & at_or_below).astype(jnp.int32)
     return (before[..., None] + within).reshape(rows, -1)[:, :n]
 
