@@ -145,6 +145,13 @@ def levanter_right_bits(length: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
 INVALID = 0xFFFFFFFF  # the output for an index outside [0, length)
 
 
+def masked_pass(network, x: UInt32[Array, "..."], length: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """One pass of ``network``: ``INVALID`` where ``x >= length``, 0 where ``length <= 1``."""
+    valid = x < length
+    y = jnp.where(length <= 1, U32(0), network(jnp.where(valid, x, U32(0))))
+    return jnp.where(valid, y, U32(INVALID))
+
+
 def _walks(
     y: UInt32[Array, "groups lanes"], x: UInt32[Array, "groups lanes"], bound: UInt32[Array, "..."]
 ) -> Bool[Array, "groups lanes"]:
@@ -195,11 +202,9 @@ def cycle_walk(
     lanes = {"length": lay_out(length, 0xFFFFFFFF) if jnp.ndim(length) else None, "x": lay_out(x, 0)}
     lanes["network"] = jax.tree.map(lambda leaf: lay_out(leaf, 1), network) if batched else None
     net, bound = _bind(network, lanes, length)
-    valid = lanes["x"] < bound
-    # length <= 1: the only index maps to 0. The range masks ride in the network's pass, so the
-    # walk's result is the output: no extra pass over the lanes, no extra buffer.
-    y = jnp.where(bound <= 1, U32(0), net(jnp.where(valid, lanes["x"], U32(0))))
-    y = _walk_groups(network, lanes, jnp.where(valid, y, U32(INVALID)), length, depth=COMPACT_DEPTH)
+    # The range masks ride in the network's pass, so the walk's result is the output: no extra
+    # pass over the lanes, no extra buffer.
+    y = _walk_groups(network, lanes, masked_pass(net, lanes["x"], bound), length, depth=COMPACT_DEPTH)
     # The walk's while loops are fusion boundaries: this slice does not drag the network into an
     # odd-shaped loop.
     return y.reshape(-1)[:n]

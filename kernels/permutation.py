@@ -106,11 +106,9 @@ def apply_network(
     batched: bool,
 ) -> UInt32[Array, " n"]:
     """Permute ``x`` (1-D); lanes with ``x >= length`` give ``INVALID``, ``length <= 1`` gives 0."""
-    if kind != "linear":
-        return feistel.cycle_walk(network, x, length, batched=batched)
-    valid = x < length
-    y = jnp.where(length <= 1, U32(0), network(jnp.where(valid, x, U32(0))))
-    return jnp.where(valid, y, U32(INVALID))
+    if kind == "linear":
+        return feistel.masked_pass(network, x, length)
+    return feistel.cycle_walk(network, x, length, batched=batched)
 
 
 def check_indices(indices, length: int) -> None:
