@@ -7,7 +7,8 @@ named axes:
     loss_mask   = [1, 1, 1, 0]     # 1 where position i's next token is a training target
     segment_ids = [0, 0, 1, 1]     # attention never crosses a segment boundary
 
-``doc_idx`` is carried only by datasets that know which document a row came from (splice).
+``doc_idx`` is carried only by datasets that know which document a row came from (splice), and
+``labels`` only by batches a masked-LM build stage has masked (``ignore`` off the masked positions).
 """
 
 from __future__ import annotations
@@ -25,16 +26,20 @@ class Batch(eqx.Module):
         loss_mask: ``int32[batch, seq_len]``, 0/1; 1 where the next token is a target.
         segment_ids: ``int32[batch, seq_len]``; attention is causal within equal ids.
         doc_idx: ``int32[batch]`` source document per row, or ``None`` where the dataset has none.
+        labels: ``int32[batch, seq_len]`` masked-LM targets, or ``None`` for causal LM.
     """
 
     tokens: Int[Array, "batch seq"]
     loss_mask: Int[Array, "batch seq"]
     segment_ids: Int[Array, "batch seq"]
     doc_idx: Int[Array, " batch"] | None = None
+    labels: Int[Array, "batch seq"] | None = None
 
     def __check_init__(self):
-        for name in ("tokens", "loss_mask", "segment_ids"):
+        for name in ("tokens", "loss_mask", "segment_ids", "labels"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if value.dtype != jnp.int32:
                 raise TypeError(f"Batch.{name} must be int32 (got dtype={value.dtype})")
             if value.shape != self.tokens.shape or value.ndim != 2:

@@ -10,6 +10,8 @@ from .coalesce import ReadCounters as ReadCounters
 from .coalesce import RunRead as RunRead
 from .coalesce import SpanRead as SpanRead
 from .coalesce import coalesce_spans as coalesce_spans
+from .fetch import PendingRead as PendingRead
+from .fetch import run_reads as run_reads
 from .ledger import Ledger as Ledger
 from .ledger import read_ledger as read_ledger
 from .reader import TokenCache as TokenCache

@@ -1,4 +1,4 @@
-"""Fetching coalesced runs: one TensorStore read per run, all in one batch, into one buffer.
+"""Fetching coalesced runs: one TensorStore read per run, all in one batch, into place.
 
 The global token space is the concatenation of *segments*, one per data array (one for a
 consolidated cache, one per non-empty shard of a sharded cache). A run that crosses a segment
@@ -7,14 +7,17 @@ boundary is read as one piece per segment::
     segments: part-0 holds tokens [0, 7), part-1 holds [7, 16)
     run (5, 4) = tokens [5, 9) -> part-0 data[5:7] and part-1 data[0:2]: 2 reads, buffer[0:2], [2:4]
 
-All reads go through one ``ts.Batch`` with ``batch=`` on every read (a bare ``with ts.Batch():``
-batches nothing), and TensorStore decodes each straight into its place in the output buffer.
+Reads are planned first (``plan_runs``: which slice of which array goes where) and issued later by
+``run_reads``, so the reads of several requests (several caches, several devices' rows) share one
+``ts.Batch`` with ``batch=`` on every read (a bare ``with ts.Batch():`` batches nothing). TensorStore
+decodes each read straight into its place in the output buffer.
 With a ``BlockCache``, reads cover whole aligned blocks instead, missing blocks that are consecutive
 in a segment share one read, and cached blocks cost no read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,41 +43,59 @@ class Segment:
     data: ts.TensorStore
 
 
-@dataclass(frozen=True)
-class Fetched:
-    """The runs' tokens back to back, and what it cost."""
+@dataclass
+class PendingRead:
+    """A planned read: TensorStore reads not yet issued, and what to do once they are done.
 
-    buffer: np.ndarray
-    reads_issued: int
-    bytes_read: int
+    Attributes:
+        span_starts: int64 ``[m]``, where each requested span begins in the output buffer.
+        end: the output buffer position just past this read's tokens.
+        targets: ``(destination view, TensorStore slice)`` pairs to read, in any order.
+        finish: called after every target is read (block-cache copies, dtype checks), or ``None``.
+    """
+
+    span_starts: np.ndarray
+    end: int
+    targets: list[tuple[np.ndarray, ts.TensorStore]]
+    finish: Callable[[], None] | None
 
 
-def fetch_runs(
+def plan_runs(
     segments: list[Segment],
     run_starts: np.ndarray,
     run_offsets: np.ndarray,
+    dest: np.ndarray,
     *,
-    dtype: np.dtype,
     block_cache: BlockCache | None = None,
-) -> Fetched:
-    """Reads runs ``[run_starts[r], run_starts[r] + run_offsets[r+1] - run_offsets[r])`` into one buffer.
+) -> tuple[list[tuple[np.ndarray, ts.TensorStore]], Callable[[], None] | None, int]:
+    """Plans reading runs ``[run_starts[r], run_starts[r] + run_offsets[r+1] - run_offsets[r])``.
 
     Args:
         segments: non-empty segments in token order, covering every run.
         run_starts: int64 ``[R]`` global first token of each run.
-        run_offsets: int64 ``[R + 1]`` position of each run in the output buffer.
-        dtype: the on-disk token dtype (the buffer's dtype).
+        run_offsets: int64 ``[R + 1]`` position of each run in ``dest``.
+        dest: the buffer the runs are read into (``run_offsets[-1]`` elements); TensorStore
+            decodes straight into it, converting to its dtype.
         block_cache: read whole blocks through this LRU instead of exact ranges.
 
     Returns:
-        ``buffer[run_offsets[r] : run_offsets[r + 1]]`` holds run ``r``.
+        ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
     """
     pieces = list(_pieces(segments, run_starts, run_offsets))
+    if not pieces:
+        return [], None, 0
     if block_cache is None:
-        buffer = np.empty(int(run_offsets[-1]), dtype=dtype)
-        _read_into([(buffer[dest : dest + hi - lo], seg.data[lo:hi]) for dest, seg, lo, hi in pieces])
-        return Fetched(buffer, len(pieces), buffer.nbytes)
-    return _fetch_blocks(pieces, int(run_offsets[-1]), dtype, block_cache)
+        targets = [(dest[at : at + hi - lo], seg.data[lo:hi]) for at, seg, lo, hi in pieces]
+        return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+    return _plan_blocks(pieces, dest, block_cache)
+
+
+def run_reads(reads: Sequence[PendingRead]) -> None:
+    """Issues every planned read of ``reads`` in one ``ts.Batch``, then finishes each."""
+    _read_into([target for read in reads for target in read.targets])
+    for read in reads:
+        if read.finish is not None:
+            read.finish()
 
 
 def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.ndarray):
@@ -109,8 +130,9 @@ def _block_key(seg: Segment, k: int, size: int) -> tuple:
     return (seg.key, k, min(size, seg.tokens - k * size))
 
 
-def _fetch_blocks(pieces, total: int, dtype: np.dtype, cache: BlockCache) -> Fetched:
+def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     size = cache.block_tokens
+    dtype = np.dtype(pieces[0][1].data.dtype.numpy_dtype) if pieces else dest.dtype
     blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
     missing: dict[tuple, tuple[Segment, int]] = {}
     for _, seg, lo, hi in pieces:
@@ -138,22 +160,20 @@ def _fetch_blocks(pieces, total: int, dtype: np.dtype, cache: BlockCache) -> Fet
         seg, k0 = missing[group[0]]
         lo, hi = k0 * size, min((k0 + len(group)) * size, seg.tokens)
         targets.append((np.empty(hi - lo, dtype=dtype), seg.data[lo:hi]))
-    _read_into(targets)
-    nbytes = 0
-    for group, (array, _) in zip(groups, targets, strict=True):
-        nbytes += array.nbytes
-        for j, key in enumerate(group):
-            block = array if len(group) == 1 else array[j * size : (j + 1) * size].copy()
-            blocks[key] = block
-            cache.put(key, block)
 
-    buffer = np.empty(total, dtype=dtype)
-    for dest, seg, lo, hi in pieces:
-        pos = lo
-        while pos < hi:
-            k = pos // size
-            block = blocks[_block_key(seg, k, size)]
-            take = min(hi, (k + 1) * size) - pos
-            buffer[dest : dest + take] = block[pos - k * size : pos - k * size + take]
-            dest, pos = dest + take, pos + take
-    return Fetched(buffer, len(targets), nbytes)
+    def finish() -> None:
+        for group, (array, _) in zip(groups, targets, strict=True):
+            for j, key in enumerate(group):
+                block = array if len(group) == 1 else array[j * size : (j + 1) * size].copy()
+                blocks[key] = block
+                cache.put(key, block)
+        for at, seg, lo, hi in pieces:
+            pos = lo
+            while pos < hi:
+                k = pos // size
+                block = blocks[_block_key(seg, k, size)]
+                take = min(hi, (k + 1) * size) - pos
+                dest[at : at + take] = block[pos - k * size : pos - k * size + take]
+                at, pos = at + take, pos + take
+
+    return targets, finish, sum(array.nbytes for array, _ in targets)

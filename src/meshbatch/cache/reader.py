@@ -25,8 +25,8 @@ import tensorstore as ts
 
 from .arrays import FieldArrays, open_field, shared_context
 from .blocks import BlockCache
-from .coalesce import ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
-from .fetch import Segment, fetch_runs
+from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
+from .fetch import PendingRead, Segment, plan_runs, run_reads
 from .ledger import CONSOLIDATED, Ledger, read_ledger, shard_table
 from .validate import check_dtype, check_extent, check_offsets
 
@@ -161,13 +161,59 @@ class TokenCache:
             lengths: int ``[n]`` (or a scalar) span lengths.
 
         Returns:
-            The unique runs in one buffer and each span's place in it.
+            The unique runs in one buffer (on-disk dtype) and each span's place in it.
 
         Raises:
             ValueError: malformed or negative spans.
             IndexError: a span ends beyond ``num_tokens``.
         """
         starts, lengths = as_spans(starts, lengths)
+        runs = self._coalesce(starts, lengths)
+        buffer = np.empty(int(runs.run_offsets[-1]), dtype=self.dtype)
+        run_reads([self._plan(runs, starts.shape[0], buffer, 0)])
+        return RunRead(buffer, runs.run_starts, runs.run_offsets, runs.span_starts, lengths)
+
+    def prepare_read(self, starts, lengths, out: np.ndarray, at: int) -> PendingRead:
+        """Plans reading token spans, coalesced, into ``out[at:]``; ``run_reads`` issues it.
+
+        Reads planned on several caches (or for several devices) and run together share one
+        TensorStore batch. ``out`` may be int32 whatever the on-disk dtype: narrower integer
+        dtypes are widened as they are decoded; wider ones are read aside and checked to fit.
+
+        Args:
+            starts: int ``[n]`` global token offsets, any order, duplicates allowed.
+            lengths: int ``[n]`` span lengths.
+            out: the destination buffer; the unique runs go to ``out[at : result.end]``.
+            at: where in ``out`` this read's tokens begin.
+
+        Returns:
+            A ``PendingRead`` whose ``span_starts`` say where each span will lie in ``out``.
+
+        Raises:
+            ValueError: malformed or negative spans, or ``out`` too small.
+            IndexError: a span ends beyond ``num_tokens``.
+        """
+        starts, lengths = as_spans(starts, lengths)
+        runs = self._coalesce(starts, lengths)
+        total = int(runs.run_offsets[-1])
+        if at < 0 or at + total > out.shape[0]:
+            raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
+        view = out[at : at + total]
+        if _widens_exactly(self.dtype, out.dtype):
+            return self._plan(runs, starts.shape[0], view, at)
+        aside = np.empty(total, dtype=self.dtype)
+        read = self._plan(runs, starts.shape[0], aside, at)
+        finish = read.finish
+
+        def convert() -> None:
+            if finish is not None:
+                finish()
+            view[:] = _checked_cast(aside, out.dtype, where=self.path)
+
+        read.finish = convert
+        return read
+
+    def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
         ends = starts + lengths
         if ends.size and ends.max() > self.num_tokens:
             i = int(np.argmax(ends))
@@ -175,22 +221,20 @@ class TokenCache:
                 f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
                 f"> num_tokens={self.num_tokens} of cache {self.path}"
             )
-        runs = coalesce_spans(starts, lengths)
-        fetched = fetch_runs(
-            self._segments,
-            runs.run_starts,
-            runs.run_offsets,
-            dtype=self.dtype,
-            block_cache=self.block_cache,
+        return coalesce_spans(starts, lengths)
+
+    def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
+        targets, finish, nbytes = plan_runs(
+            self._segments, runs.run_starts, runs.run_offsets, dest, block_cache=self.block_cache
         )
         self.counters.add(
-            spans_requested=starts.shape[0],
+            spans_requested=spans,
             unique_spans=runs.unique_spans,
             runs=runs.run_starts.shape[0],
-            reads_issued=fetched.reads_issued,
-            bytes_read=fetched.bytes_read,
+            reads_issued=len(targets),
+            bytes_read=nbytes,
         )
-        return RunRead(fetched.buffer, runs.run_starts, runs.run_offsets, runs.span_starts, lengths)
+        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish)
 
     def read_spans(self, starts, lengths) -> SpanRead:
         """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""
@@ -288,3 +332,19 @@ class TokenCache:
         check_dtype(found, self._expected_dtype, where=where)
         check_dtype(found, self._dtype, where=where)  # every shard must agree with the first
         self._dtype = found
+
+
+def _widens_exactly(found: np.dtype, target: np.dtype) -> bool:
+    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
+    return np.can_cast(found, target, casting="safe")
+
+
+def _checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
+    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
+    if values.size:
+        info = np.iinfo(dtype)
+        low, high = int(values.min()), int(values.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
+    return values.astype(dtype, copy=False)

@@ -1,0 +1,135 @@
+"""Argument checks at the host boundary: one helper per kind of value, one exception per mistake.
+
+Every public constructor and function checks what it is given here, before anything reaches a
+kernel, and names the parameter in the message:
+
+    wrong type (a float, a bool, a string where an int is expected)   TypeError
+    right type, wrong value (negative, zero, out of range, unknown)    ValueError
+    an index outside its range                                         IndexError (callers)
+
+    check_int("seq_len", 0, low=1)       -> ValueError: seq_len must be >= 1 (got seq_len=0)
+    check_int("seq_len", 4.0, low=1)     -> TypeError: seq_len must be an int (got seq_len=4.0)
+    as_key(7)                            -> jax.random.key(7)
+    as_key(None)                         -> TypeError: key must be a JAX PRNG key or an int seed ...
+
+Nothing is clamped, truncated or defaulted silently: ``check_int`` refuses ``2.0`` rather than
+reading it as ``2``, and ``check_bool`` refuses ``"no"`` rather than reading it as ``True``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Collection
+from typing import get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def is_int(value) -> bool:
+    """A Python or numpy integer, and not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as a Python int in ``[low, high]`` (either bound optional).
+
+    Raises:
+        TypeError: ``value`` is not an integer (bools and integral floats included).
+        ValueError: ``value`` is outside ``[low, high]``.
+    """
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int (got {name}={value!r})")
+    value = operator.index(value)
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low} (got {name}={value})")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high} (got {name}={value})")
+    return value
+
+
+def check_optional_int(name: str, value, *, low: int | None = None, high: int | None = None) -> int | None:
+    """``check_int`` that lets ``None`` through."""
+    return None if value is None else check_int(name, value, low=low, high=high)
+
+
+def check_token_id(name: str, value, *, optional: bool = False) -> int | None:
+    """A token id that fits int32 (``None`` only when ``optional``)."""
+    if value is None and optional:
+        return None
+    return check_int(name, value, low=INT32_MIN, high=INT32_MAX)
+
+
+def check_bool(name: str, value) -> bool:
+    """A real bool: ``"no"``, ``0`` and ``None`` are refused, not read by truthiness."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool (got {name}={value!r})")
+    return bool(value)
+
+
+def check_float(name: str, value, *, low: float | None = None, high: float | None = None) -> float:
+    """A finite real number in ``[low, high]``; bools and strings are refused."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number (got {name}={value!r})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite (got {name}={value!r})")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low} (got {name}={value!r})")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high} (got {name}={value!r})")
+    return value
+
+
+def check_choice(name: str, value, choices):
+    """``value`` is one of ``choices`` (a collection or a ``Literal[...]`` type)."""
+    options = get_args(choices) or tuple(choices)
+    if not isinstance(value, str | type(None)) or value not in options:
+        raise ValueError(f"{name}={value!r} is not one of {options}")
+    return value
+
+
+def check_one_of(name: str, value, allowed: Collection) -> None:
+    """``value in allowed`` for any hashable values (names of sources, ...)."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of {sorted(map(str, allowed))}")
+
+
+def as_key(key, name: str = "key") -> PRNGKeyArray:
+    """The host boundary's one key normalisation: a typed threefry2x32 key, scalar-shaped.
+
+    Accepts a typed key (``jax.random.key``), a raw ``uint32[2]`` key (``jax.random.PRNGKey``)
+    or an int seed, read as ``jax.random.key(seed)``.
+
+    Raises:
+        TypeError: ``None``, a float, a string, or any other non-key.
+        ValueError: a batch of keys, or an ``rbg``/``unsafe_rbg`` key (their bits may change with
+            batching, so per-lane key schedules would disagree).
+    """
+    if is_int(key):
+        seed = check_int(name, key, low=-(2**63), high=2**64 - 1)
+        return jax.random.key(seed)
+    if not isinstance(key, jax.Array | np.ndarray):
+        raise TypeError(f"{name} must be a JAX PRNG key or an int seed (got {name}={key!r})")
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        typed = key
+    elif key.dtype == np.uint32 and key.shape[-1:] == (2,):
+        typed = jax.random.wrap_key_data(jnp.asarray(key))
+    else:
+        raise TypeError(
+            f"{name} must be a JAX PRNG key or an int seed (got an array of dtype {key.dtype} "
+            f"and shape {key.shape})"
+        )
+    if typed.shape != ():
+        raise ValueError(f"{name} must be a single key (got a batch of keys of shape {typed.shape})")
+    impl = str(jax.random.key_impl(typed))
+    if impl != "threefry2x32":
+        raise ValueError(
+            f"{name} must be a threefry2x32 key (got impl={impl!r}, whose bits depend on batching)"
+        )
+    return typed
