@@ -4,6 +4,14 @@ Installed as ``meshbatch.kernels``. This module only re-exports.
 """
 
 from .batch import Batch as Batch
+from .interleave import Counts as Counts
+from .interleave import Selection as Selection
+from .interleave import select_scan as select_scan
+from .interleave import source_salts as source_salts
+from .interleave import tie_hash as tie_hash
+from .mixture import MixtureSchedule as MixtureSchedule
+from .mixture import mixture_block_ids as mixture_block_ids
+from .mixture import mixture_locate as mixture_locate
 from .permutation import INVALID as INVALID
 from .permutation import Permutation as Permutation
 from .shuffles import BlockShuffle as BlockShuffle
