@@ -16,7 +16,8 @@ length is the index, its quotient the source's epoch (its wrap count).
 ``compat="levanter"`` permutes a block exactly as Levanter's ``MixtureDataset`` does:
 ``jax.random.permutation(fold_in(key, block), ids)`` (a sort with random keys over the whole
 block; computed once per distinct block a call touches). The default permutes each block with the
-strong keyed Feistel network of ``meshbatch.kernels.permutation``, O(1) per row.
+strong Feistel network of ``meshbatch.kernels.feistel`` (cycle walking), O(1) per row, its
+round keys a keyed murmur3 hash of ``(block, round)`` (no key derivation per block).
 
 Everything is uint32: a read number can exceed 2^32 over a long run, so it is never formed; its
 quotient and remainder by the length come from ``muldiv``'s 64-bit long division.
@@ -31,8 +32,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from .permutation import INVALID, apply_network, derive_network
-from .shuffles import _per_lane
+from .feistel import STRONG_ROUNDS, StrongNetwork, strong_halves
+from .permutation import INVALID, apply_network, check_indices
 from .splice_schedule import muldiv
 
 U32 = jnp.uint32
@@ -46,6 +47,10 @@ class MixtureSchedule(eqx.Module):
         key: typed key of the in-block permutations.
         lengths: ``uint32[sources]`` rows of each source.
         stage_start: ``uint32[stages]`` first block of each stage (``stage_start[0] = 0``).
+
+        The tables may be padded (more sources and stages than the mixture has): a padding
+        source has ``counts = 0`` and ``first = block_size``, a padding stage starts at block
+        ``2^32 - 1``, so neither is ever selected.
         counts: ``uint32[stages, sources]`` rows of each source per block of a stage.
         first: ``uint32[stages, sources]`` first in-block id of each source (exclusive cumsum).
         base_wrap, base_index: ``uint32[stages, sources]`` ``divmod(reads before the stage,
@@ -54,7 +59,9 @@ class MixtureSchedule(eqx.Module):
             restart); a replayed pass ``e`` starts the source's epochs at ``e * passes``.
         num_rows: ``uint32`` rows of one pass: the mixture's length when finite; under restart
             the whole blocks below 2^32 (the pass only serves to split huge row numbers).
-        block_size: rows per block (static).
+        block_size: ``uint32`` rows per block.
+        sort_size: ``block_size`` as a static int for Levanter's sort-based permutation (its
+            shape); ``None`` otherwise, so the default compiles once for every block size.
         compat: ``"levanter"`` or ``None`` (static).
         finite: whether rows past ``num_rows`` are out of range (static).
     """
@@ -68,7 +75,8 @@ class MixtureSchedule(eqx.Module):
     base_index: UInt32[Array, "stages sources"]
     passes: UInt32[Array, " sources"]
     num_rows: UInt32[Array, ""]
-    block_size: int = eqx.field(static=True)
+    block_size: UInt32[Array, ""]
+    sort_size: int | None = eqx.field(static=True)
     compat: Compat = eqx.field(static=True)
     finite: bool = eqx.field(static=True)
 
@@ -80,7 +88,7 @@ class MixtureSchedule(eqx.Module):
         self, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""] | int = 0
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"]]:
         """``(source int32[n], index uint32[n])`` of each row (jitted); see ``locate``."""
-        source, index, _ = _locate(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
+        source, index, _ = self.locate(rows, epoch)
         return source, index
 
     def locate(
@@ -91,8 +99,10 @@ class MixtureSchedule(eqx.Module):
         Under restart, pass ``e`` row ``r`` is global row ``e * num_rows + r``; a finite mixture
         replays the same ``(source, index)`` each pass, with the sources' epochs moved on.
         Rows out of range (``r >= num_rows``, or more than 2^32 blocks) give source ``-1`` and
-        ``INVALID`` index and epoch.
+        ``INVALID`` index and epoch; concrete rows out of range raise ``IndexError``.
         """
+        if self.finite and not isinstance(self.num_rows, jax.core.Tracer):
+            check_indices(rows, int(self.num_rows))
         return _locate(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 
@@ -100,16 +110,26 @@ def mixture_block_ids(
     schedule: MixtureSchedule, block: UInt32[Array, " n"], position: UInt32[Array, " n"]
 ) -> UInt32[Array, " n"]:
     """The in-block id at ``position`` of ``block``: the block's keyed permutation."""
-    size = U32(schedule.block_size)
+    size = schedule.block_size
     if schedule.compat == "levanter":
-        return _levanter_ids(schedule.key, block, position, schedule.block_size)
+        return _levanter_ids(schedule.key, block, position, schedule.sort_size)
 
-    def make(blocks):
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(schedule.key, blocks)
-        return derive_network("feistel", None, keys, size)
-
-    network = _per_lane(make, block, jnp.ones(block.shape, bool))
+    # Round keys of block b: a keyed hash of (b, round); one network per row, no table.
+    words = jax.random.key_data(schedule.key).astype(U32)
+    rounds = jnp.arange(STRONG_ROUNDS, dtype=U32)
+    keys = _fmix32((_fmix32(block ^ words[0])[:, None] + rounds[None, :] * U32(0x9E3779B9)) ^ words[1])
+    a, b = strong_halves(size)
+    network = StrongNetwork(keys, jnp.broadcast_to(a, block.shape), jnp.broadcast_to(b, block.shape))
     return apply_network("feistel", network, position, size, batched=True)
+
+
+def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """murmur3's finaliser: a bijection of uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * U32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * U32(0xC2B2AE35)
+    return h ^ (h >> 16)
 
 
 def _levanter_ids(key, block, position, block_size: int):
@@ -151,7 +171,7 @@ def _divmod_reads(k, count, rank, length):
 
 def mixture_locate(schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""]):
     """``MixtureSchedule.locate`` unjitted, for plan kernels."""
-    size = U32(schedule.block_size)
+    size = schedule.block_size
     rows = rows.reshape(-1)
     per_pass = schedule.num_rows // size  # blocks of a pass (restart: whole blocks)
     if schedule.finite:
@@ -160,8 +180,9 @@ def mixture_locate(schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: 
     else:
         # Global block epoch * per_pass + rows // size, refused where it passes 2^32 - 1.
         low = rows // size
-        valid = (epoch == 0) | (epoch <= (U32(0xFFFFFFFF) - low) // jnp.maximum(per_pass, U32(1)))
+        fits = (epoch == 0) | (epoch <= (U32(0xFFFFFFFF) - low) // jnp.maximum(per_pass, U32(1)))
         block, replay = epoch * per_pass + low, U32(0)
+        valid = fits & (block < U32(0xFFFFFFFF))  # block 2^32 - 1 is where padding stages start
     position = rows - (rows // size) * size
     block = jnp.where(valid, block, U32(0))
     stage = (jnp.sum(block[:, None] >= schedule.stage_start[None, :], axis=1) - 1).astype(jnp.int32)

@@ -9,6 +9,7 @@ from meshbatch.kernels.shuffles import EraShuffle as EraShuffle
 
 from .causal import CausalLMDataset as CausalLMDataset
 from .causal import ShuffleSpec as ShuffleSpec
+from .mixtures import mixture_schedule as mixture_schedule
 from .pipeline import Pipeline as Pipeline
 from .schedule import BatchSchedule as BatchSchedule
 from .select import DocumentSelection as DocumentSelection

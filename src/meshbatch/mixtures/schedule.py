@@ -24,7 +24,7 @@ epoch moves on by its wraps per pass, so a source that reshuffles per epoch read
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Literal
 
 import jax
@@ -90,18 +90,18 @@ def mixture_schedule(
     if int(base_wrap.max()) > 2**32 - 1:
         raise ValueError("a source wraps more than 2**32 - 1 times before the last stage")
     first = np.concatenate([np.zeros((len(stages), 1), np.int64), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
-    u32 = jnp.uint32
     schedule = MixtureSchedule(
         key=key,
-        lengths=jnp.asarray(np.asarray(list(lengths.values()), np.int64), u32),
-        stage_start=jnp.asarray(np.asarray(starts, np.int64), u32),
-        counts=jnp.asarray(counts, u32),
-        first=jnp.asarray(first, u32),
-        base_wrap=jnp.asarray(base_wrap.astype(np.int64), u32),
-        base_index=jnp.asarray(np.stack([r % length_arr for r in reads]).astype(np.int64), u32),
-        passes=jnp.ones(len(names), u32),
-        num_rows=jnp.asarray(((2**32 - 1) // block_size) * block_size, u32),
-        block_size=block_size,
+        lengths=_pad(np.asarray(list(lengths.values()), np.int64), fill=1),
+        stage_start=_pad(np.asarray(starts, np.int64), fill=2**32 - 1, axis=0),
+        counts=_pad(counts, fill=0),
+        first=_pad(first, fill=block_size),
+        base_wrap=_pad(base_wrap.astype(np.int64), fill=0),
+        base_index=_pad(np.stack([r % length_arr for r in reads]).astype(np.int64), fill=0),
+        passes=_pad(np.ones(len(names), np.int64), fill=1),
+        num_rows=jnp.asarray(((2**32 - 1) // block_size) * block_size, jnp.uint32),
+        block_size=jnp.asarray(block_size, jnp.uint32),
+        sort_size=block_size if compat == "levanter" else None,
         compat=compat,
         finite=False,
     )
@@ -112,10 +112,16 @@ def mixture_schedule(
 
 def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, strategy) -> MixtureSchedule:
     """``schedule`` cut to the length ``strategy`` gives, with each source's wraps per pass."""
-    block_size = schedule.block_size
+    block_size = int(schedule.block_size)
+    first = np.asarray(schedule.first).astype(np.int64)
 
-    def row_of_read(s: int, read: int) -> int | None:
-        """The row that makes read number ``read`` of source ``s``, or None if none does."""
+    def row_of_read(s: int, read: int, *, after: bool) -> int | None:
+        """The first row making a read numbered ``>= read`` of source ``s`` (``after``), or the
+        last row making one ``<= read``; None if the source never makes read ``read``.
+
+        Reads are numbered in block order, but a block permutes its rows: read ``read + 1`` may
+        come before read ``read`` in the same block.
+        """
         for i, start in enumerate(starts):
             end = starts[i + 1] if i + 1 < len(starts) else None
             count = int(counts[i, s])
@@ -125,18 +131,21 @@ def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, st
             if end is not None and start + k >= end:
                 continue
             block = start + k
-            ids = _ids_of_block(schedule, block)
-            position = int(np.flatnonzero(ids == int(schedule.first[i, s]) + rank)[0])
+            ranks = _ids_of_block(schedule, block).astype(np.int64) - int(first[i, s])
+            if after:
+                position = int(np.flatnonzero((ranks >= rank) & (ranks < count)).min())
+            else:
+                position = int(np.flatnonzero((ranks >= 0) & (ranks <= rank)).max())
             return block * block_size + position
         return None
 
     if strategy == "first_exhausted":
-        ends = [row_of_read(s, lengths[name]) for s, name in enumerate(names)]
+        ends = [row_of_read(s, lengths[name], after=True) for s, name in enumerate(names)]
         num_rows = min(row for row in ends if row is not None)
     else:
         ends = []
         for s, name in enumerate(names):
-            row = row_of_read(s, lengths[name] - 1)
+            row = row_of_read(s, lengths[name] - 1, after=False)
             if row is None:
                 raise ValueError(
                     f"source {name!r} gets no rows in the last stage and never finishes "
@@ -154,17 +163,39 @@ def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, st
     ]
     return dataclasses.replace(
         schedule,
-        passes=jnp.asarray(np.asarray(passes, np.int64), jnp.uint32),
+        passes=_pad(np.asarray(passes, np.int64), fill=1),
         num_rows=jnp.asarray(num_rows, jnp.uint32),
         finite=True,
     )
 
 
+# Tables are padded to these multiples of sources and stages (padding sources never appear,
+# padding stages start at block 2^32 - 1), so mixtures of similar shape share one compiled lookup.
+SOURCE_PAD, STAGE_PAD = 8, 4
+
+
+def _pad(table: np.ndarray, *, fill: int, axis: int = -1) -> jnp.ndarray:
+    """``table`` as uint32, padded along ``axis`` (sources: last; stages: first) and, for a 2-D
+    table, along the stages axis too (those rows are never read)."""
+    table = np.asarray(table, np.int64)
+    widths = [(0, 0)] * table.ndim
+    multiple = STAGE_PAD if (axis == 0 and table.ndim == 1) else SOURCE_PAD
+    widths[axis] = (0, -table.shape[axis] % multiple)
+    if table.ndim == 2:
+        widths[0] = (0, -table.shape[0] % STAGE_PAD)
+    return jnp.asarray(np.pad(table, widths, constant_values=fill), jnp.uint32)
+
+
 def _ids_of_block(schedule: MixtureSchedule, block: int) -> np.ndarray:
-    """Host: the in-block ids of every position of ``block``."""
-    size = schedule.block_size
-    blocks = jnp.full(size, block, jnp.uint32)
-    return np.asarray(_block_ids_jit(schedule, blocks, jnp.arange(size, dtype=jnp.uint32)))
+    """Host: the in-block ids of every position of ``block`` (evaluated in fixed-size calls)."""
+    size = int(schedule.block_size)
+    chunk = 1024
+    out = []
+    for start in range(0, size, chunk):
+        positions = np.arange(start, start + chunk) % size  # wrapped padding: valid positions
+        blocks = jnp.full(chunk, block, jnp.uint32)
+        out.append(np.asarray(_block_ids_jit(schedule, blocks, jnp.asarray(positions, jnp.uint32))))
+    return np.concatenate(out)[:size]
 
 
 _block_ids_jit = jax.jit(mixture_block_ids)
@@ -172,7 +203,7 @@ _block_ids_jit = jax.jit(mixture_block_ids)
 
 def _reads_before(schedule, counts, starts, reads, s: int, row: int) -> int:
     """Reads of source ``s`` in rows ``[0, row)``."""
-    size = schedule.block_size
+    size = int(schedule.block_size)
     block, position = divmod(row, size)
     stage = int(np.searchsorted(np.asarray(starts), block, side="right") - 1)
     before = int(reads[stage][s]) + (block - starts[stage]) * int(counts[stage, s])
@@ -181,12 +212,3 @@ def _reads_before(schedule, counts, starts, reads, s: int, row: int) -> int:
     ids = _ids_of_block(schedule, block)[:position]
     low = int(schedule.first[stage, s])
     return before + int(np.sum((ids >= low) & (ids < low + int(counts[stage, s]))))
-
-
-def check_rows(schedule: MixtureSchedule, rows: Sequence[int] | np.ndarray) -> None:
-    """Raise ``IndexError`` for concrete rows outside ``[0, num_rows)`` of a finite mixture."""
-    values = np.asarray(rows)
-    if values.size and schedule.finite:
-        high = int(values.max())
-        if int(values.min()) < 0 or high >= int(schedule.num_rows):
-            raise IndexError(f"row {high} is out of range for a mixture of {int(schedule.num_rows)} rows")

@@ -4,24 +4,20 @@ Weights are a dict ``{name: weight}`` or stages ``[(start_row, {name: weight}), 
 applies from its start row until the next stage's. Each block of ``block_size`` rows holds a fixed
 count of rows per source, computed once per stage:
 
-    weights = {"a": 0.5, "b": 0.3, "c": 0.2}, block_size = 7       shares = [3.5, 2.1, 1.4]
-    compat="levanter"   truncate, remainder to the largest:   [3, 2, 1] + 1 -> [4, 2, 1]
-    default             largest remainder (Hamilton):         [3, 2, 1] + 1 -> [4, 2, 1]
+    weights = {"a": 0.05, "b": 0.15, "c": 0.8}, block_size = 10    shares = [0.5, 1.5, 8.0]
+    compat="levanter"   truncate, remainder to the largest:   [0, 1, 8] + 1 to c -> [0, 1, 9]
+                        (source a is never read; Levanter only warns)
+    default             largest remainder (Hamilton):         [0, 1, 8] + 1 to a -> [1, 1, 8]
 
-    weights = {"a": 0.34, "b": 0.33, "c": 0.33}, block_size = 10    shares = [3.4, 3.3, 3.3]
-    compat="levanter"   [3, 3, 3] + 1 to a     -> [4, 3, 3]
-    default             [3, 3, 3] + 1 to a     -> [4, 3, 3]
-    weights = {"a": 0.4, "b": 0.35, "c": 0.25}, block_size = 4      shares = [1.6, 1.4, 1.0]
-    compat="levanter"   [1, 1, 1] + 1 to a     -> [2, 1, 1]
-    default             [1, 1, 1] + 1 to a     -> [2, 1, 1]
-    weights = {"a": 0.5, "b": 0.45, "c": 0.05}, block_size = 20     shares = [10, 9, 1]
-    compat="levanter"   float truncation may give [10, 8, 0] + 2 to a -> [12, 8, 0]  (9.000.. -> 8)
-    default             exact rationals: [10, 9, 1]
+    weights = {"a": 0.1, "b": 0.2, "c": 0.7}, block_size = 2048   shares = [204.8, 409.6, 1433.6]
+    compat="levanter"   [204, 409, 1433] + 2 to c -> [204, 409, 1435]   (c: +1.4 rows per block)
+    default             [204, 409, 1433] + 1 to a, 1 to b -> [205, 410, 1433]
 
 The default computes shares as exact fractions of the given floats and gives the remainder one
 row at a time to the largest fractional parts (ties: the earlier source), so no source drifts
-more than one row per block from its share; Levanter's float truncation can lose a row of a source
-whose share is an integer, and hands every leftover row to the largest source.
+less than one row per block from its share. Levanter truncates and hands every leftover row (up to
+one per source) to the largest source, so small sources lose up to a row per block and a source
+with a share below one is never read.
 """
 
 from __future__ import annotations
