@@ -138,37 +138,43 @@ def test_finite_strategies_equal_sequential_reference(compat):
             lengths, stages, block_size=16, key=key, stop_strategy=strategy, compat=compat
         )
 
+    # first_exhausted: the whole blocks before the first one holding a read past a source's end
     first = make("first_exhausted")
-    first_end = min(r for r, (s, read) in enumerate(reads) if read >= sizes[s])
-    assert int(first.num_rows) == first_end
+    overrun = min(r for r, (s, read) in enumerate(reads) if read >= sizes[s])
+    first_end = overrun // 16 * 16
+    assert int(first.num_rows) == first_end > 0
     assert locate(first, range(first_end)) == every[:first_end]
     with pytest.raises(IndexError, match="out of range"):
         first.lookup(np.array([first_end], np.uint32))
     # a replayed pass moves each source's epoch on by its wraps per pass (here 1: none wraps)
     assert locate(first, range(first_end), 1) == [(s, i, 1) for s, i, _ in every[:first_end]]
 
-    # b has no rows after row 32, but its 10 reads before then cover its 9 items
-    ends = [[r for r, (t, read) in enumerate(reads) if t == s and read < n] for s, n in enumerate(sizes)]
-    assert all(len(e) == n for e, n in zip(ends, sizes, strict=True))
+    # all_exhausted: the fewest whole blocks holding every item of every source; b has no rows
+    # after row 32, but its 10 reads before then cover its 9 items
+    last = [
+        max(r for r, (t, read) in enumerate(reads) if t == s and read == n - 1) for s, n in enumerate(sizes)
+    ]
     full = make("all_exhausted")
-    assert int(full.num_rows) == max(max(e) for e in ends) + 1
-    assert locate(full, range(int(full.num_rows))) == every[: int(full.num_rows)]
+    assert int(full.num_rows) == (max(last) // 16 + 1) * 16
+    got = locate(full, range(int(full.num_rows)))
+    assert got == every[: int(full.num_rows)]
+    assert {(s, i) for s, i, _ in got} == {(s, i) for s, n in enumerate(sizes) for i in range(n)}
+    wraps = [max(w for t, _, w in got if t == s) + 1 for s in range(3)]
+    assert np.asarray(full.passes)[:3].tolist() == wraps
 
 
-def test_all_exhausted_reads_every_item_and_wraps_early_sources():
-    lengths = {"a": 5, "b": 50}
-    weights = {"a": 1.0, "b": 1.0}
-    key = jax.random.key(8)
-    schedule = meshbatch.mixture_schedule(
-        lengths, weights, block_size=4, key=key, stop_strategy="all_exhausted"
-    )
-    n = int(schedule.num_rows)
-    want = stable_rows(lengths, weights, 4, key, range(n + 4))
-    # every item is read by row n - 1, not by row n - 2 (the block permutes b's last reads)
-    assert {(s, i) for s, i, _ in want[:n]} == {(0, i) for i in range(5)} | {(1, i) for i in range(50)}
-    assert {(s, i) for s, i, _ in want[: n - 1]} != {(s, i) for s, i, _ in want[:n]}
-    assert locate(schedule, range(n)) == want[:n]
-    assert np.asarray(schedule.passes)[:2].tolist() == [max(w for s, _, w in want[:n] if s == 0) + 1, 1]
+def test_finite_lengths_worked_example():
+    """The trace in meshbatch/mixtures/schedule.py's docstring."""
+    lengths, weights = {"a": 5, "b": 9}, {"a": 1.0, "b": 1.0}
+
+    def make(lengths, strategy):
+        return meshbatch.mixture_schedule(lengths, weights, block_size=4, key=0, stop_strategy=strategy)
+
+    first, full = make(lengths, "first_exhausted"), make(lengths, "all_exhausted")
+    assert int(first.num_rows) == 8 and int(full.num_rows) == 20
+    assert np.asarray(full.passes)[:2].tolist() == [2, 2]
+    with pytest.raises(ValueError, match=r"'a' \(1 rows\) runs out inside the first block"):
+        make({"a": 1, "b": 9}, "first_exhausted")
 
 
 def test_all_exhausted_refuses_a_source_that_never_finishes():

@@ -9,13 +9,20 @@ Stop strategies (what happens when a source runs out):
 
 - ``"restart"`` (Levanter's): a source that runs out starts over (``index = reads mod length``,
   the source's epoch counts the wraps); the mixture never ends.
-- ``"first_exhausted"``: the mixture ends just before the first row that would read past the end
-  of any source: its length is the smallest row whose read has number ``length[s]``, over all
-  sources. Rows before it never wrap. Rows after it in the same block are dropped.
-- ``"all_exhausted"``: the mixture ends just after the row that reads the last item of the source
-  that finishes last; sources that finish earlier restart (wrap) meanwhile, so every item of every
-  source is read at least once. A source with no rows in the last stage would never finish: an
-  error.
+- ``"first_exhausted"``: the mixture is the whole blocks in which no source reads past its end:
+  it stops before the first block that would make a source wrap. No row ever wraps.
+- ``"all_exhausted"``: the mixture is the fewest whole blocks in which every source has read all
+  of its items; sources that finish earlier restart (wrap) meanwhile. A source with no rows in the
+  last stage would never finish: an error.
+
+Both cut at block boundaries, so the length depends on lengths, weights and block size only, not
+on the key (a dataset knows it before it sees a key), and every block keeps its exact counts:
+
+    lengths a=5, b=9; counts per block a=2, b=2 (block_size 4)
+    reads after 1, 2, 3 blocks: a 2, 4, 6; b 2, 4, 6 ...
+    first_exhausted: a would read past 5 in block 3 -> 2 blocks, 8 rows
+    all_exhausted:   b has read 9 after 5 blocks    -> 5 blocks, 20 rows
+                     (a reads 10 = two passes of 5; b 10: its first item twice, 2 passes)
 
 A finite mixture repeated over epochs replays the same ``(source, index)`` rows; each source's
 epoch moves on by its wraps per pass, so a source that reshuffles per epoch reads a new order.
@@ -27,12 +34,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Literal
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from meshbatch.checks import as_key, check_choice, check_int
-from meshbatch.kernels import MixtureSchedule, mixture_block_ids
+from meshbatch.kernels import MixtureSchedule
 
 from .weights import Weights, block_counts, check_lengths, check_stages
 
@@ -111,56 +117,50 @@ def mixture_schedule(
 
 
 def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, strategy) -> MixtureSchedule:
-    """``schedule`` cut to the length ``strategy`` gives, with each source's wraps per pass."""
+    """``schedule`` cut to the whole blocks ``strategy`` gives, with each source's wraps per pass."""
     block_size = int(schedule.block_size)
-    first = np.asarray(schedule.first).astype(np.int64)
 
-    def row_of_read(s: int, read: int, *, after: bool) -> int | None:
-        """The first row making a read numbered ``>= read`` of source ``s`` (``after``), or the
-        last row making one ``<= read``; None if the source never makes read ``read``.
+    def reads_after(s: int, blocks: int) -> int:
+        """Reads of source ``s`` in the first ``blocks`` blocks."""
+        i = int(np.searchsorted(np.asarray(starts), blocks, side="right") - 1)
+        return int(reads[i][s]) + (blocks - starts[i]) * int(counts[i, s])
 
-        Reads are numbered in block order, but a block permutes its rows: read ``read + 1`` may
-        come before read ``read`` in the same block.
-        """
+    def blocks_until(s: int, target: int, *, exceed: bool) -> int | None:
+        """Fewest blocks after which ``s`` has made ``> target`` reads (``exceed``) or ``>= target``
+        reads; None if it never does."""
+        goal = target + 1 if exceed else target
         for i, start in enumerate(starts):
-            end = starts[i + 1] if i + 1 < len(starts) else None
             count = int(counts[i, s])
-            if count == 0 or read < reads[i][s]:
+            end = starts[i + 1] if i + 1 < len(starts) else None
+            if count == 0 or (end is not None and reads_after(s, end) < goal):
                 continue
-            k, rank = divmod(read - int(reads[i][s]), count)
-            if end is not None and start + k >= end:
-                continue
-            block = start + k
-            ranks = _ids_of_block(schedule, block).astype(np.int64) - int(first[i, s])
-            if after:
-                position = int(np.flatnonzero((ranks >= rank) & (ranks < count)).min())
-            else:
-                position = int(np.flatnonzero((ranks >= 0) & (ranks <= rank)).max())
-            return block * block_size + position
+            return start + max(0, -(-(goal - int(reads[i][s])) // count))
         return None
 
     if strategy == "first_exhausted":
-        ends = [row_of_read(s, lengths[name], after=True) for s, name in enumerate(names)]
-        num_rows = min(row for row in ends if row is not None)
+        ends = [blocks_until(s, lengths[name], exceed=True) for s, name in enumerate(names)]
+        blocks = min(b for b in ends if b is not None) - 1  # the last block no source overruns
+        if blocks < 1:
+            name = names[ends.index(blocks + 1)]
+            raise ValueError(
+                f"source {name!r} ({lengths[name]} rows) runs out inside the first block: "
+                "stop_strategy='first_exhausted' leaves no whole block"
+            )
     else:
         ends = []
         for s, name in enumerate(names):
-            row = row_of_read(s, lengths[name] - 1, after=False)
-            if row is None:
+            b = blocks_until(s, lengths[name], exceed=False)
+            if b is None:
                 raise ValueError(
                     f"source {name!r} gets no rows in the last stage and never finishes "
                     f"({lengths[name]} rows): stop_strategy='all_exhausted' would never end"
                 )
-            ends.append(row)
-        num_rows = max(ends) + 1
+            ends.append(b)
+        blocks = max(ends)
+    num_rows = blocks * block_size
     if num_rows > 2**32 - 1:
         raise ValueError(f"the {strategy} mixture has {num_rows} rows, more than 2**32 - 1")
-    if num_rows == 0:
-        raise ValueError("the first_exhausted mixture is empty: a source runs out at row 0")
-    passes = [
-        max(1, -(-_reads_before(schedule, counts, starts, reads, s, num_rows) // lengths[name]))
-        for s, name in enumerate(names)
-    ]
+    passes = [max(1, -(-reads_after(s, blocks) // lengths[name])) for s, name in enumerate(names)]
     return dataclasses.replace(
         schedule,
         passes=_pad(np.asarray(passes, np.int64), fill=1),
@@ -184,31 +184,3 @@ def _pad(table: np.ndarray, *, fill: int, axis: int = -1) -> jnp.ndarray:
     if table.ndim == 2:
         widths[0] = (0, -table.shape[0] % STAGE_PAD)
     return jnp.asarray(np.pad(table, widths, constant_values=fill), jnp.uint32)
-
-
-def _ids_of_block(schedule: MixtureSchedule, block: int) -> np.ndarray:
-    """Host: the in-block ids of every position of ``block`` (evaluated in fixed-size calls)."""
-    size = int(schedule.block_size)
-    chunk = 1024
-    out = []
-    for start in range(0, size, chunk):
-        positions = np.arange(start, start + chunk) % size  # wrapped padding: valid positions
-        blocks = jnp.full(chunk, block, jnp.uint32)
-        out.append(np.asarray(_block_ids_jit(schedule, blocks, jnp.asarray(positions, jnp.uint32))))
-    return np.concatenate(out)[:size]
-
-
-_block_ids_jit = jax.jit(mixture_block_ids)
-
-
-def _reads_before(schedule, counts, starts, reads, s: int, row: int) -> int:
-    """Reads of source ``s`` in rows ``[0, row)``."""
-    size = int(schedule.block_size)
-    block, position = divmod(row, size)
-    stage = int(np.searchsorted(np.asarray(starts), block, side="right") - 1)
-    before = int(reads[stage][s]) + (block - starts[stage]) * int(counts[stage, s])
-    if position == 0:
-        return before
-    ids = _ids_of_block(schedule, block)[:position]
-    low = int(schedule.first[stage, s])
-    return before + int(np.sum((ids >= low) & (ids < low + int(counts[stage, s]))))
