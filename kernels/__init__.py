@@ -6,6 +6,8 @@ Installed as ``meshbatch.kernels``. This module only re-exports.
 from .batch import Batch as Batch
 from .interleave import Counts as Counts
 from .interleave import Selection as Selection
+from .interleave import fmix32 as fmix32
+from .interleave import named_salts as named_salts
 from .interleave import select_scan as select_scan
 from .interleave import source_salts as source_salts
 from .interleave import tie_hash as tie_hash

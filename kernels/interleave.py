@@ -62,7 +62,7 @@ class Selection(eqx.Module):
     tokens: Int[Array, " n"]
 
 
-def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+def fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
     """murmur3's finaliser: a bijection of uint32 with full avalanche."""
     h = h ^ (h >> 16)
     h = h * U32(0x85EBCA6B)
@@ -73,7 +73,13 @@ def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
 
 def source_salts(seed: UInt32[Array, ""], sources: int) -> UInt32[Array, " sources"]:
     """Distinct per-source salts from one seed word (``fmix32`` is a bijection)."""
-    return _fmix32(seed + jnp.arange(sources, dtype=U32) * U32(0x9E3779B9))
+    return fmix32(seed + jnp.arange(sources, dtype=U32) * U32(0x9E3779B9))
+
+
+def named_salts(seed: UInt32[Array, ""], ids: UInt32[Array, " sources"]) -> UInt32[Array, " sources"]:
+    """Per-source salts from one seed word and a distinct id per source (e.g. a name's crc32):
+    distinct ids give distinct salts, and a source keeps its salt when others come or go."""
+    return fmix32(seed ^ fmix32(ids))
 
 
 def tie_hash(
@@ -81,7 +87,7 @@ def tie_hash(
 ) -> UInt32[Array, "..."]:
     """Keyed tie-break of a source at a count; distinct sources differ at equal counts (a chain of
     bijections of the salt)."""
-    return _fmix32(_fmix32(lo ^ salt) ^ hi)
+    return fmix32(fmix32(lo ^ salt) ^ hi)
 
 
 def add64(counts: Counts, tokens: UInt32[Array, "..."]) -> Counts:

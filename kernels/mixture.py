@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from .feistel import STRONG_ROUNDS, StrongNetwork, strong_halves
+from .interleave import fmix32
 from .permutation import INVALID, apply_network, check_indices
 from .splice_schedule import muldiv
 
@@ -117,19 +118,10 @@ def mixture_block_ids(
     # Round keys of block b: a keyed hash of (b, round); one network per row, no table.
     words = jax.random.key_data(schedule.key).astype(U32)
     rounds = jnp.arange(STRONG_ROUNDS, dtype=U32)
-    keys = _fmix32((_fmix32(block ^ words[0])[:, None] + rounds[None, :] * U32(0x9E3779B9)) ^ words[1])
+    keys = fmix32((fmix32(block ^ words[0])[:, None] + rounds[None, :] * U32(0x9E3779B9)) ^ words[1])
     a, b = strong_halves(size)
     network = StrongNetwork(keys, jnp.broadcast_to(a, block.shape), jnp.broadcast_to(b, block.shape))
     return apply_network("feistel", network, position, size, batched=True)
-
-
-def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """murmur3's finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * U32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * U32(0xC2B2AE35)
-    return h ^ (h >> 16)
 
 
 def _levanter_ids(key, block, position, block_size: int):
