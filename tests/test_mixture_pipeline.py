@@ -1,0 +1,259 @@
+"""Mixtures through ``Pipeline``: batches equal a reference, resume, checkpoints, baselines, and the
+same batches (and interleave counts) on 1x1, 1x8 and 2 processes x 4 devices."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mixture_reference import least_consumed, stable_rows
+from multiprocess import assemble, run_processes
+
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.checks import as_key
+from meshbatch.datasets import Rows
+from meshbatch.kernels import causal_lm_batch
+from meshbatch.mixtures import PositionLog, derive_keys
+
+SEQ = 16
+BATCH = 8
+STEPS = 6
+KEY = 5
+EOS = 1
+NAMES = ("a", "b", "c")
+WEIGHTS = {"a": 0.5, "b": 0.25, "c": 0.25}
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    """Three caches whose token ids say which cache they came from: ``1000 * (k + 1) + ...``."""
+    root = tmp_path_factory.mktemp("mixture")
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, docs in enumerate((40, 12, 6)):
+        path = str(root / f"cache{k}")
+        with CacheWriter(path) as writer:
+            writer.write(
+                [
+                    np.append(1000 * (k + 1) + rng.integers(2, 999, rng.integers(3, 60)), EOS).astype(np.int32)
+                    for _ in range(docs)
+                ]
+            )
+        paths.append(path)
+    return paths
+
+
+def mesh_of(devices: int):
+    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+
+
+def children(paths, *, splice: bool = False) -> dict:
+    """Causal windows of caches 0 and 1; cache 2 as causal windows or as fetched splice frames
+    (real tokens: their copy lengths)."""
+    caches = [TokenCache.open(p) for p in paths]
+    out = {
+        "a": CausalLMDataset(caches[0], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS),
+        "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=EOS),
+    }
+    if splice:
+        out["c"] = SpliceLMDataset.from_cache(
+            caches[2], np.arange(caches[2].num_rows), pool=False, seq_len=SEQ, content_length=6,
+            content_start_mode="slide_within", pad_token_id=0, eos_token_id=EOS,
+        )
+    else:
+        out["c"] = CausalLMDataset(caches[2], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS)
+    return out
+
+
+def report_of(pipeline, caches):
+    def report():
+        out = {f"spans{i}": c.counters.spans_requested for i, c in enumerate(caches)}
+        state = pipeline.state_dict()
+        for entry in state.get("datasets", []):
+            out[f"tokens/{entry['spec']}"] = entry["token_offset"]
+            out[f"rows/{entry['spec']}"] = entry["row_offset"]
+        return out
+
+    return report
+
+
+def stable_pipeline(mesh, *, paths, compat=None, splice=False, block_size=4):
+    dataset = Mixture(children(paths, splice=splice), WEIGHTS, block_size=block_size, compat=compat)
+    pipeline = Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=KEY)
+    return pipeline, report_of(pipeline, [c.sources[0] for c in dataset.children if c.sources])
+
+
+def balanced_pipeline(mesh, *, paths, splice=True, baseline="zero", names=NAMES, state=None):
+    datasets = {name: child for name, child in children(paths, splice=splice).items() if name in names}
+    dataset = TokenBalancedMixture(datasets, baseline=baseline)
+    pipeline = Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=KEY, state=state)
+    return pipeline, report_of(pipeline, [c.sources[0] for c in dataset.children if c.sources])
+
+
+# -- references ------------------------------------------------------------------------------------
+
+
+def flat_tokens(path) -> np.ndarray:
+    cache = TokenCache.open(path)
+    return np.concatenate(cache.read_rows(np.arange(cache.num_rows)))
+
+
+def child_examples(child, key, position, epoch) -> np.ndarray:
+    plan, _ = jax.jit(child.plan)(child.init(key), Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)))
+    return np.asarray(plan.example).astype(np.int64)
+
+
+def stable_reference(paths, step: int, compat) -> np.ndarray:
+    """Tokens of ``step``: mixture rows from the Python-int reference, each child's example from
+    the child's own plan under its derived key, tokens straight from the cache."""
+    kids = children(paths)
+    mixture_key, child_keys = derive_keys(as_key(KEY), list(kids))
+    lengths = {name: child.num_examples for name, child in kids.items()}
+    rows = range(step * BATCH, (step + 1) * BATCH)
+    located = stable_rows(lengths, WEIGHTS, 4, mixture_key, rows, compat)
+    out = np.zeros((BATCH, SEQ), np.int32)
+    for r, (s, index, epoch) in enumerate(located):
+        name = NAMES[s]
+        example = child_examples(kids[name], child_keys[name], [index], [epoch])[0]
+        out[r] = flat_tokens(paths[s])[example * SEQ : (example + 1) * SEQ]
+    return out
+
+
+@contextlib.contextmanager
+def count_compiles():
+    events = []
+
+    def listener(name, duration, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+# -- the stable mixture ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+def test_stable_mixture_equals_reference(caches, compat):
+    pipeline, _ = stable_pipeline(mesh_of(8), paths=caches, compat=compat)
+    for step in range(STEPS):
+        batch = pipeline.batch(step)
+        want = stable_reference(caches, step, compat)
+        np.testing.assert_array_equal(np.asarray(batch.tokens), want, err_msg=f"{step=}")
+        causal = causal_lm_batch(jnp.asarray(want), eos_id=EOS, ignore_id=None)
+        np.testing.assert_array_equal(np.asarray(batch.loss_mask), np.asarray(causal.loss_mask))
+        np.testing.assert_array_equal(np.asarray(batch.segment_ids), np.asarray(causal.segment_ids))
+
+
+def test_stable_mixture_never_recompiles_and_shares_sources(caches):
+    pipeline, _ = stable_pipeline(mesh_of(8), paths=caches, splice=True)
+    assert len(pipeline.dataset.sources) == 3
+    jax.block_until_ready(pipeline.batch(0))
+    with count_compiles() as compiles:
+        for step in range(1, 2 * STEPS):
+            jax.block_until_ready(pipeline.batch(step))
+    assert compiles == []
+
+
+# -- the token-balanced interleave -----------------------------------------------------------------
+
+
+def balanced_reference(paths, steps: int, *, splice=True):
+    """Each row's (source, nth) from the heap reference over the children's real tokens."""
+    pipeline, _ = balanced_pipeline(mesh_of(1), paths=paths, splice=splice)
+    dataset = pipeline.dataset
+    tables = dataset.init(as_key(KEY))
+    rows = steps * BATCH
+    table = []
+    for c, child in enumerate(dataset.children):
+        ahead = np.arange(rows)
+        position, epoch = ahead % child.num_examples, ahead // child.num_examples
+        plan, _ = jax.jit(child.plan)(tables["children"][c], Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)))
+        table.append(np.asarray(child.real_tokens(tables["children"][c], plan)))
+    salts = [int(s) for s in np.asarray(tables["salts"])]
+    return least_consumed([0] * len(table), np.stack(table), salts)
+
+
+def test_balanced_counts_follow_the_rule(caches):
+    """The interleave's per-source rows and real tokens equal the heap reference, step by step;
+    the splice child counts its copy lengths, the causal ones seq_len."""
+    picks, _ = balanced_reference(caches, STEPS)
+    pipeline, _ = balanced_pipeline(mesh_of(8), paths=caches)
+    log = PositionLog()
+    for step in range(STEPS):
+        pipeline.batch(step)
+        metrics = log.update(step, pipeline.state_dict())
+        upto = picks[: (step + 1) * BATCH]
+        for s, name in enumerate(NAMES):
+            assert metrics[f"data/{name}/rows"] == sum(1 for t, _ in upto if t == s)
+    tokens = log.tokens()
+    assert tokens["a"][-1] == SEQ * log.history[-1]["a"]["rows"]
+    spread = [max(v[i] for v in tokens.values()) - min(v[i] for v in tokens.values()) for i in range(STEPS)]
+    assert max(spread) <= SEQ
+
+
+def test_resume_equals_uninterrupted(caches):
+    """Must-show 3: save at step k, resume (other mesh), next batches identical; state identical."""
+    straight, _ = balanced_pipeline(mesh_of(8), paths=caches)
+    want = [np.asarray(straight.batch(step).tokens) for step in range(2 * STEPS)]
+    final = straight.state_dict()
+
+    first, _ = balanced_pipeline(mesh_of(8), paths=caches)
+    with first.iterate_from(0) as stream:
+        for _ in range(STEPS):
+            next(stream)
+        saved = first.state_dict()
+    assert saved["step"] == STEPS and saved["interleave_version"] == 1
+    resumed, _ = balanced_pipeline(mesh_of(1), paths=caches, state=saved)
+    got = [np.asarray(resumed.batch(step).tokens) for step in range(STEPS, 2 * STEPS)]
+    np.testing.assert_array_equal(np.stack(got), np.stack(want[STEPS:]))
+    assert resumed.state_dict() == final
+
+
+def test_unknown_specs_round_trip_and_missing_token_offsets_load(caches):
+    pipeline, _ = balanced_pipeline(mesh_of(1), paths=caches)
+    pipeline.batch(0)
+    saved = pipeline.state_dict()
+    retired = {"spec": "retired/v1", "token_offset": 12345, "row_offset": 7, "note": ["kept", 1]}
+    saved["datasets"].append(retired)
+    del saved["datasets"][0]["token_offset"]  # an older checkpoint: rows only
+    resumed, _ = balanced_pipeline(mesh_of(1), paths=caches, state=saved)
+    state = resumed.dataset.load_state_dict({k: v for k, v in saved.items() if k not in ("version", "step")})
+    assert int(state.tokens.lo[0]) == 0 and int(state.tokens.hi[0]) == 0
+    for step in range(1, 3):
+        resumed.batch(step)
+    entries = resumed.state_dict()["datasets"]
+    assert entries[-1] == retired and list(entries[-1]) == list(retired)  # unchanged, key order too
+    with pytest.raises(ValueError, match="spec 'a' appears twice"):
+        resumed.load_state_dict({**saved, "datasets": saved["datasets"] + [saved["datasets"][0]]})
+    with pytest.raises(ValueError, match="row_offset of 'b' must be >= 0"):
+        bad = [dict(e, row_offset=-1) if e["spec"] == "b" else e for e in saved["datasets"]]
+        resumed.load_state_dict({**saved, "datasets": bad})
+
+
+def test_baseline_seeding(caches):
+    """A source added on resume: "zero" lets it take every row until it catches up (the seed's
+    dominance); "min" and "mean" start it with the others, so it takes about its share at once."""
+    two, _ = balanced_pipeline(mesh_of(1), paths=caches, names=("a", "b"), splice=False)
+    for step in range(STEPS):
+        two.batch(step)
+    saved = two.state_dict()
+    behind = min(e["token_offset"] for e in saved["datasets"]) // SEQ  # rows c needs to catch up
+    shares = {}
+    for baseline in ("zero", "min", "mean"):
+        three, _ = balanced_pipeline(mesh_of(1), paths=caches, splice=False, baseline=baseline, state=saved)
+        before = three.dataset.load_state_dict({k: v for k, v in saved.items() if k not in ("version", "step")})
+        three.batch(STEPS)
+        rows = {e["spec"]: e["row_offset"] for e in three.state_dict()["datasets"]}
+        shares[baseline] = rows["c"]
+        start = int(before.tokens.lo[2])
+        known = [e["token_offset"] for e in saved["datasets"]]
+        assert start == {"zero": 0, "min": min(known), "mean": sum(known) // 2}[baseline]
+    assert behind >= BATCH and shares["zero"] == BATCH  # every row of the step went to c
+    assert shares["min"] <= BATCH // 3 + 1 and shares["mean"] <= BATCH // 3 + 1
