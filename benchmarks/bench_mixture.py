@@ -78,7 +78,7 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
     hashes = np.asarray(salts)
 
     def h(s, count):
-        return int(tie_hash(jnp.uint32(hashes[s]), jnp.uint32(count >> 32), jnp.uint32(count & 0xFFFFFFFF)))
+        return int(tie_hash(jnp.uint32(hashes[s]), jnp.uint32(count & 0xFFFFFFFF)))
 
     heap = [(0, h(s, 0), s) for s in range(sources)]
     heapq.heapify(heap)

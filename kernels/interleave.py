@@ -1,9 +1,9 @@
 """Least-consumed interleave: each row goes to the source that has consumed the fewest tokens.
 
 The rule, row after row: take the source with the smallest consumed-token count; among sources
-tied at that count, the one whose keyed hash ``tie_hash(source, count)`` is smallest (so ties are
-broken by a fixed seed, differently at every count, never "first wins"); add the row's real
-tokens to that source's count. Three sources whose next rows hold ``a: 3, 3, ...``,
+tied at that count, the one whose keyed hash ``tie_hash(salt[source], count)`` is smallest (so
+ties are broken by a fixed seed, differently at every count, never "first wins"); add the row's
+real tokens to that source's count. Three sources whose next rows hold ``a: 3, 3, ...``,
 ``b: 5, 5, ...``, ``c: 2, 4, ...`` tokens, all starting at 0, with ``hash(b) < hash(a) <
 hash(c)`` at count 0 and ``hash(a) < hash(c)`` at count 6:
 
@@ -21,10 +21,13 @@ counts of its next ``n`` rows (``row_tokens[s, j]``: no source takes more than `
 rows). Counts are exact 64-bit numbers held as two uint32 words (``hi``, ``lo``): no x64.
 
 One ``lax.scan`` over the rows applies the rule literally. Inside a batch it carries 32-bit
-counts relative to the smallest count at the batch's start: a row adds at most ``max_row_tokens``,
+counts relative to the least count at the batch's start: a row adds at most ``max_row_tokens``,
 so while ``n * max_row_tokens < 2^32 - 1`` (the caller checks) every count that can still be the
 least fits a word; a count 2^32 or more above the least is parked at ``2^32 - 1`` and cannot be
-picked. The scan step is then one min, one hash and two scatters over ``sources`` lanes.
+picked. A step is one min, one hash and two scatters over the sources. (XLA:CPU runs a loop whose
+step touches under about 1 KiB as one compiled function, up to about 28 sources here; beyond, each
+step dispatches its operations one by one and costs a few microseconds: see
+``benchmarks/RESULTS.md``.)
 """
 
 from __future__ import annotations
@@ -82,12 +85,13 @@ def named_salts(seed: UInt32[Array, ""], ids: UInt32[Array, " sources"]) -> UInt
     return fmix32(seed ^ fmix32(ids))
 
 
-def tie_hash(
-    salt: UInt32[Array, "..."], hi: UInt32[Array, "..."], lo: UInt32[Array, "..."]
-) -> UInt32[Array, "..."]:
-    """Keyed tie-break of a source at a count; distinct sources differ at equal counts (a chain of
-    bijections of the salt)."""
-    return fmix32(fmix32(lo ^ salt) ^ hi)
+def tie_hash(salt: UInt32[Array, "..."], count_lo: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """Keyed tie-break of a source at a count: ``fmix32(count_lo ^ salt)``.
+
+    Only equal counts are ever compared by hash, so their low word suffices, and distinct salts
+    give distinct hashes (``fmix32`` is a bijection): no two tied sources hash alike.
+    """
+    return fmix32(count_lo ^ salt)
 
 
 def add64(counts: Counts, tokens: UInt32[Array, "..."]) -> Counts:
@@ -99,35 +103,47 @@ def add64(counts: Counts, tokens: UInt32[Array, "..."]) -> Counts:
 PARKED = 0xFFFFFFFF  # a relative count that can never be the least within a batch
 
 
+def _relative(counts: Counts) -> tuple[Counts, UInt32[Array, " sources"]]:
+    """The least count (``base``) and every count relative to it (``PARKED`` from 2^32 above)."""
+    low_hi = counts.hi == jnp.min(counts.hi)
+    lo_min = jnp.min(jnp.where(low_hi, counts.lo, U32(PARKED)))
+    least = jnp.argmax(low_hi & (counts.lo == lo_min))  # the first source at the least count
+    base = Counts(counts.hi[least], counts.lo[least])
+    above = counts.hi - base.hi - (counts.lo < base.lo).astype(U32)  # exact: counts >= base
+    return base, jnp.where(above > 0, U32(PARKED), counts.lo - base.lo)
+
+
+def _absolute(base: Counts, relative: UInt32[Array, " sources"], counts: Counts) -> Counts:
+    """``base + relative`` where not parked; parked sources keep ``counts``."""
+    lo = base.lo + relative
+    hi = base.hi + (lo < base.lo).astype(U32)
+    parked = relative == U32(PARKED)
+    return Counts(jnp.where(parked, counts.hi, hi), jnp.where(parked, counts.lo, lo))
+
+
 @jax.jit
 def select_scan(
     counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
 ) -> Selection:
-    """The least-consumed selection of ``n`` rows (see the module docstring).
+    """The least-consumed selection of ``n`` rows, one scan step per row.
 
     Args:
         counts: consumed tokens per source at the start of the batch.
         row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
             ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1``.
-        salts: ``uint32[sources]`` tie-break salts (``source_salts``).
+        salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
 
     Returns:
         The ``Selection``: each row's source and which of its next rows, and the new counts.
     """
     sources, n = row_tokens.shape
     table = row_tokens.astype(U32)
-    low_hi = counts.hi == jnp.min(counts.hi)
-    lo_min = jnp.min(jnp.where(low_hi, counts.lo, U32(PARKED)))
-    least = jnp.argmax(low_hi & (counts.lo == lo_min))  # the first source at the least count
-    base = Counts(counts.hi[least], counts.lo[least])
-    relative = counts.lo - base.lo
-    above = counts.hi - base.hi - (counts.lo < base.lo).astype(U32)  # exact: counts >= base
-    relative = jnp.where(above > 0, U32(PARKED), relative)
+    base, relative = _relative(counts)
 
     def step(carry, _):
         relative, taken = carry
-        h = tie_hash(salts, *_absolute(base, relative))
         tied = relative == jnp.min(relative)
+        h = tie_hash(salts, base.lo + relative)
         s = jnp.argmin(jnp.where(tied, h, U32(PARKED))).astype(jnp.int32)
         nth = taken[s]
         tokens = table[s, nth]
@@ -136,13 +152,4 @@ def select_scan(
     (relative, taken), (source, nth, tokens) = jax.lax.scan(
         step, (relative, jnp.zeros(sources, U32)), None, length=n
     )
-    hi, lo = _absolute(base, relative)
-    parked = relative == U32(PARKED)
-    new = Counts(jnp.where(parked, counts.hi, hi), jnp.where(parked, counts.lo, lo))
-    return Selection(source, nth, taken, new, tokens.astype(jnp.int32))
-
-
-def _absolute(base: Counts, relative: UInt32[Array, " sources"]) -> tuple[Array, Array]:
-    """``base + relative`` as ``(hi, lo)``."""
-    lo = base.lo + relative
-    return base.hi + (lo < base.lo).astype(U32), lo
+    return Selection(source, nth, taken, _absolute(base, relative, counts), tokens.astype(jnp.int32))

@@ -107,7 +107,7 @@ def salts(seed: int, sources: int) -> list[int]:
 
 
 def tie_hash(salt: int, count: int) -> int:
-    return fmix32(fmix32((count & MASK32) ^ salt) ^ (count >> 32))
+    return fmix32((count & MASK32) ^ salt)
 
 
 def least_consumed(counts, row_tokens, salt_list):
