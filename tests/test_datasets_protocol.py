@@ -9,14 +9,13 @@
 Each equals a numpy reference on 1x1, 1x8 and 2 processes x 4 devices, and never recompiles.
 """
 
-import contextlib
-
 import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiles import count_compiles
 from mp_harness import assemble, run_processes
 
 import meshbatch
@@ -194,21 +193,6 @@ def counting_reference(path, steps: int) -> list[np.ndarray]:
 
 def mesh_of(devices: int):
     return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
-
-
-@contextlib.contextmanager
-def count_compiles():
-    events = []
-
-    def listener(name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 @pytest.mark.parametrize("devices", [1, 8])

@@ -1,12 +1,11 @@
 """The pipeline in one process: exact batches, any mesh, resume, epochs, no recompiles, errors."""
 
-import contextlib
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiles import count_compiles
 from jax.sharding import Mesh, PartitionSpec
 
 import meshbatch
@@ -190,21 +189,6 @@ def test_batch_size_schedule(cache_path):
     assert [b.shape[0] for b in batches] == [8, 8, 8, 16, 16]
     assert schedule.offset(4) == 3 * 8 + 16
     np.testing.assert_array_equal(np.concatenate(batches), expected_stream(cache_path, spec, key, 0, 56))
-
-
-@contextlib.contextmanager
-def count_compiles():
-    events = []
-
-    def listener(name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def test_no_recompilation_after_the_first_step(cache_path):
