@@ -1,14 +1,13 @@
 """Mixtures through ``Pipeline``: batches equal a reference, resume, checkpoints, baselines, and the
 same batches (and interleave counts) on 1x1, 1x8 and 2 processes x 4 devices."""
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from mixture_reference import least_consumed, stable_rows
-from multiprocess import assemble, run_processes
+from compiles import count_compiles
+from mp_harness import assemble, run_processes
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
@@ -37,7 +36,9 @@ def caches(tmp_path_factory):
         with CacheWriter(path) as writer:
             writer.write(
                 [
-                    np.append(1000 * (k + 1) + rng.integers(2, 999, rng.integers(3, 60)), EOS).astype(np.int32)
+                    np.append(1000 * (k + 1) + rng.integers(2, 999, rng.integers(3, 60)), EOS).astype(
+                        np.int32
+                    )
                     for _ in range(docs)
                 ]
             )
@@ -59,8 +60,14 @@ def children(paths, *, splice: bool = False) -> dict:
     }
     if splice:
         out["c"] = SpliceLMDataset.from_cache(
-            caches[2], np.arange(caches[2].num_rows), pool=False, seq_len=SEQ, content_length=6,
-            content_start_mode="slide_within", pad_token_id=0, eos_token_id=EOS,
+            caches[2],
+            np.arange(caches[2].num_rows),
+            pool=False,
+            seq_len=SEQ,
+            content_length=6,
+            content_start_mode="slide_within",
+            pad_token_id=0,
+            eos_token_id=EOS,
         )
     else:
         out["c"] = CausalLMDataset(caches[2], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS)
@@ -101,7 +108,9 @@ def flat_tokens(path) -> np.ndarray:
 
 
 def child_examples(child, key, position, epoch) -> np.ndarray:
-    plan, _ = jax.jit(child.plan)(child.init(key), Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)))
+    plan, _ = jax.jit(child.plan)(
+        child.init(key), Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
+    )
     return np.asarray(plan.example).astype(np.int64)
 
 
@@ -119,21 +128,6 @@ def stable_reference(paths, step: int, compat) -> np.ndarray:
         example = child_examples(kids[name], child_keys[name], [index], [epoch])[0]
         out[r] = flat_tokens(paths[s])[example * SEQ : (example + 1) * SEQ]
     return out
-
-
-@contextlib.contextmanager
-def count_compiles():
-    events = []
-
-    def listener(name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 # -- the stable mixture ----------------------------------------------------------------------------
@@ -174,7 +168,9 @@ def balanced_reference(paths, steps: int, *, splice=True):
     for c, child in enumerate(dataset.children):
         ahead = np.arange(rows)
         position, epoch = ahead % child.num_examples, ahead // child.num_examples
-        plan, _ = jax.jit(child.plan)(tables["children"][c], Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)))
+        plan, _ = jax.jit(child.plan)(
+            tables["children"][c], Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
+        )
         table.append(np.asarray(child.real_tokens(tables["children"][c], plan)))
     salts = [int(s) for s in np.asarray(tables["salts"])]
     return least_consumed([0] * len(table), np.stack(table), salts)
@@ -248,7 +244,9 @@ def test_baseline_seeding(caches):
     shares = {}
     for baseline in ("zero", "min", "mean"):
         three, _ = balanced_pipeline(mesh_of(1), paths=caches, splice=False, baseline=baseline, state=saved)
-        before = three.dataset.load_state_dict({k: v for k, v in saved.items() if k not in ("version", "step")})
+        before = three.dataset.load_state_dict(
+            {k: v for k, v in saved.items() if k not in ("version", "step")}
+        )
         three.batch(STEPS)
         rows = {e["spec"]: e["row_offset"] for e in three.state_dict()["datasets"]}
         shares[baseline] = rows["c"]

@@ -23,6 +23,7 @@ child's order (a resumed token-balanced run may add a source).
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -141,7 +142,10 @@ class Composite(Dataset):
         return out
 
     def build(self, tables, plan: Plan, content: Content | None) -> Batch:
-        """Each row built by its own child (shared calls for equal build signatures)."""
+        """Each row built by its own child (shared calls for equal build signatures).
+
+        ``doc_idx`` (a document within the row's child) is kept only when every child gives one.
+        """
         batch = None
         for group in self.build_groups:
             lead = group[0]
@@ -156,9 +160,11 @@ class Composite(Dataset):
             built = child.build(tables["children"][lead], child_plan, child_content)
             if batch is None:
                 batch = built
-            else:
-                mine = jnp.isin(plan.source, jnp.asarray(group, jnp.int32))
-                batch = _select(mine, built, batch)
+                continue
+            if (built.doc_idx is None) != (batch.doc_idx is None):  # not every child knows documents
+                built, batch = (dataclasses.replace(b, doc_idx=None) for b in (built, batch))
+            mine = jnp.isin(plan.source, jnp.asarray(group, jnp.int32))
+            batch = _select(mine, built, batch)
         return batch
 
     def real_tokens(self, tables, plan: Plan) -> Int[Array, " n"]:
