@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from compiles import count_compiles
 from mixture_reference import least_consumed, stable_rows
+from mp_harness import assemble, run_processes
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
@@ -180,37 +181,80 @@ def balanced_reference(paths, steps: int):
     return least_consumed([0] * len(table), np.stack(table), salts)
 
 
-def test_resume_equals_uninterrupted(caches):
-    """Must-show 3: save at step k, resume (on another mesh): the next batches are identical to
-    the uninterrupted run's, and so is the state after them. On the way, the position log's rows
-    per source equal the heap reference's (the splice child counts its copy lengths, the causal
-    ones seq_len), and the consumed tokens stay within one row of each other."""
-    picks, _ = balanced_reference(caches, 2 * STEPS)
-    first, _ = balanced_pipeline(mesh_of(8), paths=caches)
+@pytest.fixture(scope="module")
+def balanced_run(caches):
+    """A 1x8 run of 2 * STEPS steps, never stopped: each step's tokens and state_dict, and the
+    position log of its first STEPS steps."""
+    pipeline, _ = balanced_pipeline(mesh_of(8), paths=caches)
     log = PositionLog()
-    with first.iterate_from(0) as stream:  # prefetch workers plan ahead, in step order
-        for step in range(STEPS):
-            next(stream)
-            metrics = log.update(step, first.state_dict())
-            upto = picks[: (step + 1) * BATCH]
-            for s, name in enumerate(NAMES):
-                assert metrics[f"data/{name}/rows"] == sum(1 for t, _ in upto if t == s)
-        saved = first.state_dict()
-        want = [np.asarray(next(stream).tokens) for _ in range(STEPS)]  # never stopped
-        final = first.state_dict()
+    tokens, states = [], []
+    with pipeline.iterate_from(0) as stream:  # prefetch workers plan ahead, in step order
+        for step in range(2 * STEPS):
+            tokens.append(np.asarray(next(stream).tokens))
+            states.append(pipeline.state_dict())
+            if step < STEPS:
+                log.update(step, states[-1])
+    return tokens, states, log
+
+
+def test_counts_follow_the_rule(caches, balanced_run):
+    """The position log's rows per source equal the heap reference's step by step (the splice
+    child counts its copy lengths, the causal ones seq_len); consumed tokens stay within one row
+    of each other."""
+    picks, _ = balanced_reference(caches, STEPS)
+    _, states, log = balanced_run
+    for step in range(STEPS):
+        upto = picks[: (step + 1) * BATCH]
+        for s, name in enumerate(NAMES):
+            assert log.history[step][name]["rows"] == sum(1 for t, _ in upto if t == s)
     tokens = log.tokens()
     assert tokens["a"][-1] == SEQ * log.history[-1]["a"]["rows"]
-    assert all(
-        max(v[i] for v in tokens.values()) - min(v[i] for v in tokens.values()) <= SEQ for i in range(STEPS)
-    )
-    assert saved["step"] == STEPS and saved["interleave_version"] == 1
-    resumed, _ = balanced_pipeline(mesh_of(1), paths=caches, state=saved)
+    per_step = np.array(list(tokens.values()))  # [sources, steps]
+    assert (per_step.max(axis=0) - per_step.min(axis=0) <= SEQ).all()
+    assert states[STEPS - 1]["step"] == STEPS and states[STEPS - 1]["interleave_version"] == 1
+
+
+def test_resume_equals_uninterrupted(caches, balanced_run):
+    """Must-show 3: save at step k, resume on another mesh (1x1): the next batches are identical
+    to the uninterrupted 1x8 run's, and so is the state after them."""
+    want, states, _ = balanced_run
+    resumed, _ = balanced_pipeline(mesh_of(1), paths=caches, state=states[STEPS - 1])
     got = [np.asarray(resumed.batch(STEPS).tokens)]
     with count_compiles() as compiles:  # the carried state never recompiles the plan
         got += [np.asarray(resumed.batch(step).tokens) for step in range(STEPS + 1, 2 * STEPS)]
     assert compiles == []
-    np.testing.assert_array_equal(np.stack(got), np.stack(want))
-    assert resumed.state_dict() == final
+    np.testing.assert_array_equal(np.stack(got), np.stack(want[STEPS:]))
+    assert resumed.state_dict() == states[-1]
+
+
+def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
+    """Must-show 4: 2 processes x 4 devices give the 1x8 batches; each process reads only its own
+    rows from each cache, and both hold the same counts as the 1x8 run after every step (no
+    synchronisation between ranks)."""
+    want, states, _ = balanced_run
+    steps = 2 * STEPS
+    results = run_processes(
+        tmp_path,
+        processes=2,
+        local_devices=4,
+        mesh_shape="8",
+        factory="test_mixture_pipeline:balanced_pipeline",
+        kwargs={"paths": list(caches)},
+        steps=steps,
+    )
+    for step in range(steps):
+        np.testing.assert_array_equal(
+            assemble(results, step=step, leaf="tokens", like=want[step]), want[step]
+        )
+    picks, _ = balanced_reference(caches, steps)
+    for p, result in enumerate(results):
+        final = {e["spec"]: e for e in states[-1]["datasets"]}
+        for name in NAMES:
+            assert int(result[f"report/rows/{name}"]) == final[name]["row_offset"]
+            assert int(result[f"report/tokens/{name}"]) == final[name]["token_offset"]
+        mine = [s for i, (s, _) in enumerate(picks) if (i % BATCH) // (BATCH // 2) == p]
+        for s in range(3):  # one span per row of this process from cache s, none of the other's
+            assert int(result[f"report/spans{s}"]) == mine.count(s)
 
 
 def test_unknown_specs_round_trip_and_missing_token_offsets_load(caches):
