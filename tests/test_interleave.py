@@ -65,7 +65,7 @@ def test_ties_are_not_first_wins():
 @pytest.mark.parametrize("seed", range(8))
 def test_equals_heap_reference(seed):
     rng = np.random.default_rng(seed)
-    sources, n = int(rng.integers(1, 9)), 96
+    sources, n = (1, 3, 8)[seed % 3], 96  # three shapes: three compiles
     tokens = rng.integers(0, 6, (sources, n)) + rng.integers(0, 2, (sources, 1)) * 7  # zeros included
     base = int(rng.integers(0, 3)) << 32
     counts = [base + (2**32 - int(rng.integers(0, 30))) for _ in range(sources)]  # carries into hi

@@ -227,6 +227,7 @@ def test_resume_equals_uninterrupted(caches, balanced_run):
     assert resumed.state_dict() == states[-1]
 
 
+@pytest.mark.slow
 def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
     """Must-show 4: 2 processes x 4 devices give the 1x8 batches; each process reads only its own
     rows from each cache, and both hold the same counts as the 1x8 run after every step (no

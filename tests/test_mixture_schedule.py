@@ -115,9 +115,9 @@ def test_default_is_pinned():
     # Golden: default-mode mixtures in checkpoints and docs/mixtures.md rely on this order.
     weights = {"a": 0.5, "b": 0.2, "c": 0.3}
     schedule = meshbatch.mixture_schedule({"a": 10, "b": 4, "c": 6}, weights, block_size=5, key=0)
-    source, index = schedule.lookup(jnp.arange(10, dtype=jnp.uint32))
-    assert np.asarray(source).tolist() == GOLDEN_SOURCE
-    assert np.asarray(index).tolist() == GOLDEN_INDEX
+    located = locate(schedule, range(10))
+    assert [s for s, _, _ in located] == GOLDEN_SOURCE
+    assert [i for _, i, _ in located] == GOLDEN_INDEX
 
 
 GOLDEN_SOURCE = [0, 0, 2, 1, 0, 0, 1, 0, 2, 0]
@@ -187,13 +187,15 @@ def test_all_exhausted_refuses_a_source_that_never_finishes():
 
 def test_lookup_never_recompiles():
     schedule = meshbatch.mixture_schedule({"a": 5, "b": 50}, {"a": 1.0, "b": 2.0}, block_size=8, key=0)
-    schedule.lookup(jnp.arange(64, dtype=jnp.uint32))
+    schedule.lookup(jnp.arange(ROWS, dtype=jnp.uint32))
     before = mixture._locate._cache_size()
-    for start in (64, 10**6, 2**31):
-        schedule.lookup(jnp.arange(start, start + 64, dtype=jnp.uint32), epoch=start % 3)
-    # another mixture of the same number of sources and stages, another block size and key
-    other = meshbatch.mixture_schedule({"a": 7, "b": 9}, {"a": 3.0, "b": 2.0}, block_size=13, key=1)
-    other.lookup(jnp.arange(64, dtype=jnp.uint32))
+    for start in (ROWS, 10**6, 2**31):
+        schedule.lookup(jnp.arange(start, start + ROWS, dtype=jnp.uint32), epoch=start % 3)
+    # another mixture (up to 8 sources and 4 stages share the padded tables), block size and key
+    other = meshbatch.mixture_schedule(
+        {"a": 7, "b": 9, "c": 3}, {"a": 3.0, "b": 2.0, "c": 1.0}, block_size=13, key=1
+    )
+    other.lookup(jnp.arange(ROWS, dtype=jnp.uint32))
     assert mixture._locate._cache_size() == before
     chex.assert_type(schedule.lookup(jnp.arange(4, dtype=jnp.uint32)), (jnp.int32, jnp.uint32))
 
