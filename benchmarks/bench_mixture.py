@@ -149,13 +149,15 @@ def write_caches(root: str, tokens: int) -> dict[str, str]:
 
 
 def sustained(make_iterator, steps: int, warmup: int) -> float:
-    """Seconds for ``steps`` batches from a fresh iterator (after a separate warm-up one)."""
-    warm = make_iterator()
+    """Seconds for ``steps`` batches from a fresh iterator (after a separate warm-up one, from
+    step 0; ``make_iterator(start)`` gives the stream from step ``start``: a stateful pipeline
+    cannot restart at 0 once it has moved on)."""
+    warm = make_iterator(0)
     for _ in range(warmup):
         jax.block_until_ready(next(warm))
     if hasattr(warm, "close"):
         warm.close()
-    stream = make_iterator()
+    stream = make_iterator(warmup)
     start = time.perf_counter()
     for _ in range(steps):
         jax.block_until_ready(next(stream))
@@ -181,9 +183,10 @@ def levanter_mixture(paths, seq_len, batch, mesh, key, *, lm_examples: bool, blo
         children[name] = child
     mixture = MixtureDataset(children, WEIGHTS, block_size, key=key)
 
-    def make():
+    def make(start=0):
         with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": "data"}):
-            return iter(DataLoader(mixture, batch, mesh=mesh, axis_resources={"batch": "data"}))
+            loader = DataLoader(mixture, batch, mesh=mesh, axis_resources={"batch": "data"})
+            return iter(loader.iter_from_step(start)) if start else iter(loader)
 
     return make
 
@@ -247,7 +250,7 @@ def bench_pipeline(args) -> list[dict]:
                 if "levanter" in label:
                     for step, want in enumerate(expected):
                         np.testing.assert_array_equal(np.asarray(pipeline.batch(step).tokens), want)
-                results[label] = sustained(lambda p=pipeline: p.iterate_from(0), steps, warmup)
+                results[label] = sustained(lambda start, p=pipeline: p.iterate_from(start), steps, warmup)
             base, lm_base = (
                 results["Levanter MixtureDataset (tokens)"],
                 results["Levanter MixtureDataset -> LmExample"],
