@@ -50,9 +50,9 @@ def mesh_of(devices: int):
     return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
-def children(paths, *, splice: bool = False) -> dict:
-    """Causal windows of caches 0 and 1; cache 2 as causal windows or as fetched splice frames
-    (real tokens: their copy lengths)."""
+def children(paths, *, splice: bool = False, pool: bool = False) -> dict:
+    """Causal windows of caches 0 and 1; cache 2 as causal windows or as splice frames, fetched or
+    pooled on device (real tokens: their copy lengths)."""
     caches = [TokenCache.open(p) for p in paths]
     out = {
         "a": CausalLMDataset(caches[0], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS),
@@ -62,7 +62,7 @@ def children(paths, *, splice: bool = False) -> dict:
         out["c"] = SpliceLMDataset.from_cache(
             caches[2],
             np.arange(caches[2].num_rows),
-            pool=False,
+            pool=pool,
             seq_len=SEQ,
             content_length=6,
             content_start_mode="slide_within",
@@ -86,8 +86,9 @@ def report_of(pipeline, caches):
     return report
 
 
-def stable_pipeline(mesh, *, paths, compat=None, splice=False, block_size=4):
-    dataset = Mixture(children(paths, splice=splice), WEIGHTS, block_size=block_size, compat=compat)
+def stable_pipeline(mesh, *, paths, compat=None, splice=False, pool=False, block_size=4):
+    kids = children(paths, splice=splice, pool=pool)
+    dataset = Mixture(kids, WEIGHTS, block_size=block_size, compat=compat)
     pipeline = Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=KEY)
     return pipeline, report_of(pipeline, [c.sources[0] for c in dataset.children if c.sources])
 
@@ -141,13 +142,19 @@ def test_stable_mixture_equals_reference(caches, compat, devices):
         np.testing.assert_array_equal(np.asarray(batch.segment_ids), np.asarray(causal.segment_ids))
 
 
-def test_stable_mixture_never_recompiles_and_shares_sources(caches):
-    pipeline, _ = stable_pipeline(mesh_of(8), paths=caches, splice=True)
-    assert len(pipeline.dataset.sources) == 3
-    jax.block_until_ready(pipeline.batch(0))
+def test_causal_and_splice_children_never_recompile(caches):
+    """Causal windows and splice frames in one mixture: fetched splice frames equal pooled ones
+    (a device-resident child beside fetched ones), and no step after the first compiles."""
+    fetched, _ = stable_pipeline(mesh_of(8), paths=caches, splice=True)
+    pooled, _ = stable_pipeline(mesh_of(8), paths=caches, splice=True, pool=True)
+    assert len(fetched.dataset.sources) == 3 and len(pooled.dataset.sources) == 2
+    for pipeline in (fetched, pooled):
+        jax.block_until_ready(pipeline.batch(0))
     with count_compiles() as compiles:
         for step in range(1, 2 * STEPS):
-            jax.block_until_ready(pipeline.batch(step))
+            a, b = fetched.batch(step), pooled.batch(step)
+            for name in ("tokens", "loss_mask", "segment_ids"):
+                np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
     assert compiles == []
 
 
@@ -197,7 +204,7 @@ def balanced_run(caches):
     return tokens, states, log
 
 
-def test_counts_follow_the_rule(caches, balanced_run):
+def test_counts_follow_the_rule(caches, balanced_run, tmp_path):
     """The position log's rows per source equal the heap reference's step by step (the splice
     child counts its copy lengths, the causal ones seq_len); consumed tokens stay within one row
     of each other."""
@@ -209,9 +216,14 @@ def test_counts_follow_the_rule(caches, balanced_run):
             assert log.history[step][name]["rows"] == sum(1 for t, _ in upto if t == s)
     tokens = log.tokens()
     assert tokens["a"][-1] == SEQ * log.history[-1]["a"]["rows"]
+    assert log.history[1]["c"]["tokens"] > 0 and log.history[1]["c"]["tokens"] % SEQ  # copy lengths
     per_step = np.array(list(tokens.values()))  # [sources, steps]
     assert (per_step.max(axis=0) - per_step.min(axis=0) <= SEQ).all()
     assert states[STEPS - 1]["step"] == STEPS and states[STEPS - 1]["interleave_version"] == 1
+    step_metrics = PositionLog().update(0, states[0])
+    assert step_metrics["data/a/rows"] + step_metrics["data/b/rows"] + step_metrics["data/c/rows"] == BATCH
+    figure = log.plot(str(tmp_path / "consumed.png"))
+    assert open(figure, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resume_equals_uninterrupted(caches, balanced_run):
