@@ -113,7 +113,7 @@ class TokenBalancedMixture(Composite):
             strict=True,
         )
         after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
-        detail = {"children": plans, "tokens": picked.tokens}
+        detail = {"groups": self.group_plans(picked.source, plans), "tokens": picked.tokens}
         return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
 
     # -- checkpoints ----------------------------------------------------------------------------

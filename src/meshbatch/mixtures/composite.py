@@ -5,15 +5,17 @@ A mixture decides, for each row, a child and the child's row (its ``position`` a
 
     children a (cache A, windows), b (cache B, windows); decided: rows -> (a, 5), (b, 0), (a, 2)
     plan     every child plans every row: a's plan of rows [5, 0, 2] and b's of [0, 0, 0]
-             (rows that are not a child's read its row 0 and are never used)
+             (rows that are not a child's read its row 0 and are never used); children that
+             build alike keep one plan, each row from its own child: [a5, b0, a2]
     spans    a's spans of rows 0 and 2 (source A), b's of row 1 (source B) -> one Spans
     fetch    A read coalesced, B read coalesced, one ts.Batch (the pipeline's)
-    build    each child builds every row of the shard; each row keeps its own child's build
+    build    one build per group of alike children; each row keeps its own group's build
 
 ``sources`` is the children's sources, each once (two children over one cache share it, so its
 reads coalesce across them). Children whose ``build_signature()`` are equal and not ``None``
 promise the same build for the same plan and content whatever their tables, and share one build
-call (causal windows of several caches); the rest build separately and are selected per row.
+call, and one plan (causal windows of several caches: the pipeline ships and slices fewer plan
+leaves per step); the rest build separately and are selected per row.
 
 Keys: ``derive_keys(key)`` gives the mixture's key and each child's:
 ``mixture_key, children_key = split(key)``, child ``name`` gets
@@ -47,8 +49,9 @@ def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGK
 class Composite(Dataset):
     """Base of mixtures: named stateless children; see the module docstring.
 
-    Subclasses decide ``(child, position, epoch)`` per row and call ``child_plans``; their plans
-    hold ``detail={"children": child_plans, ...}`` and their tables ``{"children": ..., ...}``.
+    Subclasses decide ``(child, position, epoch)`` per row, call ``child_plans`` then
+    ``group_plans``; their plans hold ``detail={"groups": group_plans, ...}`` and their tables
+    ``{"children": ..., ...}``.
     """
 
     def __init__(self, datasets: Mapping[str, Dataset], *, what: str = "datasets"):
@@ -90,6 +93,10 @@ class Composite(Dataset):
         self.max_row_tokens = max((c.max_row_tokens for c in fetching), default=0)
         self.content_margin = max((c.content_margin for c in fetching), default=0)
         self.build_groups = _build_groups(self.children)
+        self.group_of = [
+            next(g for g, group in enumerate(self.build_groups) if c in group)
+            for c in range(len(self.children))
+        ]
 
     # -- for subclasses -------------------------------------------------------------------------
 
@@ -116,6 +123,20 @@ class Composite(Dataset):
             plans.append(plan)
         return tuple(plans)
 
+    def group_plans(self, source: Int[Array, " n"], plans: tuple[Plan, ...]) -> tuple[Plan, ...]:
+        """One plan per build group: each row from its own child's plan."""
+        out = []
+        for group in self.build_groups:
+            merged = plans[group[0]]
+            for c in group[1:]:
+                merged = _select(source == c, plans[c], merged)
+            out.append(merged)
+        return tuple(out)
+
+    def _plan_of(self, plan: Plan, c: int) -> Plan:
+        """Child ``c``'s plan (valid on the rows whose source is ``c``)."""
+        return plan.detail["groups"][self.group_of[c]]
+
     # -- the dataset protocol -------------------------------------------------------------------
 
     def spans(self, plan: Plan) -> Spans:
@@ -133,7 +154,7 @@ class Composite(Dataset):
             if not child.fetches or not mine.any():
                 continue
             part = child.spans(
-                jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail["children"][c])
+                jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], self._plan_of(plan, c))
             )
             k = part.source.shape[1]
             out.source[mine, :k] = self.source_maps[c][part.source]
@@ -147,13 +168,10 @@ class Composite(Dataset):
         ``doc_idx`` (a document within the row's child) is kept only when every child gives one.
         """
         batch = None
-        for group in self.build_groups:
+        for g, group in enumerate(self.build_groups):
             lead = group[0]
             child = self.children[lead]
-            plans = plan.detail["children"]
-            child_plan = plans[lead]
-            for c in group[1:]:  # one plan of the group's rows: each row from its own child
-                child_plan = _select(plan.source == c, plans[c], child_plan)
+            child_plan = plan.detail["groups"][g]
             child_content = None
             if child.fetches and content is not None:
                 child_content = Content(content.tokens, content.offsets[:, : child.spans_per_row])
@@ -171,7 +189,7 @@ class Composite(Dataset):
         """Each row's child's count of real tokens."""
         out = jnp.zeros(plan.source.shape, jnp.int32)
         for c, child in enumerate(self.children):
-            tokens = child.real_tokens(tables["children"][c], plan.detail["children"][c]).astype(jnp.int32)
+            tokens = child.real_tokens(tables["children"][c], self._plan_of(plan, c)).astype(jnp.int32)
             out = jnp.where(plan.source == c, tokens, out)
         return out
 

@@ -94,7 +94,8 @@ class Mixture(Composite):
         """Each row's child and the child's plan; rows past a finite mixture get child ``-1``."""
         source, index, epoch = mixture_locate(tables["schedule"], rows.position, rows.epoch)
         plans = self.child_plans(tables["children"], source, index, epoch)
-        return Plan(rows=rows, source=source, example=index, detail={"children": plans}), None
+        detail = {"groups": self.group_plans(source, plans)}
+        return Plan(rows=rows, source=source, example=index, detail=detail), None
 
     def __repr__(self) -> str:
         return (
