@@ -9,13 +9,11 @@ from .causal import causal_lm_batch as causal_lm_batch
 from .causal import gather_windows as gather_windows
 from .interleave import Counts as Counts
 from .interleave import Selection as Selection
-from .interleave import fmix32 as fmix32
 from .interleave import named_salts as named_salts
 from .interleave import select_scan as select_scan
 from .interleave import source_salts as source_salts
 from .interleave import tie_hash as tie_hash
 from .mixture import MixtureSchedule as MixtureSchedule
-from .mixture import mixture_block_ids as mixture_block_ids
 from .mixture import mixture_locate as mixture_locate
 from .permutation import COMPATS as COMPATS
 from .permutation import INVALID as INVALID

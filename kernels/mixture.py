@@ -132,6 +132,8 @@ def _levanter_ids(key, block, position, block_size: int):
     consecutive rows in one round) and their permutations gathered into the rows.
     """
     n = block.shape[0]
+    if n == 0:
+        return jnp.zeros(0, U32)
     slots = min(n, n // block_size + 2)
     distinct = jnp.unique(block, size=n, fill_value=jnp.max(block))
     slot = jnp.searchsorted(distinct, block, side="left").astype(jnp.int32)
@@ -149,8 +151,6 @@ def _levanter_ids(key, block, position, block_size: int):
         return r + 1, jnp.where(here, table[local, position.astype(jnp.int32)], out)
 
     out = jnp.zeros(n, U32)
-    if n == 0:
-        return out
     return jax.lax.while_loop(lambda c: c[0] < rounds, body, (jnp.int32(0), out))[1]
 
 
