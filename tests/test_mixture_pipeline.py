@@ -9,6 +9,7 @@ from compiles import count_compiles
 from mixture_reference import least_consumed, stable_rows
 from mp_harness import assemble, run_processes
 
+import meshbatch
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.checks import as_key
@@ -315,3 +316,30 @@ def test_baseline_seeding(caches):
             assert to_c == 2 * BATCH  # every row of both steps
         else:
             assert to_c <= 2 * BATCH // 3 + 2  # about its third
+
+
+def test_mixture_arguments(caches):
+    """Staged weights by step become rows through the batch schedule; bad children and stages
+    are refused by name."""
+    kids = children(caches)
+    stages = [(0, WEIGHTS), (3, {"a": 0.0, "b": 1.0, "c": 1.0})]
+    mixture = Mixture(kids, stages, block_size=4, batch_size=[(0, 8), (2, 4)])
+    lengths = {name: child.num_examples for name, child in kids.items()}
+    by_rows = [(0, WEIGHTS), (2 * 8 + 4, stages[1][1])]  # step 3 starts at row 2 * 8 + 1 * 4
+    want = meshbatch.mixture_schedule(lengths, by_rows, block_size=4, key=0)
+    for field in ("stage_start", "counts", "base_index"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(mixture.template, field)), np.asarray(getattr(want, field))
+        )
+    with pytest.raises(ValueError, match="pass the pipeline's batch_size"):
+        Mixture(kids, stages, block_size=4)
+    with pytest.raises(ValueError, match="row 24, not a multiple of block_size=16"):
+        Mixture(kids, stages, block_size=16, batch_size=8)
+    with pytest.raises(ValueError, match="different seq_len"):
+        Mixture({**kids, "d": CausalLMDataset(TokenCache.open(caches[0]), SEQ * 2)}, {**WEIGHTS, "d": 1.0})
+    with pytest.raises(TypeError, match=r"datasets\['x'\] must be a meshbatch Dataset"):
+        TokenBalancedMixture({"x": object()})
+    with pytest.raises(ValueError, match=r"datasets\['x'\] carries state"):
+        Mixture({"x": TokenBalancedMixture(kids)}, {"x": 1.0})
+    with pytest.raises(ValueError, match="baseline='max' is not one of"):
+        TokenBalancedMixture(kids, baseline="max")
