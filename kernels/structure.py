@@ -1,0 +1,193 @@
+"""The structure validator: anomalies in batches of preblocked rows, one code per position.
+
+Each block is read left to right as a small state machine (a document is open or not):
+
+    kind                  where it is reported
+    out_of_vocab          an id outside [0, vocab_size) that is not [DOC], [EOD] or pad
+    nested_doc            a [DOC] while a document is open (the new one opens)
+    stray_eod             an [EOD] while no document is open
+    unclosed_doc          a document still open at the end of the block (at its [DOC], or at 0
+                          when it came in open); with carry_open_doc only at the end of the data
+    content_outside_doc   the first token of a run outside any document (the run then counts as
+                          an open document, so its [EOD] is not stray as well)
+    marker_after_pad      a [DOC]/[EOD] right after padding
+    pad_in_middle         any other non-pad token right after padding
+
+``carry_open_doc``: a block that ends inside a document hands it to the next block, which then
+starts inside it (no ``unclosed_doc`` for the first block, no ``content_outside_doc`` for the next);
+a ``[DOC]`` at the start of that next block is then ``nested_doc``. A run of content outside any
+document is not handed on.
+
+``literal_heuristics`` down-ranks two ambiguous markers, exactly as the preblocked-chunks notes
+state them; a down-ranked marker is reported as ``literal_doc``/``literal_eod`` (not an anomaly:
+it does not count towards a failed validation) and otherwise read as text (no state change):
+
+    H1 literal_doc: "A [DOC] appears while an open doc is active and is flanked only by
+       structural/pad tokens" -- both neighbours are [DOC], [EOD] or pad (a block edge counts as
+       such a flank).
+    H2 literal_eod: "An [EOD] appears when no doc is open and no forthcoming [DOC] nearby" --
+       no [DOC] among the next ``literal_window`` positions of the same block.
+
+    block [D a E E P P], H2 with window 2: position 3 is literal_eod (no [DOC] in 4..5)
+    block [D a E E D b E P]: position 3 is stray_eod (a [DOC] follows at distance 1)
+
+A position carries one code; when several apply the first of ``out_of_vocab``, the padding
+kinds, the structural kinds wins. Every block is scanned from both possible starting states at
+once; ``carry_open_doc`` then picks each block's start by composing the blocks' state maps with an
+associative scan, so a batch is one pass however long the chain of carried documents.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+KINDS: tuple[str, ...] = (
+    "out_of_vocab",
+    "nested_doc",
+    "stray_eod",
+    "unclosed_doc",
+    "content_outside_doc",
+    "marker_after_pad",
+    "pad_in_middle",
+    "literal_doc",
+    "literal_eod",
+)
+CODE = {kind: code for code, kind in enumerate(KINDS, start=1)}  # 0: nothing to report
+LITERAL_KINDS = ("literal_doc", "literal_eod")
+
+
+class Findings(eqx.Module):
+    """What ``validate_blocks`` found in one batch.
+
+    Attributes:
+        codes: ``int32[blocks, block_size]``: ``CODE[kind]`` per position, 0 where clean.
+        unclosed: ``int32[blocks]``: where a block's unclosed document opened, ``-1`` if none.
+        carry_out: ``bool[]``: a document is open after the last valid block.
+    """
+
+    codes: Int[Array, "blocks block"]
+    unclosed: Int[Array, " blocks"]
+    carry_out: Bool[Array, ""]
+
+
+@partial(
+    jax.jit,
+    static_argnames=(
+        "doc_id",
+        "eod_id",
+        "pad_id",
+        "vocab_size",
+        "carry_open_doc",
+        "literal_heuristics",
+        "literal_window",
+    ),
+)
+def validate_blocks(
+    blocks: Int[Array, "blocks block"],
+    valid: Int[Array, ""],
+    carry_in: Bool[Array, ""],
+    final: Bool[Array, ""],
+    *,
+    doc_id: int,
+    eod_id: int,
+    pad_id: int,
+    vocab_size: int,
+    carry_open_doc: bool = False,
+    literal_heuristics: bool = False,
+    literal_window: int = 8,
+) -> Findings:
+    """Anomalies of a batch of blocks (see the module docstring).
+
+    Args:
+        blocks: ``[blocks, block_size]`` token ids; rows from ``valid`` on are ignored (a last,
+            short batch padded to the compiled shape).
+        valid: ``int32[]`` rows that are real.
+        carry_in: ``bool[]`` with ``carry_open_doc``: the previous batch ended inside a document.
+        final: ``bool[]`` the batch holds the last block of the data (with ``carry_open_doc`` a
+            document still open there is ``unclosed_doc``).
+        doc_id, eod_id, pad_id, vocab_size, carry_open_doc, literal_heuristics, literal_window:
+            static configuration.
+
+    Returns:
+        ``Findings``.
+    """
+    tokens = blocks.astype(jnp.int32)
+    rows, block = tokens.shape
+    position = jnp.arange(block, dtype=jnp.int32)
+    is_doc, is_eod, is_pad = tokens == doc_id, tokens == eod_id, tokens == pad_id
+    is_marker = is_doc | is_eod
+    structural = is_marker | is_pad
+    oov = ~structural & ((tokens < 0) | (tokens >= vocab_size))
+    after_pad = ~is_pad & jnp.pad(is_pad[:, :-1], ((0, 0), (1, 0)))
+    pad_code = jnp.where(after_pad, jnp.where(is_marker, CODE["marker_after_pad"], CODE["pad_in_middle"]), 0)
+    edge = jnp.ones((rows, 1), bool)
+    flanked = jnp.concatenate([edge, structural[:, :-1]], 1) & jnp.concatenate([structural[:, 1:], edge], 1)
+    # distance to the next [DOC] after each position, within the block
+    next_doc = jax.lax.cummin(jnp.where(is_doc, position[None, :], block), axis=1, reverse=True)
+    next_doc = jnp.concatenate([next_doc[:, 1:], jnp.full((rows, 1), block, jnp.int32)], 1)
+    doc_nearby = next_doc - position[None, :] <= literal_window
+    literal_doc = is_doc & flanked if literal_heuristics else jnp.zeros_like(is_doc)
+    literal_eod = is_eod & ~doc_nearby if literal_heuristics else jnp.zeros_like(is_eod)
+
+    starts = (False, True) if carry_open_doc else (False,)
+    init_open = jnp.broadcast_to(jnp.array(starts), (rows, len(starts)))
+
+    def step(state, x):
+        open_, opened_at, implicit = state
+        doc, eod, pad, lit_doc, lit_eod, pos = x
+        doc, eod, pad, lit_doc, lit_eod = (v[:, None] for v in (doc, eod, pad, lit_doc, lit_eod))
+        content = ~(doc | eod | pad)
+        code = jnp.select(
+            [
+                doc & open_ & lit_doc,
+                doc & open_,
+                eod & ~open_ & lit_eod,
+                eod & ~open_,
+                content & ~open_,
+            ],
+            [CODE["literal_doc"], CODE["nested_doc"], CODE["literal_eod"], CODE["stray_eod"]]
+            + [CODE["content_outside_doc"]],
+            0,
+        )
+        opens = (doc & ~(open_ & lit_doc)) | (content & ~open_)
+        new_open = jnp.where(opens, True, jnp.where(eod & open_, False, open_))
+        new_at = jnp.where(opens, pos, opened_at)
+        new_implicit = jnp.where(opens, content, implicit)
+        return (new_open, new_at, new_implicit), code
+
+    init = (init_open, jnp.full(init_open.shape, -1, jnp.int32), jnp.zeros(init_open.shape, bool))
+    xs = (is_doc.T, is_eod.T, is_pad.T, literal_doc.T, literal_eod.T, position)
+    (end_open, end_at, end_implicit), state_codes = jax.lax.scan(step, init, xs)
+    state_codes = jnp.moveaxis(state_codes, 0, 1)  # [rows, block, starts]
+
+    row = jnp.arange(rows, dtype=jnp.int32)
+    real = row < valid
+    if carry_open_doc:
+        # Block b maps its incoming state s to "a real document is open at its end"; rows past
+        # `valid` map s to s. A run of stray content is not carried (it was reported already).
+        maps = jnp.where(real[:, None], end_open & ~end_implicit, jnp.array([False, True])[None, :])
+        composed = jax.lax.associative_scan(_then, maps, axis=0)
+        before = jnp.concatenate([jnp.array([[False, True]]), composed[:-1]], 0)
+        start = jnp.where(carry_in, before[:, 1], before[:, 0]).astype(jnp.int32)
+        carry_out = jnp.where(carry_in, composed[-1, 1], composed[-1, 0])
+        report_end = final & (row == valid - 1)
+    else:
+        start = jnp.zeros((rows,), jnp.int32)
+        carry_out = jnp.array(False)
+        report_end = jnp.ones((rows,), bool)
+    pick = partial(jnp.take_along_axis, indices=start[:, None], axis=1)
+    structure = jnp.take_along_axis(state_codes, start[:, None, None], axis=2)[..., 0]
+    codes = jnp.where(oov, CODE["out_of_vocab"], jnp.where(pad_code > 0, pad_code, structure))
+    still_open = pick(end_open)[:, 0] & ~pick(end_implicit)[:, 0] & report_end & real
+    unclosed = jnp.where(still_open, jnp.maximum(pick(end_at)[:, 0], 0), -1)
+    return Findings(codes=jnp.where(real[:, None], codes, 0), unclosed=unclosed, carry_out=carry_out)
+
+
+def _then(first: Bool[Array, "... 2"], second: Bool[Array, "... 2"]) -> Bool[Array, "... 2"]:
+    """The state map "``first``, then ``second``" of maps written as their values at 0 and 1."""
+    return jnp.where(first, second[..., 1:2], second[..., 0:1])

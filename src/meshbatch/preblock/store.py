@@ -1,0 +1,358 @@
+"""Preblocked data on disk: a TensorStore ``[N, block_size]`` array or ``chunk*.npy`` matrices.
+
+A store written by ``meshbatch.preblock`` is a directory::
+
+    <root>/preblock.json        the header (block size, marker and pad ids, shuffle level, counts)
+    <root>/shard_ledger.json    a Levanter-style ledger: total_num_rows = blocks, is_finished
+    <root>/blocks/              zarr v3 int32 [N, block_size], chunks of whole rows (blosc)
+    <root>/real_tokens/         zarr v3 int32 [N]: non-pad tokens of each block
+    <root>/tokens/              (text inputs) the jagged Levanter token cache of the documents
+
+A ``chunk*.npy`` directory holds ``[rows, block_size]`` integer matrices, read in natural order
+(``chunk2`` before ``chunk10``), plus ``preblock.json`` and ``real_tokens.npy`` when our writer made
+it. Either is opened as a ``BlockSource``: a flat token space (block ``b`` is tokens
+``[b * block_size, (b + 1) * block_size)``) that the pipeline reads coalesced (``prepare_read``),
+with O(1) row lookup::
+
+    source = open_blocks("/data/blocks")       # or a directory of chunk*.npy
+    source.read_blocks([7, 3])                 # int32 [2, block_size]
+    source.real_tokens()                       # int32 [N]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import posixpath
+import re
+from typing import Any, Literal
+
+import numpy as np
+import tensorstore as ts
+
+from meshbatch.cache import BlockCache, ReadCounters, shared_context
+from meshbatch.cache.arrays import kvstore_spec
+from meshbatch.cache.coalesce import as_spans, coalesce_spans
+from meshbatch.cache.fetch import PendingRead, run_reads
+from meshbatch.cache.ledger import LEDGER_FILE_NAME, read_ledger
+
+logger = logging.getLogger(__name__)
+
+HEADER_FILE = "preblock.json"
+BLOCKS, REAL_TOKENS = "blocks", "real_tokens"
+FORMAT_NAME = "meshbatch.preblock"
+Format = Literal["store", "npy", "levanter"]
+_CHUNK = re.compile(r"chunk(\d*)(.*)\.npy$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """What ``preblock.json`` records; ``to_dict``/``from_dict`` round-trip it."""
+
+    block_size: int
+    num_blocks: int
+    doc_id: int
+    eod_id: int
+    pad_id: int
+    vocab_size: int
+    shuffle_level: str
+    rule: str
+    buffer_docs: int
+    escape_literal_markers: bool
+    source: dict[str, Any]
+    counts: dict[str, int]
+    fill: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT_NAME, "version": 1, **dataclasses.asdict(self)}
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any], *, where: str) -> Header:
+        if raw.get("format") != FORMAT_NAME:
+            raise ValueError(f"{where} is not a preblock header (format={raw.get('format')!r})")
+        names = [f.name for f in dataclasses.fields(Header)]
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise ValueError(f"{where} lacks {missing}")
+        return Header(**{n: raw[n] for n in names})
+
+
+def read_header(root: str) -> Header | None:
+    """The header of ``root``, or ``None`` where it has none."""
+    kvstore = ts.KvStore.open(kvstore_spec(root), context=shared_context()).result()
+    found = kvstore.read(HEADER_FILE).result()
+    if found.state != "value":
+        return None
+    where = posixpath.join(root, HEADER_FILE)
+    try:
+        raw = json.loads(bytes(found.value))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from e
+    return Header.from_dict(raw, where=where)
+
+
+def write_header(root: str, header: Header) -> None:
+    """Writes ``<root>/preblock.json`` (local paths) atomically."""
+    path = os.path.join(root, HEADER_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(header.to_dict(), f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def chunk_files(root: str) -> list[str]:
+    """``chunk*.npy`` files of ``root`` in natural order (``chunk2`` before ``chunk10``)."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(root, "chunk*.npy"))]
+    matched = [(m, n) for n in names if (m := _CHUNK.match(n))]
+    matched.sort(key=lambda mn: (int(mn[0].group(1) or -1), mn[0].group(2), mn[1]))
+    return [os.path.join(root, n) for _, n in matched]
+
+
+def detect_format(path: str) -> Format:
+    """Which layout ``path`` holds: a preblocked store, ``chunk*.npy`` matrices or a jagged cache.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` holds none of them.
+    """
+    if "://" not in path and not os.path.isdir(path):
+        raise FileNotFoundError(f"no directory at {path=}")
+    local = "://" not in path
+    if local and os.path.isfile(os.path.join(path, BLOCKS, "zarr.json")):
+        return "store"
+    if local and chunk_files(path):
+        return "npy"
+    if not local or os.path.isfile(os.path.join(path, LEDGER_FILE_NAME)):
+        return "levanter"
+    raise ValueError(
+        f"{path} holds no preblocked store ({BLOCKS}/zarr.json), no chunk*.npy files and no "
+        f"token cache ({LEDGER_FILE_NAME})"
+    )
+
+
+class BlockSource:
+    """Rows of ``block_size`` tokens as a flat token space; see the module docstring.
+
+    Subclasses implement ``_read_rows(first, stop, dest)`` and ``_plan_rows``.
+    """
+
+    def __init__(self, path: str, num_blocks: int, block_size: int, header: Header | None):
+        self.path, self.num_blocks, self.block_size, self.header = path, num_blocks, block_size, header
+        self.counters = ReadCounters()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def real_tokens(self) -> np.ndarray:
+        """``int32[num_blocks]`` non-pad tokens per block (needs the pad id where not stored)."""
+        raise NotImplementedError
+
+    def read_blocks(self, indices) -> np.ndarray:
+        """``int32[len(indices), block_size]``: the blocks, in the order given.
+
+        Raises:
+            IndexError: an index outside ``[0, num_blocks)``.
+        """
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = np.flatnonzero((indices < 0) | (indices >= self.num_blocks))
+        if bad.size:
+            raise IndexError(f"block {int(indices[bad[0]])} out of range for {self.num_blocks} blocks")
+        out = np.empty(indices.shape[0] * self.block_size, np.int32)
+        read = self.prepare_read(indices * self.block_size, np.full_like(indices, self.block_size), out, 0)
+        run_reads([read])
+        starts = read.span_starts[:, None] + np.arange(self.block_size)[None, :]
+        return out[starts] if starts.size else out.reshape(0, self.block_size)
+
+    def prepare_read(self, starts, lengths, out: np.ndarray, at: int) -> PendingRead:
+        """Plans reading token spans, coalesced, into ``out[at:]`` (``meshbatch.cache.run_reads``
+        issues it); whole-row runs are read straight into ``out``.
+
+        Raises:
+            ValueError: malformed spans or ``out`` too small.
+            IndexError: a span ends past ``num_tokens``.
+        """
+        starts, lengths = as_spans(starts, lengths)
+        ends = starts + lengths
+        if ends.size and ends.max() > self.num_tokens:
+            i = int(np.argmax(ends))
+            raise IndexError(
+                f"span {i} ends at token {int(ends[i])} > num_tokens={self.num_tokens} of {self.path}"
+            )
+        runs = coalesce_spans(starts, lengths)
+        total = int(runs.run_offsets[-1])
+        if at < 0 or at + total > out.shape[0]:
+            raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
+        S = self.block_size
+        targets, finishes, nbytes = [], [], 0
+        for start, offset, length in zip(
+            runs.run_starts.tolist(), runs.run_offsets[:-1].tolist(), runs.run_lengths.tolist(), strict=True
+        ):
+            first, stop = start // S, -(-(start + length) // S)
+            dest = out[at + offset : at + offset + length]
+            if start % S == 0 and length % S == 0:
+                piece = dest.reshape(stop - first, S)
+                aside = None
+            else:
+                piece = aside = np.empty((stop - first, S), np.int32)
+            t, f = self._plan_rows(first, stop, piece)
+            targets += t
+            finishes += [f] if f is not None else []
+            if aside is not None:
+                finishes.append(_copier(dest, aside.reshape(-1), start - first * S))
+            nbytes += (stop - first) * S * 4
+        self.counters.add(
+            spans_requested=starts.shape[0],
+            unique_spans=runs.unique_spans,
+            runs=runs.run_starts.shape[0],
+            reads_issued=len(targets),
+            bytes_read=nbytes,
+        )
+
+        def finish() -> None:
+            for f in finishes:
+                f()
+
+        return PendingRead(runs.span_starts + at, at + total, targets, finish if finishes else None)
+
+    def _plan_rows(self, first: int, stop: int, dest: np.ndarray):
+        """``(targets, finish)`` that fill ``dest`` (``[stop - first, block_size]``) with rows."""
+        raise NotImplementedError
+
+
+class StoreBlocks(BlockSource):
+    """A preblocked TensorStore store (see the module docstring)."""
+
+    def __init__(self, path: str, header: Header, *, context: ts.Context | None = None):
+        context = context or shared_context()
+        spec = lambda name: {"driver": "zarr3", "kvstore": kvstore_spec(posixpath.join(path, name))}  # noqa: E731
+        self.blocks = ts.open(spec(BLOCKS), context=context, open=True, read=True).result()
+        shape = tuple(self.blocks.shape)
+        if len(shape) != 2 or shape[1] != header.block_size or shape[0] < header.num_blocks:
+            raise ValueError(
+                f"{path}/{BLOCKS} has shape {shape}; the header says "
+                f"[{header.num_blocks}, {header.block_size}]"
+            )
+        if self.blocks.dtype.numpy_dtype != np.int32:
+            raise ValueError(f"{path}/{BLOCKS} has dtype {self.blocks.dtype.numpy_dtype}, not int32")
+        self._real = ts.open(spec(REAL_TOKENS), context=context, open=True, read=True).result()
+        ledger = read_ledger(path, context=context)
+        if not ledger.is_finished or ledger.total_num_rows != header.num_blocks:
+            raise ValueError(
+                f"{path}: ledger is_finished={ledger.is_finished}, total_num_rows={ledger.total_num_rows}; "
+                f"the header says {header.num_blocks} blocks (an interrupted write?)"
+            )
+        super().__init__(path, header.num_blocks, header.block_size, header)
+
+    def real_tokens(self) -> np.ndarray:
+        return self._real[: self.num_blocks].read().result().astype(np.int32)
+
+    def _plan_rows(self, first, stop, dest):
+        return [(dest, self.blocks[first:stop, :])], None
+
+
+class ChunkBlocks(BlockSource):
+    """``chunk*.npy`` matrices, opened lazily: only their headers are read until rows are asked
+    for; whole chunks are then loaded and kept in a ``BlockCache`` LRU (``cache_bytes``), so many
+    small chunk files are not reopened for every read.
+    """
+
+    def __init__(
+        self, path: str, header: Header | None, *, pad_id: int | None = None, cache_bytes: int = 1 << 28
+    ):
+        self.files = chunk_files(path)
+        if not self.files:
+            raise ValueError(f"no chunk*.npy files in {path}")
+        rows, width = [], None
+        for file in self.files:
+            array = np.load(file, mmap_mode="r")  # the header only; no data read
+            if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+                raise ValueError(
+                    f"{file} holds a {array.dtype} array of shape {array.shape}; need [rows, block]"
+                )
+            if width is not None and array.shape[1] != width:
+                raise ValueError(f"{file} has rows of {array.shape[1]} tokens; the first chunk has {width}")
+            width = array.shape[1]
+            rows.append(array.shape[0])
+        self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        # equal chunks (all but the last): a row's chunk is one division, O(1)
+        self._rows_per_chunk = rows[0] if rows[0] and len(set(rows[:-1])) <= 1 and rows[-1] <= rows[0] else 0
+        self.cache = BlockCache(cache_bytes)
+        self.pad_id = header.pad_id if header is not None else pad_id
+        super().__init__(path, int(self.row_starts[-1]), int(width), header)
+        if header is not None and (header.block_size, header.num_blocks) != (
+            self.block_size,
+            self.num_blocks,
+        ):
+            raise ValueError(
+                f"{path}: chunks hold [{self.num_blocks}, {self.block_size}], the header says "
+                f"[{header.num_blocks}, {header.block_size}]"
+            )
+
+    def chunk(self, i: int) -> np.ndarray:
+        """Chunk ``i`` as an int32 array, through the LRU."""
+        array = self.cache.get(i)
+        if array is None:
+            loaded = np.load(self.files[i])
+            if loaded.size and (loaded.min() < -(2**31) or loaded.max() > 2**31 - 1):
+                raise ValueError(f"{self.files[i]} holds ids that do not fit int32")
+            array = loaded.astype(np.int32, copy=False)
+            self.cache.put(i, array)
+        return array
+
+    def _chunk_of(self, row: int) -> int:
+        if self._rows_per_chunk:
+            return row // self._rows_per_chunk
+        return int(np.searchsorted(self.row_starts, row, side="right")) - 1
+
+    def real_tokens(self) -> np.ndarray:
+        file = os.path.join(self.path, "real_tokens.npy")
+        if os.path.isfile(file):
+            return np.load(file).astype(np.int32)
+        if self.pad_id is None:
+            raise ValueError(f"{self.path} has no real_tokens.npy and no pad id to count them with")
+        logger.info("counting non-pad tokens of %d blocks in %s", self.num_blocks, self.path)
+        return np.concatenate(
+            [np.count_nonzero(self.chunk(i) != self.pad_id, axis=1) for i in range(len(self.files))]
+        ).astype(np.int32)
+
+    def _plan_rows(self, first, stop, dest):
+        def finish() -> None:
+            row = first
+            while row < stop:
+                i = self._chunk_of(row)
+                take = min(stop, int(self.row_starts[i + 1])) - row
+                local = row - int(self.row_starts[i])
+                dest[row - first : row - first + take] = self.chunk(i)[local : local + take]
+                row += take
+
+        return [], finish
+
+
+def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
+    def copy() -> None:
+        dest[:] = rows[skip : skip + dest.shape[0]]
+
+    return copy
+
+
+def open_blocks(path: str, *, pad_id: int | None = None, cache_bytes: int = 1 << 28) -> BlockSource:
+    """Opens a preblocked store or a ``chunk*.npy`` directory as a ``BlockSource``.
+
+    Raises:
+        FileNotFoundError: no such directory.
+        ValueError: a jagged token cache or anything else (named), or an inconsistent store.
+    """
+    kind = detect_format(path)
+    if kind == "levanter":
+        raise ValueError(
+            f"{path} is a jagged token cache, not preblocked data (see BlockDataset's legacy mode)"
+        )
+    header = read_header(path)
+    if kind == "store":
+        if header is None:
+            raise ValueError(f"{path} has {BLOCKS}/ but no {HEADER_FILE}")
+        return StoreBlocks(path, header)
+    return ChunkBlocks(path, header, pad_id=pad_id, cache_bytes=cache_bytes)
