@@ -11,6 +11,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .preblock.cli import add_preblock, add_validate_blocks
+
 
 def _add_validate_cache(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-cache", help="check a token cache and print a report (exit 1 if invalid)")
@@ -68,7 +70,7 @@ def _build_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = (_add_validate_cache, _add_build_cache)
+_SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
