@@ -61,7 +61,6 @@ class Placement(eqx.Module):
     num_blocks: Int[Array, ""]
 
 
-@partial(jax.jit, static_argnames=("block_size", "rule", "buffer_docs"))
 def pack_plan(
     lengths: Int[Array, " n"],
     num_docs: Int[Array, ""] | None = None,
@@ -72,42 +71,46 @@ def pack_plan(
 ) -> Placement:
     """The packing plan of documents of ``lengths`` tokens (markers excluded), in stream order.
 
+    Jitted; only ``rule``, ``buffer_docs`` and the shape of ``lengths`` select a compilation (the
+    block size is passed on as an array, so other block sizes reuse it).
+
     Args:
         lengths: ``int32[n]`` tokens per document; the caller keeps ``lengths + 2 + 2 * block_size``
             and the total block count below ``2**31``.
         num_docs: ``int32[]``: only the first ``num_docs`` entries are documents (the rest pad the
             shape, so that one compilation serves many corpus sizes; their placement is
             meaningless); ``None``: all ``n``.
-        block_size: slots per block (static).
-        rule: ``"greedy"`` or ``"ffd"`` (static; see the module docstring).
-        buffer_docs: documents grouped per buffer with ``"ffd"`` (static);
+        block_size: slots per block.
+        rule: ``"greedy"`` or ``"ffd"`` (see the module docstring).
+        buffer_docs: documents grouped per buffer with ``"ffd"``;
             ``(block_size + 2) * buffer_docs < 2**31``.
 
     Returns:
         The ``Placement`` of every document, in the order given.
 
     Raises:
-        ValueError: an unknown rule or out-of-range static sizes.
+        ValueError: an unknown rule or out-of-range sizes.
     """
     if rule not in RULES:
         raise ValueError(f"rule={rule!r} is not one of {RULES}")
     if block_size < 1 or buffer_docs < 1:
         raise ValueError(f"block_size and buffer_docs must be >= 1 (got {block_size=}, {buffer_docs=})")
     if (block_size + 2) * buffer_docs >= 2**31:
-        raise ValueError(
-            f"(block_size + 2) * buffer_docs must be < 2**31 (got {block_size=}, {buffer_docs=})"
-        )
-    sizes = lengths.astype(jnp.int32) + MARKERS
-    if num_docs is not None:  # size 0 is no document for both rules
-        sizes = jnp.where(jnp.arange(sizes.shape[0]) < num_docs, sizes, 0)
+        raise ValueError(f"need (block_size + 2) * buffer_docs < 2**31 (got {block_size=}, {buffer_docs=})")
+    num_docs = jnp.int32(lengths.shape[0]) if num_docs is None else num_docs
     if rule == "greedy":
-        return _greedy(sizes, block_size)
-    return _ffd(sizes, block_size, buffer_docs)
+        return _greedy(lengths, num_docs, jnp.int32(block_size))
+    return _ffd(lengths, num_docs, jnp.int32(block_size), buffer_docs=buffer_docs)
 
 
-def _greedy(sizes: Int[Array, " n"], block_size: int) -> Placement:
-    S = jnp.int32(block_size)
+def _sizes(lengths: Int[Array, " n"], num_docs: Int[Array, ""]) -> Int[Array, " n"]:
+    """Slots per document, 0 for the padding entries (no document, for both rules)."""
+    sizes = lengths.astype(jnp.int32) + MARKERS
+    return jnp.where(jnp.arange(sizes.shape[0]) < num_docs, sizes, 0)
 
+
+@jax.jit
+def _greedy(lengths: Int[Array, " n"], num_docs: Int[Array, ""], S: Int[Array, ""]) -> Placement:
     def step(carry, size):
         block, used = carry  # the current block and its filled slots (size 0 changes neither)
         fresh = jnp.where(size > S, used == S, used + size > S)
@@ -116,16 +119,18 @@ def _greedy(sizes: Int[Array, " n"], block_size: int) -> Placement:
         end = start + size  # one past the last slot, counted from start_block
         return (start_block + (end - 1) // S, (end - 1) % S + 1), (start_block, start)
 
-    (last, _), (block, offset) = jax.lax.scan(step, (jnp.int32(-1), S), sizes)
+    (last, _), (block, offset) = jax.lax.scan(step, (jnp.int32(-1), S), _sizes(lengths, num_docs))
     return Placement(block=block, offset=offset, num_blocks=last + 1)
 
 
-def _ffd(sizes: Int[Array, " n"], block_size: int, buffer_docs: int) -> Placement:
+@partial(jax.jit, static_argnames=("buffer_docs",))
+def _ffd(lengths: Int[Array, " n"], num_docs: Int[Array, ""], S: Int[Array, ""], *, buffer_docs: int) -> Placement:
+    sizes = _sizes(lengths, num_docs)
     n = sizes.shape[0]
     m = max(1, min(buffer_docs, n))
     buffers = -(-n // m)
     padded = jnp.pad(sizes, (0, buffers * m - n)).reshape(buffers, m)  # size 0: no document
-    ref, offset, back, pre, opened = _ffd_buffers(padded, block_size)
+    ref, offset, back, pre, opened = _ffd_buffers(padded, S)
     # A buffer's bin j is its block j + (full blocks that long documents put before bins 0..j).
     bin_block = jnp.arange(m, dtype=jnp.int32)[None, :] + jnp.cumsum(pre, axis=1, dtype=jnp.int32)
     per_buffer = opened + jnp.sum(pre, axis=1, dtype=jnp.int32)
@@ -138,7 +143,7 @@ def _ffd(sizes: Int[Array, " n"], block_size: int, buffer_docs: int) -> Placemen
     )
 
 
-def _ffd_buffers(sizes: Int[Array, "buffers m"], block_size: int):
+def _ffd_buffers(sizes: Int[Array, "buffers m"], S: Int[Array, ""]):
     """All buffers at once, one ``lax.scan`` step per rank in the size order. Per document: the
     bin it refers to, its offset there, and how many blocks before that bin it starts; per bin:
     the full blocks put just before it; per buffer: the bins opened.
@@ -151,7 +156,6 @@ def _ffd_buffers(sizes: Int[Array, "buffers m"], block_size: int):
     buffers, m = sizes.shape
     groups = -(-m // GROUP)
     M = groups * GROUP
-    S = jnp.int32(block_size)
     # Long documents first in stream order, then the rest largest first, ties in stream order, as
     # one int32 sort key (a single-operand sort is several times faster than argsort on CPU).
     rank = (S + 1 - jnp.minimum(sizes, S + 1)) * m + jnp.arange(m, dtype=jnp.int32)[None, :]

@@ -130,7 +130,7 @@ def validate_blocks(
     # distance to the next [DOC] after each position, within the block
     next_doc = jax.lax.cummin(jnp.where(is_doc, position[None, :], block), axis=1, reverse=True)
     next_doc = jnp.concatenate([next_doc[:, 1:], jnp.full((rows, 1), block, jnp.int32)], 1)
-    doc_nearby = next_doc - position[None, :] <= literal_window
+    doc_nearby = (next_doc < block) & (next_doc - position[None, :] <= literal_window)
     literal_doc = is_doc & flanked if literal_heuristics else jnp.zeros_like(is_doc)
     literal_eod = is_eod & ~doc_nearby if literal_heuristics else jnp.zeros_like(is_eod)
 

@@ -76,3 +76,51 @@ def assemble(docs, placement, num_blocks: int, block_size: int, *, doc_id, eod_i
         at = block * block_size + offset
         flat[at : at + len(doc) + 2] = [doc_id, *doc, eod_id]
     return flat.reshape(num_blocks, block_size)
+
+
+def validate(blocks, *, doc_id, eod_id, pad_id, vocab_size, carry_open_doc=False, literal_heuristics=False,
+             literal_window=8) -> list[tuple[int, int, str]]:
+    """The structure check token by token: ``[(block, position, kind)]`` sorted (see
+    ``meshbatch.kernels.structure`` for the rules this restates)."""
+    found = []
+    carried = False
+    structural = {doc_id, eod_id, pad_id}
+    n = len(blocks)
+    for b, block in enumerate(blocks):
+        block = [int(t) for t in block]
+        S = len(block)
+        is_open = carried if carry_open_doc else False
+        opened_at, implicit = (-1, False)
+        for i, tok in enumerate(block):
+            code = None
+            if tok not in structural and not 0 <= tok < vocab_size:
+                code = "out_of_vocab"
+            elif i > 0 and block[i - 1] == pad_id and tok != pad_id:
+                code = "marker_after_pad" if tok in (doc_id, eod_id) else "pad_in_middle"
+            kind = None
+            if tok == doc_id:
+                left = i == 0 or block[i - 1] in structural
+                right = i == S - 1 or block[i + 1] in structural
+                if is_open and literal_heuristics and left and right:
+                    kind = "literal_doc"
+                else:
+                    if is_open:
+                        kind = "nested_doc"
+                    is_open, opened_at, implicit = True, i, False
+            elif tok == eod_id:
+                if is_open:
+                    is_open = False
+                elif literal_heuristics and doc_id not in block[i + 1 : i + 1 + literal_window]:
+                    kind = "literal_eod"
+                else:
+                    kind = "stray_eod"
+            elif tok != pad_id and not is_open:
+                kind = "content_outside_doc"
+                is_open, opened_at, implicit = True, i, True
+            code = code or kind
+            if code:
+                found.append((b, i, code))
+        carried = is_open and not implicit
+        if is_open and not implicit and (not carry_open_doc or b == n - 1):
+            found.append((b, max(opened_at, 0), "unclosed_doc"))
+    return sorted(found)

@@ -94,26 +94,29 @@ def preblock(
     inputs = list(inputs)
     if not inputs:
         raise ValueError("inputs must name at least one file or cache directory (got inputs=[])")
-    _prepare_output(output, if_exists)
     disable = None if progress is None else not progress
-
-    if any(os.path.isdir(p) for p in inputs):
+    from_cache = any(os.path.isdir(p) for p in inputs)
+    if from_cache:
         if len(inputs) != 1:
             raise ValueError(f"a token cache directory must be the only input (got inputs={inputs})")
         if escape_literal_markers:
-            raise ValueError(
-                "escape_literal_markers applies to text inputs; a token cache is already tokenized"
-            )
+            raise ValueError("escape_literal_markers applies to text inputs; a token cache is tokenized")
         if tokenizer is not None:
             raise ValueError("tokenizer applies to text inputs, not to a token cache")
-        cache = TokenCache.open(inputs[0])
         vocab = vocab_size if vocab_size is not None else _cache_vocab(inputs[0])
-        source = {"kind": "cache", "path": os.path.abspath(inputs[0])}
         named = {}
     else:
         tokenizer = tokenizer or ByteTokenizer(add_eos=False)
         named = _named_markers(tokenizer)
         vocab = vocab_size if vocab_size is not None else tokenizer.vocab_size
+    vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
+    ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
+    _prepare_output(output, if_exists)
+
+    if from_cache:
+        cache = TokenCache.open(inputs[0])
+        source = {"kind": "cache", "path": os.path.abspath(inputs[0])}
+    else:
         tokens_root = os.path.join(output, "tokens")
         encoder = EscapingTokenizer(tokenizer) if escape_literal_markers else tokenizer
         build_cache(
@@ -131,8 +134,6 @@ def preblock(
             "inputs": [os.path.abspath(p) for p in inputs],
             "tokenizer": encoder.metadata(),
         }
-    vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
-    ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
     if cache.num_rows == 0:
         raise ValueError(f"no documents to pack in {inputs}")
 
