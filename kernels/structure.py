@@ -33,8 +33,8 @@ it does not count towards a failed validation) and otherwise read as text (no st
 
 A position carries one code; when several apply the first of ``out_of_vocab``, the padding
 kinds, the structural kinds wins. Every block is scanned from both possible starting states at
-once; ``carry_open_doc`` then picks each block's start by composing the blocks' state maps with an
-associative scan, so a batch is one pass however long the chain of carried documents.
+once; ``carry_open_doc`` then picks each block's start from the blocks' state maps with one
+running maximum, so a batch is one pass however long the chain of carried documents.
 """
 
 from __future__ import annotations
@@ -75,18 +75,6 @@ class Findings(eqx.Module):
     carry_out: Bool[Array, ""]
 
 
-@partial(
-    jax.jit,
-    static_argnames=(
-        "doc_id",
-        "eod_id",
-        "pad_id",
-        "vocab_size",
-        "carry_open_doc",
-        "literal_heuristics",
-        "literal_window",
-    ),
-)
 def validate_blocks(
     blocks: Int[Array, "blocks block"],
     valid: Int[Array, ""],
@@ -103,6 +91,9 @@ def validate_blocks(
 ) -> Findings:
     """Anomalies of a batch of blocks (see the module docstring).
 
+    Jitted; only the shape of ``blocks`` selects a compilation: the ids and options travel as
+    arrays, so every store and option set reuses it.
+
     Args:
         blocks: ``[blocks, block_size]`` token ids; rows from ``valid`` on are ignored (a last,
             short batch padded to the compiled shape).
@@ -110,12 +101,22 @@ def validate_blocks(
         carry_in: ``bool[]`` with ``carry_open_doc``: the previous batch ended inside a document.
         final: ``bool[]`` the batch holds the last block of the data (with ``carry_open_doc`` a
             document still open there is ``unclosed_doc``).
-        doc_id, eod_id, pad_id, vocab_size, carry_open_doc, literal_heuristics, literal_window:
-            static configuration.
+        doc_id, eod_id, pad_id, vocab_size: the structural ids; ordinary ids are
+            ``[0, vocab_size)``.
+        carry_open_doc, literal_heuristics, literal_window: the options (module docstring).
 
     Returns:
         ``Findings``.
     """
+    config = jnp.array([doc_id, eod_id, pad_id, vocab_size, literal_window], jnp.int32)
+    flags = jnp.array([carry_open_doc, literal_heuristics])
+    return _validate(blocks, jnp.asarray(valid, jnp.int32), jnp.asarray(carry_in), jnp.asarray(final), config, flags)
+
+
+@jax.jit
+def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
+    doc_id, eod_id, pad_id, vocab_size, literal_window = (config[i] for i in range(5))
+    carry_open_doc, literal_heuristics = flags[0], flags[1]
     tokens = blocks.astype(jnp.int32)
     rows, block = tokens.shape
     position = jnp.arange(block, dtype=jnp.int32)
@@ -131,11 +132,11 @@ def validate_blocks(
     next_doc = jax.lax.cummin(jnp.where(is_doc, position[None, :], block), axis=1, reverse=True)
     next_doc = jnp.concatenate([next_doc[:, 1:], jnp.full((rows, 1), block, jnp.int32)], 1)
     doc_nearby = (next_doc < block) & (next_doc - position[None, :] <= literal_window)
-    literal_doc = is_doc & flanked if literal_heuristics else jnp.zeros_like(is_doc)
-    literal_eod = is_eod & ~doc_nearby if literal_heuristics else jnp.zeros_like(is_eod)
+    literal_doc = is_doc & flanked & literal_heuristics
+    literal_eod = is_eod & ~doc_nearby & literal_heuristics
 
-    starts = (False, True) if carry_open_doc else (False,)
-    init_open = jnp.broadcast_to(jnp.array(starts), (rows, len(starts)))
+    # every block from both starting states; carry_open_doc picks one per block below
+    init_open = jnp.broadcast_to(jnp.array([False, True]), (rows, 2))
 
     def step(state, x):
         open_, opened_at, implicit = state
@@ -167,19 +168,19 @@ def validate_blocks(
 
     row = jnp.arange(rows, dtype=jnp.int32)
     real = row < valid
-    if carry_open_doc:
-        # Block b maps its incoming state s to "a real document is open at its end"; rows past
-        # `valid` map s to s. A run of stray content is not carried (it was reported already).
-        maps = jnp.where(real[:, None], end_open & ~end_implicit, jnp.array([False, True])[None, :])
-        composed = jax.lax.associative_scan(_then, maps, axis=0)
-        before = jnp.concatenate([jnp.array([[False, True]]), composed[:-1]], 0)
-        start = jnp.where(carry_in, before[:, 1], before[:, 0]).astype(jnp.int32)
-        carry_out = jnp.where(carry_in, composed[-1, 1], composed[-1, 0])
-        report_end = final & (row == valid - 1)
-    else:
-        start = jnp.zeros((rows,), jnp.int32)
-        carry_out = jnp.array(False)
-        report_end = jnp.ones((rows,), bool)
+    # Block b maps its incoming state s to "a real document is open at its end"; rows past
+    # `valid` map s to s. A run of stray content is not carried (it was reported already). A map
+    # is the identity or a constant (a block can close an open document and open a closed one,
+    # but never do one without the other for the same tokens), so the state after block b is
+    # the value of the last constant map up to b, or the state carried in when there is none.
+    maps = jnp.where(real[:, None], end_open & ~end_implicit, jnp.array([False, True])[None, :])
+    constant = maps[:, 0] == maps[:, 1]
+    last = jax.lax.cummax(jnp.where(constant, row, -1), axis=0)
+    after = jnp.where(last >= 0, maps[jnp.maximum(last, 0), 0], carry_in)
+    carried = jnp.concatenate([carry_in[None], after[:-1]])
+    start = jnp.where(carry_open_doc, carried, False).astype(jnp.int32)
+    carry_out = carry_open_doc & after[-1]
+    report_end = jnp.where(carry_open_doc, final & (row == valid - 1), True)
     pick = partial(jnp.take_along_axis, indices=start[:, None], axis=1)
     structure = jnp.take_along_axis(state_codes, start[:, None, None], axis=2)[..., 0]
     codes = jnp.where(oov, CODE["out_of_vocab"], jnp.where(pad_code > 0, pad_code, structure))
@@ -187,7 +188,3 @@ def validate_blocks(
     unclosed = jnp.where(still_open, jnp.maximum(pick(end_at)[:, 0], 0), -1)
     return Findings(codes=jnp.where(real[:, None], codes, 0), unclosed=unclosed, carry_out=carry_out)
 
-
-def _then(first: Bool[Array, "... 2"], second: Bool[Array, "... 2"]) -> Bool[Array, "... 2"]:
-    """The state map "``first``, then ``second``" of maps written as their values at 0 and 1."""
-    return jnp.where(first, second[..., 1:2], second[..., 0:1])
