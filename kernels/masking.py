@@ -12,7 +12,8 @@ everywhere else:
 
 Probabilities are compared as 24-bit integers (a draw of ``bits >> 8`` below
 ``round(p * 2**24)``), so a rate of 1 selects every eligible position. A random replacement is
-uniform over ``[0, vocab_size)`` minus the special ids. Keys come from the caller, derived from
+uniform over ``[0, vocab_size)`` minus the special ids (a 32-bit draw times the number of ids,
+high word: off uniform by at most ``vocab_size / 2**32``). Keys come from the caller, derived from
 stream coordinates (``row_keys``) so that a row's mask never depends on which device holds it.
 """
 
@@ -83,10 +84,10 @@ def mlm_mask(
     candidates = vocab_size - sum(1 for s in special_ids if 0 <= s < vocab_size)
 
     def one_row(row, key):
-        pick, action, replace = jax.random.split(key, 3)
-        selected = (jax.random.bits(pick, (seq,), jnp.uint32) >> 8) < threshold(rate)
-        u = jax.random.bits(action, (seq,), jnp.uint32) >> 8
-        random = jax.random.randint(replace, (seq,), 0, candidates, jnp.int32)
+        bits = jax.random.bits(key, (3, seq), jnp.uint32)  # one threefry call: select, action, id
+        selected = (bits[0] >> 8) < threshold(rate)
+        u = bits[1] >> 8
+        random = _mulhi(bits[2], jnp.uint32(candidates)).astype(jnp.int32)
         for special in special_ids:  # sorted: shift past each special id, in order
             if 0 <= special < vocab_size:
                 random = random + (random >= special).astype(jnp.int32)
@@ -103,3 +104,12 @@ def mlm_mask(
 
     tokens = tokens.astype(jnp.int32)
     return jax.vmap(one_row)(tokens, keys)
+
+
+def _mulhi(a: UInt32[Array, "..."], b: UInt32[Array, ""]) -> UInt32[Array, "..."]:
+    """``floor(a * b / 2**32)`` exactly, from 16-bit limbs (no 64-bit integers)."""
+    low = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & low, a >> 16, b & low, b >> 16
+    p01, p10 = a0 * b1, a1 * b0
+    middle = ((a0 * b0) >> 16) + (p01 & low) + (p10 & low)
+    return a1 * b1 + (p01 >> 16) + (p10 >> 16) + (middle >> 16)
