@@ -33,8 +33,9 @@ it does not count towards a failed validation) and otherwise read as text (no st
 
 A position carries one code; when several apply the first of ``out_of_vocab``, the padding
 kinds, the structural kinds wins. Every block is scanned from both possible starting states at
-once; ``carry_open_doc`` then picks each block's start from the blocks' state maps with one
-running maximum, so a batch is one pass however long the chain of carried documents.
+once, one table lookup per position (``_RULES``); ``carry_open_doc`` then picks each block's start
+from the blocks' state maps with one running maximum, so a batch is one pass however long the
+chain of carried documents.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ from functools import partial
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Int
+
+from .scan import running_count
 
 KINDS: tuple[str, ...] = (
     "out_of_vocab",
@@ -58,6 +62,21 @@ KINDS: tuple[str, ...] = (
     "literal_eod",
 )
 CODE = {kind: code for code, kind in enumerate(KINDS, start=1)}  # 0: nothing to report
+
+# The state machine as a table. States: no document, a real one, a run of content outside any.
+CLOSED, OPEN, IMPLICIT = 0, 1, 2
+PAD, CONTENT, DOC, DOC_LITERAL, EOD, EOD_LITERAL = range(6)  # token kinds (literal: H1/H2 apply)
+_RULES = {  # kind: [(next state, code, opens a document here) from CLOSED, OPEN, IMPLICIT]
+    PAD: [(CLOSED, 0, 0), (OPEN, 0, 0), (IMPLICIT, 0, 0)],
+    CONTENT: [(IMPLICIT, CODE["content_outside_doc"], 1), (OPEN, 0, 0), (IMPLICIT, 0, 0)],
+    DOC: [(OPEN, 0, 1), (OPEN, CODE["nested_doc"], 1), (OPEN, CODE["nested_doc"], 1)],
+    DOC_LITERAL: [(OPEN, 0, 1), (OPEN, CODE["literal_doc"], 0), (IMPLICIT, CODE["literal_doc"], 0)],
+    EOD: [(CLOSED, CODE["stray_eod"], 0), (CLOSED, 0, 0), (CLOSED, 0, 0)],
+    EOD_LITERAL: [(CLOSED, CODE["literal_eod"], 0), (CLOSED, 0, 0), (CLOSED, 0, 0)],
+}
+_TABLE = np.array(
+    [nxt | code << 2 | opens << 6 for kind in range(6) for nxt, code, opens in _RULES[kind]], np.int32
+)
 LITERAL_KINDS = ("literal_doc", "literal_eod")
 
 
@@ -128,43 +147,28 @@ def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
     pad_code = jnp.where(after_pad, jnp.where(is_marker, CODE["marker_after_pad"], CODE["pad_in_middle"]), 0)
     edge = jnp.ones((rows, 1), bool)
     flanked = jnp.concatenate([edge, structural[:, :-1]], 1) & jnp.concatenate([structural[:, 1:], edge], 1)
-    # distance to the next [DOC] after each position, within the block
-    next_doc = jax.lax.cummin(jnp.where(is_doc, position[None, :], block), axis=1, reverse=True)
-    next_doc = jnp.concatenate([next_doc[:, 1:], jnp.full((rows, 1), block, jnp.int32)], 1)
-    doc_nearby = (next_doc < block) & (next_doc - position[None, :] <= literal_window)
+    # a [DOC] among the next literal_window positions of the block: from running counts
+    docs_so_far = running_count(is_doc)
+    ahead = jnp.minimum(position + literal_window, block - 1)[None, :]
+    doc_nearby = jnp.take_along_axis(docs_so_far, jnp.broadcast_to(ahead, docs_so_far.shape), axis=1) > docs_so_far
     literal_doc = is_doc & flanked & literal_heuristics
     literal_eod = is_eod & ~doc_nearby & literal_heuristics
+    kind = jnp.select(
+        [is_pad, literal_doc, is_doc, literal_eod, is_eod], [PAD, DOC_LITERAL, DOC, EOD_LITERAL, EOD], CONTENT
+    )
 
-    # every block from both starting states; carry_open_doc picks one per block below
-    init_open = jnp.broadcast_to(jnp.array([False, True]), (rows, 2))
+    # Every block from both starting states (closed, open); carry_open_doc picks one per block
+    # below. One table lookup per position: next state, code and whether a document opens here.
+    def step(carry, x):
+        state, opened_at = carry
+        kind_at, pos = x
+        entry = jnp.asarray(_TABLE)[kind_at[:, None] * 3 + state]
+        return (entry & 3, jnp.where(entry >> 6 > 0, pos, opened_at)), (entry >> 2) & 15
 
-    def step(state, x):
-        open_, opened_at, implicit = state
-        doc, eod, pad, lit_doc, lit_eod, pos = x
-        doc, eod, pad, lit_doc, lit_eod = (v[:, None] for v in (doc, eod, pad, lit_doc, lit_eod))
-        content = ~(doc | eod | pad)
-        code = jnp.select(
-            [
-                doc & open_ & lit_doc,
-                doc & open_,
-                eod & ~open_ & lit_eod,
-                eod & ~open_,
-                content & ~open_,
-            ],
-            [CODE["literal_doc"], CODE["nested_doc"], CODE["literal_eod"], CODE["stray_eod"]]
-            + [CODE["content_outside_doc"]],
-            0,
-        )
-        opens = (doc & ~(open_ & lit_doc)) | (content & ~open_)
-        new_open = jnp.where(opens, True, jnp.where(eod & open_, False, open_))
-        new_at = jnp.where(opens, pos, opened_at)
-        new_implicit = jnp.where(opens, content, implicit)
-        return (new_open, new_at, new_implicit), code
-
-    init = (init_open, jnp.full(init_open.shape, -1, jnp.int32), jnp.zeros(init_open.shape, bool))
-    xs = (is_doc.T, is_eod.T, is_pad.T, literal_doc.T, literal_eod.T, position)
-    (end_open, end_at, end_implicit), state_codes = jax.lax.scan(step, init, xs)
+    init = (jnp.broadcast_to(jnp.array([CLOSED, OPEN], jnp.int32), (rows, 2)), jnp.full((rows, 2), -1, jnp.int32))
+    (end_state, end_at), state_codes = jax.lax.scan(step, init, (kind.T, position))
     state_codes = jnp.moveaxis(state_codes, 0, 1)  # [rows, block, starts]
+    end_open, end_implicit = end_state != CLOSED, end_state == IMPLICIT
 
     row = jnp.arange(rows, dtype=jnp.int32)
     real = row < valid
@@ -175,7 +179,7 @@ def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
     # the value of the last constant map up to b, or the state carried in when there is none.
     maps = jnp.where(real[:, None], end_open & ~end_implicit, jnp.array([False, True])[None, :])
     constant = maps[:, 0] == maps[:, 1]
-    last = jax.lax.cummax(jnp.where(constant, row, -1), axis=0)
+    last = _running_max(jnp.where(constant, row, -1))
     after = jnp.where(last >= 0, maps[jnp.maximum(last, 0), 0], carry_in)
     carried = jnp.concatenate([carry_in[None], after[:-1]])
     start = jnp.where(carry_open_doc, carried, False).astype(jnp.int32)
@@ -188,3 +192,12 @@ def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
     unclosed = jnp.where(still_open, jnp.maximum(pick(end_at)[:, 0], 0), -1)
     return Findings(codes=jnp.where(real[:, None], codes, 0), unclosed=unclosed, carry_out=carry_out)
 
+
+def _running_max(x: Int[Array, " n"]) -> Int[Array, " n"]:
+    """Inclusive running maximum in ``log2(n)`` doubling steps (``lax.cummax`` lowers to an O(n)
+    window per element on CPU)."""
+    shift = 1
+    while shift < x.shape[0]:
+        x = jnp.maximum(x, jnp.concatenate([jnp.full((shift,), -1, x.dtype), x[:-shift]]))
+        shift *= 2
+    return x
