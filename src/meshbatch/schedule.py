@@ -17,6 +17,8 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
 from .checks import check_int, is_int
 
 
@@ -78,6 +80,35 @@ class BatchSchedule:
         step = check_int("step", step, low=0)  # a Python int: offsets never wrap
         i = self._segment(step)
         return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
+
+    def steps_within(self, total: int) -> int:
+        """Steps whose batches all fit in the first ``total`` examples: the first step that does
+        not fit. O(log steps)."""
+        low, high = 0, 1
+        while self.offset(high) + self.batch_size(high) <= total:
+            high *= 2
+        while low < high:
+            mid = (low + high) // 2
+            if self.offset(mid) + self.batch_size(mid) <= total:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def rows(self, step: int, rows: np.ndarray, num_examples: int) -> tuple[np.ndarray, np.ndarray]:
+        """The uint32 ``(position, epoch)`` of batch rows ``rows`` of ``step`` in a stream of epochs of
+        ``num_examples``; the unbounded integers stay in Python.
+
+        Raises:
+            OverflowError: the step reaches epoch ``2**32``.
+        """
+        epoch0, position0 = divmod(self.offset(step), num_examples)  # Python ints: never wrap
+        last_epoch = epoch0 + (position0 + self.batch_size(step) - 1) // num_examples
+        if last_epoch > 2**32 - 1:
+            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
+        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
+        epoch = np.uint32(epoch0) + (position // num_examples).astype(np.uint32)
+        return (position % num_examples).astype(np.uint32), epoch
 
     def unique_sizes(self) -> list[int]:
         """Every batch size the schedule uses."""
