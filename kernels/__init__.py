@@ -5,8 +5,17 @@ imports kernels from here and nowhere else.
 """
 
 from .batch import Batch as Batch
+from .blocks import assemble_rows as assemble_rows
+from .blocks import block_batch as block_batch
 from .causal import causal_lm_batch as causal_lm_batch
 from .causal import gather_windows as gather_windows
+from .masking import mlm_mask as mlm_mask
+from .masking import row_keys as row_keys
+from .packing import MARKERS as MARKERS
+from .packing import PACKING_RULES as PACKING_RULES
+from .packing import PackingRule as PackingRule
+from .packing import Placement as Placement
+from .packing import pack_plan as pack_plan
 from .permutation import COMPATS as COMPATS
 from .permutation import INVALID as INVALID
 from .permutation import KINDS as KINDS
@@ -29,3 +38,7 @@ from .splice_pairs import pair_count as pair_count
 from .splice_schedule import LanePermutation as LanePermutation
 from .splice_schedule import SpliceSchedule as SpliceSchedule
 from .splice_schedule import lookup_rows as lookup_rows
+from .structure import ANOMALY_KINDS as ANOMALY_KINDS
+from .structure import LITERAL_KINDS as LITERAL_KINDS
+from .structure import Findings as Findings
+from .structure import validate_blocks as validate_blocks

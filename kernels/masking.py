@@ -14,7 +14,8 @@ Probabilities are compared as 24-bit integers (a draw of ``bits >> 8`` below
 ``round(p * 2**24)``), so a rate of 1 selects every eligible position. A random replacement is
 uniform over ``[0, vocab_size)`` minus the special ids (a 32-bit draw times the number of ids,
 high word: off uniform by at most ``vocab_size / 2**32``). Keys come from the caller, derived from
-stream coordinates (``row_keys``) so that a row's mask never depends on which device holds it.
+stream coordinates (``row_keys``) so that a row's mask never depends on which device holds it;
+the draws of a row's positions are a counter-based hash of its key (``_position_bits``).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def mlm_mask(
     candidates = vocab_size - sum(1 for s in special_ids if 0 <= s < vocab_size)
 
     def one_row(row, key):
-        bits = jax.random.bits(key, (3, seq), jnp.uint32)  # one threefry call: select, action, id
+        bits = _position_bits(jax.random.key_data(key), seq)  # select, action, random id
         selected = (bits[0] >> 8) < threshold(rate)
         u = bits[1] >> 8
         random = _mulhi(bits[2], jnp.uint32(candidates)).astype(jnp.int32)
@@ -104,6 +105,24 @@ def mlm_mask(
 
     tokens = tokens.astype(jnp.int32)
     return jax.vmap(one_row)(tokens, keys)
+
+
+def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """murmur3's 32-bit finalizer: every input bit flips each output bit with probability ~1/2."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _position_bits(key_data: UInt32[Array, " 2"], seq: int) -> UInt32[Array, "3 seq"]:
+    """Three 32-bit draws per position from a row's key: a counter-based hash (two fmix32 rounds
+    keyed by the key's two words) of the draw's (stream, position) counter. Threefry per position
+    costs seconds of compilation per program for no statistical gain at these sizes; the row key
+    itself still comes from ``fold_in``."""
+    counter = jnp.arange(3 * seq, dtype=jnp.uint32).reshape(3, seq)
+    return _fmix32(_fmix32(counter * jnp.uint32(0x9E3779B9) ^ key_data[0]) ^ key_data[1])
 
 
 def _mulhi(a: UInt32[Array, "..."], b: UInt32[Array, ""]) -> UInt32[Array, "..."]:

@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-Rule = Literal["greedy", "ffd"]
-RULES: tuple[str, ...] = ("greedy", "ffd")
+PackingRule = Literal["greedy", "ffd"]
+PACKING_RULES: tuple[str, ...] = ("greedy", "ffd")
 MARKERS = 2  # [DOC] and [EOD] around every document
 GROUP = 32  # bins per first-fit group
 
@@ -66,7 +66,7 @@ def pack_plan(
     num_docs: Int[Array, ""] | None = None,
     *,
     block_size: int,
-    rule: Rule = "ffd",
+    rule: PackingRule = "ffd",
     buffer_docs: int = 1024,
 ) -> Placement:
     """The packing plan of documents of ``lengths`` tokens (markers excluded), in stream order.
@@ -91,8 +91,8 @@ def pack_plan(
     Raises:
         ValueError: an unknown rule or out-of-range sizes.
     """
-    if rule not in RULES:
-        raise ValueError(f"rule={rule!r} is not one of {RULES}")
+    if rule not in PACKING_RULES:
+        raise ValueError(f"rule={rule!r} is not one of {PACKING_RULES}")
     if block_size < 1 or buffer_docs < 1:
         raise ValueError(f"block_size and buffer_docs must be >= 1 (got {block_size=}, {buffer_docs=})")
     if (block_size + 2) * buffer_docs >= 2**31:
@@ -124,7 +124,9 @@ def _greedy(lengths: Int[Array, " n"], num_docs: Int[Array, ""], S: Int[Array, "
 
 
 @partial(jax.jit, static_argnames=("buffer_docs",))
-def _ffd(lengths: Int[Array, " n"], num_docs: Int[Array, ""], S: Int[Array, ""], *, buffer_docs: int) -> Placement:
+def _ffd(
+    lengths: Int[Array, " n"], num_docs: Int[Array, ""], S: Int[Array, ""], *, buffer_docs: int
+) -> Placement:
     sizes = _sizes(lengths, num_docs)
     n = sizes.shape[0]
     m = max(1, min(buffer_docs, n))

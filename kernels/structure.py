@@ -50,7 +50,7 @@ from jaxtyping import Array, Bool, Int
 
 from .scan import running_count
 
-KINDS: tuple[str, ...] = (
+ANOMALY_KINDS: tuple[str, ...] = (
     "out_of_vocab",
     "nested_doc",
     "stray_eod",
@@ -61,7 +61,7 @@ KINDS: tuple[str, ...] = (
     "literal_doc",
     "literal_eod",
 )
-CODE = {kind: code for code, kind in enumerate(KINDS, start=1)}  # 0: nothing to report
+CODE = {kind: code for code, kind in enumerate(ANOMALY_KINDS, start=1)}  # 0: nothing to report
 
 # The state machine as a table. States: no document, a real one, a run of content outside any.
 CLOSED, OPEN, IMPLICIT = 0, 1, 2
@@ -129,7 +129,9 @@ def validate_blocks(
     """
     config = jnp.array([doc_id, eod_id, pad_id, vocab_size, literal_window], jnp.int32)
     flags = jnp.array([carry_open_doc, literal_heuristics])
-    return _validate(blocks, jnp.asarray(valid, jnp.int32), jnp.asarray(carry_in), jnp.asarray(final), config, flags)
+    return _validate(
+        blocks, jnp.asarray(valid, jnp.int32), jnp.asarray(carry_in), jnp.asarray(final), config, flags
+    )
 
 
 @jax.jit
@@ -150,7 +152,9 @@ def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
     # a [DOC] among the next literal_window positions of the block: from running counts
     docs_so_far = running_count(is_doc)
     ahead = jnp.minimum(position + literal_window, block - 1)[None, :]
-    doc_nearby = jnp.take_along_axis(docs_so_far, jnp.broadcast_to(ahead, docs_so_far.shape), axis=1) > docs_so_far
+    doc_nearby = (
+        jnp.take_along_axis(docs_so_far, jnp.broadcast_to(ahead, docs_so_far.shape), axis=1) > docs_so_far
+    )
     literal_doc = is_doc & flanked & literal_heuristics
     literal_eod = is_eod & ~doc_nearby & literal_heuristics
     kind = jnp.select(
@@ -165,7 +169,10 @@ def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
         entry = jnp.asarray(_TABLE)[kind_at[:, None] * 3 + state]
         return (entry & 3, jnp.where(entry >> 6 > 0, pos, opened_at)), (entry >> 2) & 15
 
-    init = (jnp.broadcast_to(jnp.array([CLOSED, OPEN], jnp.int32), (rows, 2)), jnp.full((rows, 2), -1, jnp.int32))
+    init = (
+        jnp.broadcast_to(jnp.array([CLOSED, OPEN], jnp.int32), (rows, 2)),
+        jnp.full((rows, 2), -1, jnp.int32),
+    )
     (end_state, end_at), state_codes = jax.lax.scan(step, init, (kind.T, position))
     state_codes = jnp.moveaxis(state_codes, 0, 1)  # [rows, block, starts]
     end_open, end_implicit = end_state != CLOSED, end_state == IMPLICIT

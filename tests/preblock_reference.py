@@ -78,8 +78,17 @@ def assemble(docs, placement, num_blocks: int, block_size: int, *, doc_id, eod_i
     return flat.reshape(num_blocks, block_size)
 
 
-def validate(blocks, *, doc_id, eod_id, pad_id, vocab_size, carry_open_doc=False, literal_heuristics=False,
-             literal_window=8) -> list[tuple[int, int, str]]:
+def validate(
+    blocks,
+    *,
+    doc_id,
+    eod_id,
+    pad_id,
+    vocab_size,
+    carry_open_doc=False,
+    literal_heuristics=False,
+    literal_window=8,
+) -> list[tuple[int, int, str]]:
     """The structure check token by token: ``[(block, position, kind)]`` sorted (see
     ``meshbatch.kernels.structure`` for the rules this restates)."""
     found = []

@@ -20,7 +20,8 @@ def plan(lengths, n_pad: int = 64, **kw):
     padded[: len(lengths)] = lengths
     got = pack_plan(jnp.asarray(padded), jnp.int32(len(lengths)), **kw)
     n = len(lengths)
-    return list(zip(np.asarray(got.block)[:n].tolist(), np.asarray(got.offset)[:n].tolist())), int(got.num_blocks)
+    block, offset = np.asarray(got.block)[:n].tolist(), np.asarray(got.offset)[:n].tolist()
+    return list(zip(block, offset, strict=True)), int(got.num_blocks)
 
 
 def test_golden_module_example():
@@ -63,7 +64,7 @@ def test_blocks_hold_every_document_once_padding_at_tails(rule):
         assert not np.any(is_pad[:, :-1] & ~is_pad[:, 1:])
         assert not np.any(is_pad[:, 0])
         # a document that fits a block is never split
-        for (block, offset), length in zip(placement, lengths, strict=True):
+        for (_, offset), length in zip(placement, lengths, strict=True):
             if length + 2 <= S:
                 assert offset + length + 2 <= S
 
@@ -81,7 +82,9 @@ def test_no_recompile_across_corpora_and_block_sizes():
     for seed, block_size in enumerate([8, 16, 128]):
         lengths = np.random.default_rng(seed).integers(0, 20, 37).astype(np.int32)
         for rule in ("ffd", "greedy"):
-            pack_plan(jnp.asarray(lengths), jnp.int32(seed + 5), block_size=block_size, rule=rule, buffer_docs=5)
+            pack_plan(
+                jnp.asarray(lengths), jnp.int32(seed + 5), block_size=block_size, rule=rule, buffer_docs=5
+            )
     after = packing._ffd._cache_size(), packing._greedy._cache_size()
     assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
 
@@ -101,8 +104,15 @@ def test_layout_shuffle_levels():
     np.testing.assert_array_equal(again.starts, doc.starts)  # deterministic in the key
     # per-block real tokens agree with the assembled blocks
     docs = [[0] * int(k) for k in lengths]
-    out = assemble(docs, [(int(s) // 16, int(s) % 16) for s in doc.starts], doc.num_blocks, 16, doc_id=D,
-                   eod_id=E, pad_id=P)
+    out = assemble(
+        docs,
+        [(int(s) // 16, int(s) % 16) for s in doc.starts],
+        doc.num_blocks,
+        16,
+        doc_id=D,
+        eod_id=E,
+        pad_id=P,
+    )
     np.testing.assert_array_equal(doc.real_tokens(), np.count_nonzero(out != P, axis=1))
 
 

@@ -87,10 +87,14 @@ def test_format_detection_picks_the_mode(data):
 
 @pytest.mark.parametrize("level", ["document", "segment"])
 def test_every_mode_gives_identical_batches(data, level):
-    shuffle = ShuffleSpec("none")  # shuffles are ShuffleSpec's (tested with it); rows come in random order here
+    shuffle = ShuffleSpec(
+        "none"
+    )  # shuffles are ShuffleSpec's (tested with it); rows come in random order here
     modes = {
         "store": BlockDataset(data[level], shuffle=shuffle),
-        "legacy": BlockDataset(data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), pack_key=5, **IDS),
+        "legacy": BlockDataset(
+            data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), pack_key=5, **IDS
+        ),
     }
     if level == "document":
         modes["npy"] = BlockDataset(data["npy"], shuffle=shuffle)

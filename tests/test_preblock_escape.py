@@ -85,8 +85,16 @@ def test_without_escaping_literal_markers_become_structural(marker_tokenizer, co
 def test_with_escaping_no_marker_is_structural_and_text_comes_back(marker_tokenizer, corpus, tmp_path):
     tokenizer = HFTokenizer(marker_tokenizer, add_special_tokens=False)
     out = str(tmp_path / "escaped")
-    header = preblock(out, [corpus], block_size=32, tokenizer=tokenizer, shuffle_level="none",
-                      rule="greedy", escape_literal_markers=True, progress=False)
+    header = preblock(
+        out,
+        [corpus],
+        block_size=32,
+        tokenizer=tokenizer,
+        shuffle_level="none",
+        rule="greedy",
+        escape_literal_markers=True,
+        progress=False,
+    )
     assert header.escape_literal_markers and header.counts["literal_markers"] == 0
     assert header.source["tokenizer"]["escape_literal_markers"] is True
     assert validate_path(out, carry_open_doc=True, progress=False).ok

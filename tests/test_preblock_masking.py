@@ -48,7 +48,7 @@ def within(count: int, trials: int, p: float, sigmas: float = 5.0) -> bool:
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_rates_within_binomial_tolerance_never_structural(mode):
-    got = {"eligible": 0, "selected": 0, "mask": 0, "other": 0}
+    got = {"eligible": 0, "selected": 0, "mask": 0, "other": 0, "pairs": 0, "both": 0}
     for call in range(CALLS):
         batch = rows_batch(call)
         masked = apply(stage(mode), batch, plan_for(ROWS, first=call * ROWS))
@@ -65,10 +65,14 @@ def test_rates_within_binomial_tolerance_never_structural(mode):
         got["selected"] += int(selected.sum())
         got["mask"] += int(np.sum(selected & (tokens == MASK)))
         got["other"] += int(np.sum(selected & (tokens != MASK) & (tokens != original)))
+        pairs = eligible[:, 1:] & eligible[:, :-1]  # neighbours drawn independently
+        got["pairs"] += int(pairs.sum())
+        got["both"] += int(np.sum(pairs & selected[:, 1:] & selected[:, :-1]))
     assert got["eligible"] > 900_000 and within(got["selected"], got["eligible"], 0.15)
     # 80 / 10 / 10: a random draw (uniform over the 257 ordinary ids) may hit the original token
     assert within(got["mask"], got["selected"], 0.8)
     assert within(got["other"], got["selected"], 0.1 * (1 - 1 / V))
+    assert within(got["both"], got["pairs"], 0.15**2)
 
 
 def test_static_fixed_per_block_dynamic_new_per_epoch():

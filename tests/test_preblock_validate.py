@@ -10,7 +10,7 @@ import pytest
 from preblock_reference import validate
 
 from meshbatch.cli import main
-from meshbatch.kernels.structure import KINDS
+from meshbatch.kernels import ANOMALY_KINDS as KINDS
 from meshbatch.preblock import preblock
 from meshbatch.preblock.validate import validate_array, validate_path
 
@@ -57,7 +57,10 @@ def test_carry_open_doc():
     assert found(broken) == [(0, 0, "unclosed_doc")]
     assert found(broken, carry_open_doc=True) == [(1, 0, "nested_doc")]
     # still open at the end of the data
-    assert found([[8, 9, E, D, 1, 2, 3, 4]], carry_open_doc=True) == [(0, 0, "content_outside_doc"), (0, 3, "unclosed_doc")]
+    assert found([[8, 9, E, D, 1, 2, 3, 4]], carry_open_doc=True) == [
+        (0, 0, "content_outside_doc"),
+        (0, 3, "unclosed_doc"),
+    ]
     # carried across kernel batches
     assert found(split * 3, carry_open_doc=True, batch_blocks=5) == []
 
@@ -87,7 +90,9 @@ def test_literal_heuristics_exactly_as_the_seed_states_them():
 @pytest.mark.parametrize("seed", range(4))
 def test_kernel_equals_python_reference(seed):
     rng = np.random.default_rng(seed)
-    blocks = rng.choice([D, E, P, 1, 2, 3, 300, -1], size=(23, 8), p=[0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05])
+    blocks = rng.choice(
+        [D, E, P, 1, 2, 3, 300, -1], size=(23, 8), p=[0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05]
+    )
     for carry in (False, True):
         for heuristics in (False, True):
             options = dict(carry_open_doc=carry, literal_heuristics=heuristics, literal_window=2)

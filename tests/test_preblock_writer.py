@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from pydoc_data.topics import topics
 
 import numpy as np
 import pytest
-from pydoc_data.topics import topics
 
 from meshbatch.cache import ByteTokenizer, TokenCache
 from meshbatch.preblock import detect_format, open_blocks, preblock
@@ -97,8 +97,8 @@ def test_shuffle_levels_keep_every_document(corpus, store, level):
     source = open_blocks(out)
     blocks = source.read_blocks(np.arange(source.num_blocks))
     if level == "segment":  # blocks were permuted after packing: undo it to read documents whole
-        from meshbatch.preblock import PackSpec, plan_layout
         from meshbatch.checks import as_key
+        from meshbatch.preblock import PackSpec, plan_layout
 
         layout = plan_layout(TokenCache.open(tokens).doc_lengths(), PackSpec(BLOCK, "segment"), as_key(3))
         unshuffled = np.empty_like(blocks)
@@ -116,7 +116,9 @@ def test_chunk_npy_output_and_format_detection(corpus, store, tmp_path):
     tokens = os.path.join(out, "tokens")
     npy = str(tmp_path / "npy")
     preblock(npy, [tokens], block_size=BLOCK, key=3, output_format="npy", progress=False)
-    assert detect_format(out) == "store" and detect_format(npy) == "npy" and detect_format(tokens) == "levanter"
+    assert (
+        detect_format(out) == "store" and detect_format(npy) == "npy" and detect_format(tokens) == "levanter"
+    )
     a, b = open_blocks(out), open_blocks(npy)
     assert isinstance(b, ChunkBlocks) and len(b.files) == -(-b.num_blocks // 2048)
     rows = np.random.default_rng(0).integers(0, a.num_blocks, 300)
@@ -134,7 +136,10 @@ def test_chunk_directory_natural_order_lru_and_unaligned_reads(tmp_path):
     for i, chunk in enumerate(chunks):  # chunk10 must come after chunk2
         np.save(tmp_path / f"chunk{[0, 2, 10, 11][i]}.npy", chunk)
     assert [os.path.basename(f) for f in chunk_files(str(tmp_path))] == [
-        "chunk0.npy", "chunk2.npy", "chunk10.npy", "chunk11.npy"
+        "chunk0.npy",
+        "chunk2.npy",
+        "chunk10.npy",
+        "chunk11.npy",
     ]
     source = open_blocks(str(tmp_path), pad_id=0, cache_bytes=2 * 3 * 8 * 4)  # room for two chunks
     every = np.concatenate(chunks)
@@ -161,7 +166,9 @@ def test_writer_rejects(corpus, store, tmp_path):
     with pytest.raises(ValueError, match="only input"):
         preblock(str(tmp_path / "a"), [path, os.path.join(out, "tokens")], block_size=BLOCK, progress=False)
     with pytest.raises(ValueError, match="text inputs"):
-        preblock(str(tmp_path / "b"), [os.path.join(out, "tokens")], block_size=BLOCK, escape_literal_markers=True)
+        preblock(
+            str(tmp_path / "b"), [os.path.join(out, "tokens")], block_size=BLOCK, escape_literal_markers=True
+        )
     with pytest.raises(ValueError, match="must differ"):
         preblock(str(tmp_path / "c"), [path], block_size=BLOCK, doc_id=5, eod_id=5, progress=False)
     with pytest.raises(ValueError, match="shuffle_level"):
@@ -170,3 +177,17 @@ def test_writer_rejects(corpus, store, tmp_path):
     (tmp_path / "e" / "precious.txt").write_text("x")
     with pytest.raises(FileExistsError, match="refusing"):
         preblock(str(tmp_path / "e"), [path], block_size=BLOCK, if_exists="overwrite")
+
+
+def test_public_names():
+    import subprocess
+    import sys
+
+    code = (
+        "import meshbatch, meshbatch.preblock.dataset\n"
+        "assert callable(meshbatch.preblock) and meshbatch.BlockDataset and meshbatch.MLMMasking\n"
+        "assert meshbatch.PackSpec and meshbatch.validate_blocks\n"
+        "try:\n    meshbatch.preblock('unused', [], block_size=8)\n"
+        "except ValueError as e:\n    assert 'inputs' in str(e)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -44,6 +44,11 @@ _EXPORTS = {
     "TokenCache": "meshbatch.cache",
     "build_cache": "meshbatch.cache",
     "validate_cache": "meshbatch.cache",
+    "preblock": "meshbatch.preblock",
+    "PackSpec": "meshbatch.preblock",
+    "BlockDataset": "meshbatch.preblock",
+    "MLMMasking": "meshbatch.preblock",
+    "validate_blocks": "meshbatch.preblock",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -70,6 +75,11 @@ if TYPE_CHECKING:
     from .kernels import EraShuffle as EraShuffle
     from .kernels import Permutation as Permutation
     from .pipeline import Pipeline as Pipeline
+    from .preblock import BlockDataset as BlockDataset
+    from .preblock import MLMMasking as MLMMasking
+    from .preblock import PackSpec as PackSpec
+    from .preblock import preblock as preblock
+    from .preblock import validate_path as validate_blocks
     from .schedule import BatchSchedule as BatchSchedule
     from .select import DocumentSelection as DocumentSelection
     from .select import select_documents as select_documents

@@ -1,13 +1,37 @@
-"""Preblocked document blocks: ``[DOC] ... [EOD]`` packing, shuffle levels, escaping, validation."""
+"""Preblocked document blocks: ``[DOC] ... [EOD]`` packing, shuffle levels, escaping, validation,
+``BlockDataset`` and masked-LM masking. This module only re-exports.
 
+``meshbatch.preblock`` names both this package and the writer function; importing the package
+makes ``meshbatch.preblock`` the module, so the module is made callable as the function.
+"""
+
+import sys
+import types
+
+from .dataset import BlockDataset as BlockDataset
 from .escape import EscapingTokenizer as EscapingTokenizer
 from .escape import escape as escape
 from .escape import unescape as unescape
 from .layout import Layout as Layout
 from .layout import PackSpec as PackSpec
 from .layout import plan_layout as plan_layout
+from .masking import MLMMasking as MLMMasking
 from .store import BlockSource as BlockSource
 from .store import Header as Header
 from .store import detect_format as detect_format
 from .store import open_blocks as open_blocks
+from .validate import BlockReport as BlockReport
+from .validate import validate_array as validate_array
+from .validate import validate_path as validate_blocks
+from .validate import validate_path as validate_path
 from .writer import preblock as preblock
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return preblock(*args, **kwargs)
+
+    __call__.__doc__ = preblock.__doc__
+
+
+sys.modules[__name__].__class__ = _CallableModule

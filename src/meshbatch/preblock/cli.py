@@ -1,6 +1,7 @@
 """The ``meshbatch preblock`` and ``meshbatch validate-blocks`` subcommands.
 
-    meshbatch preblock OUT a.jsonl b.txt --block-size 128 [--shuffle-level document] [--escape-literal-markers]
+    meshbatch preblock OUT a.jsonl b.txt --block-size 128 [--shuffle-level document]
+                       [--escape-literal-markers] [--tokenizer tokenizer.json]
     meshbatch validate-blocks OUT [--carry-open-doc] [--literal-heuristics] [--anomalies out.json]
 
 ``validate-blocks`` exits 0 when the data is clean, 1 when it found anomalies and 2 when the input
@@ -70,7 +71,8 @@ def _preblock(args: argparse.Namespace) -> int:
     fill = header.fill
     print(
         f"wrote {args.output}: {header.counts['documents']} documents, {header.num_blocks} blocks of "
-        f"{header.block_size}; fill {fill['fill']:.4f} ({header.rule}; plain greedy {fill['greedy_fill']:.4f}); "
+        f"{header.block_size}; fill {fill['fill']:.4f} ({header.rule}; "
+        f"plain greedy {fill['greedy_fill']:.4f}); "
         f"ids doc={header.doc_id} eod={header.eod_id} pad={header.pad_id}"
     )
     return 0

@@ -23,23 +23,21 @@ import logging
 from collections.abc import Sequence
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from meshbatch.cache import TokenCache
+from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
 from meshbatch.checks import as_key, check_int, check_token_id
 from meshbatch.datasets.base import Content, Dataset, Plan, Rows, Spans
-from meshbatch.kernels import Batch
-from meshbatch.kernels.blocks import assemble_rows, block_batch
+from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
+from meshbatch.shuffle import ShuffleSpec
 
 from .layout import PackSpec, plan_layout
 from .masking import MLMMasking
 from .store import detect_format, open_blocks
 
 logger = logging.getLogger(__name__)
-READ_CHUNK_TOKENS = 256 * 1024
 
 
 class Tables(eqx.Module):
@@ -85,8 +83,6 @@ class BlockDataset(Dataset):
         vocab_size: int | None = None,
         field: str = "input_ids",
     ):
-        from meshbatch import ShuffleSpec
-
         paths = [paths] if isinstance(paths, str) else list(paths)
         if not paths:
             raise ValueError("paths must name at least one store, chunk directory or cache (got [])")
@@ -97,6 +93,8 @@ class BlockDataset(Dataset):
         self.format = formats[0]
         self.legacy = self.format == "levanter"
         self.shuffle_spec = ShuffleSpec() if shuffle is None else shuffle
+        if not isinstance(self.shuffle_spec, ShuffleSpec):
+            raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
         given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
         if self.legacy:
             if pack is None:
@@ -171,8 +169,8 @@ class BlockDataset(Dataset):
     # -- the protocol --------------------------------------------------------------------------
 
     def init(self, key: PRNGKeyArray) -> Tables:
-        chunk = max(1, READ_CHUNK_TOKENS // self.seq_len)
-        shuffle = self.shuffle_spec.create(self.num_examples, key, read_chunk_examples=chunk)
+        chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
+        shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         legacy = {k: jnp.asarray(v) for k, v in self._legacy.items()} if self.legacy else {}
         return Tables(
             shuffle=shuffle,
@@ -182,14 +180,7 @@ class BlockDataset(Dataset):
         )
 
     def plan(self, tables: Tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        example = rows.position
-        if tables.shuffle is not None:
-            reshuffle = self.shuffle_spec.reshuffle_each_epoch
-            example = (
-                tables.shuffle(rows.position, epoch=rows.epoch)
-                if reshuffle
-                else tables.shuffle(rows.position)
-            )
+        example = self.shuffle_spec.apply(tables.shuffle, rows.position, rows.epoch)
         source = jnp.searchsorted(tables.source_start, example, side="right").astype(jnp.int32) - 1
         local = (example - tables.source_start[source]).astype(jnp.int32)
         detail = {"block": local}
@@ -251,8 +242,7 @@ class BlockDataset(Dataset):
                 **ids,
             )
         else:
-            index = content.offsets[:, :1] + jnp.arange(self.seq_len, dtype=jnp.int32)[None, :]
-            tokens = content.tokens[index]
+            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
         return block_batch(tokens, **ids)
 
     def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:

@@ -29,7 +29,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.checks import check_choice, check_int
-from meshbatch.kernels.packing import MARKERS, RULES, Rule, pack_plan
+from meshbatch.kernels import MARKERS, PACKING_RULES, PackingRule, pack_plan
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,13 @@ class PackSpec:
 
     block_size: int
     shuffle_level: ShuffleLevel = "document"
-    rule: Rule = "ffd"
+    rule: PackingRule = "ffd"
     buffer_docs: int = 1024
 
     def __post_init__(self):
         check_int("block_size", self.block_size, low=2, high=2**24)
         check_choice("shuffle_level", self.shuffle_level, SHUFFLE_LEVELS)
-        check_choice("rule", self.rule, RULES)
+        check_choice("rule", self.rule, PACKING_RULES)
         check_int("buffer_docs", self.buffer_docs, low=1, high=(2**31 - 1) // (self.block_size + 2))
 
 

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.checks import as_key, check_choice, check_float, check_int, check_token_id
-from meshbatch.kernels import Batch
-from meshbatch.kernels.masking import mlm_mask, row_keys
+from meshbatch.kernels import Batch, mlm_mask, row_keys
 
 MODES = ("dynamic", "static")
 

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from meshbatch.checks import check_bool, check_int, check_token_id
-from meshbatch.kernels.structure import KINDS, LITERAL_KINDS, validate_blocks
+from meshbatch.kernels import ANOMALY_KINDS, LITERAL_KINDS, validate_blocks
 
 from .store import BlockSource, open_blocks
 
@@ -198,7 +198,7 @@ def _validate(
         literal_heuristics=literal_heuristics,
         literal_window=literal_window,
     )
-    counts = dict.fromkeys(KINDS, 0)
+    counts = dict.fromkeys(ANOMALY_KINDS, 0)
     anomalies: list[Anomaly] = []
     n, S = source.num_blocks, source.block_size
     carry = jnp.bool_(False)
@@ -215,7 +215,8 @@ def _validate(
             carry = found.carry_out
             codes, unclosed = np.asarray(found.codes), np.asarray(found.unclosed)
             hits = [
-                (int(b), int(p), KINDS[int(codes[b, p]) - 1]) for b, p in zip(*np.nonzero(codes), strict=True)
+                (int(b), int(p), ANOMALY_KINDS[int(codes[b, p]) - 1])
+                for b, p in zip(*np.nonzero(codes), strict=True)
             ]
             hits += [(int(b), int(unclosed[b]), "unclosed_doc") for b in np.flatnonzero(unclosed >= 0)]
             for b, p, kind in sorted(hits):

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache, shared_context
 from meshbatch.cache.arrays import kvstore_spec
-from meshbatch.cache.ledger import LEDGER_FILE_NAME, Ledger, ledger_metadata, read_ledger, write_ledger
+from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 from meshbatch.checks import as_key, check_bool, check_choice, check_int, check_token_id
 
 from .escape import EscapingTokenizer
