@@ -12,9 +12,10 @@ the table reports the median. Ours and the baseline side by side, with the ratio
 * validator, blocks/s: ``validate_blocks`` (jitted, 1024 blocks per call, carry and heuristics on)
   on blocks already on the device, and ``validate_array`` end to end (host array in, anomaly list
   out), against a straightforward Python validator (a per-token loop, same rules) on a subset.
-* pipeline, tokens/s: ``Pipeline(BlockDataset(store))`` batches of 256 x 128 on the host's devices,
-  without and with the ``MLMMasking`` build stage (each step's batch blocked on), and the build
-  kernels alone on a resident batch (``block_batch`` vs ``block_batch`` + ``mlm_mask``).
+* pipeline, tokens/s: the build kernel alone on a resident batch of 256 x 128, without and with
+  the ``MLMMasking`` stage; then ``Pipeline(BlockDataset(chunk*.npy))`` batches of 256 x 128
+  random blocks (plan, coalesced read, build), without and with the stage, on 1 device and on all
+  the host's devices, steps interleaved so that a noisy spell hits both; median step time.
 
 Usage: ``python benchmarks/bench_preblock.py [--quick] [--repeats N]``; writes
 ``bench_preblock.json`` next to this file.
@@ -40,10 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbatch.kernels.blocks import block_batch
-from meshbatch.kernels.masking import mlm_mask, row_keys
-from meshbatch.kernels.packing import pack_plan
-from meshbatch.kernels.structure import validate_blocks
+from meshbatch.kernels import block_batch, pack_plan, validate_blocks
 from meshbatch.preblock.validate import validate_array
 
 S = 128
@@ -212,60 +210,57 @@ def bench_validator(args, rows, lengths_pool) -> None:
 
 
 def bench_pipeline(args, rows, lengths_pool) -> None:
-    batch_size = 256
-    rng = np.random.default_rng(2)
-    blocks = packed_blocks(rng.choice(lengths_pool, 20_000))
-    tokens = jnp.asarray(blocks[:batch_size])
-    keys = row_keys(
-        jax.random.key(0), jnp.arange(batch_size, dtype=jnp.uint32), jnp.zeros(batch_size, jnp.uint32)
-    )
-    mask_kw = dict(rate=0.15, mask_id=260, vocab_size=V, special_ids=(D, E, P), ignore_id=-100)
-    build = jax.jit(lambda t: block_batch(t, doc_id=D, eod_id=E, pad_id=P))
-    build_mask = jax.jit(
-        lambda t, k: mlm_mask(block_batch(t, doc_id=D, eod_id=E, pad_id=P).tokens, k, **mask_kw)
-    )
-    results = {
-        "build kernel": batch_size * S / timed(lambda: build(tokens), args.repeats),
-        "build + mask kernels": batch_size * S / timed(lambda: build_mask(tokens, keys), args.repeats),
-    }
-    results.update(_pipeline_rows(blocks, batch_size, args))
-    print(f"\n## pipeline and build: batches of {batch_size} x {S}, {jax.device_count()} devices")
-    print(f"{'path':<36} {'tokens/s':>14}")
-    for name, rate in results.items():
-        print(f"{name:<36} {rate:>14,.0f}")
-        rows.append({"section": "pipeline", "row": name, "tokens_per_s": rate})
-
-
-def _pipeline_rows(blocks: np.ndarray, batch_size: int, args) -> dict[str, float]:
-    import inspect
-
     from meshbatch import Pipeline
-    from meshbatch.preblock.dataset import BlockDataset
+    from meshbatch.datasets import Plan, Rows
+    from meshbatch.preblock import BlockDataset
 
-    if "stages" not in inspect.signature(Pipeline).parameters:
-        print("(pipeline rows skipped: this Pipeline has no build stages yet)")
-        return {}
+    batch_size = 256
+    blocks = packed_blocks(np.random.default_rng(2).choice(lengths_pool, 20_000))
     with tempfile.TemporaryDirectory() as tmp:
         chunks = pathlib.Path(tmp) / "chunks"
         chunks.mkdir()
         np.save(chunks / "chunk0.npy", blocks)
         (chunks / "preblock.json").write_text(json.dumps(_header(blocks)))
         dataset = BlockDataset(str(chunks))
-        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-        steps = 8 if args.quick else 32
-        out = {}
-        for name, stages in (("pipeline", ()), ("pipeline + MLM masking", (dataset.masking(3),))):
-            pipeline = Pipeline(
-                dataset, mesh=mesh, batch_size=batch_size, key=jax.random.key(0), stages=stages
-            )
-            jax.block_until_ready(pipeline.batch(0))
-            times = []
-            for step in range(1, steps + 1):
-                start = time.perf_counter()
-                jax.block_until_ready(pipeline.batch(step))
-                times.append(time.perf_counter() - start)
-            out[name] = batch_size * S / statistics.median(times)
-        return out
+        stage = dataset.masking(3)
+        # the build kernel alone, on a resident batch, without and with the masking stage
+        tokens = jnp.asarray(blocks[:batch_size])
+        n = jnp.arange(batch_size, dtype=jnp.uint32)
+        plan = Plan(rows=Rows(position=n, epoch=n * 0), source=jnp.zeros(batch_size, jnp.int32), example=n)
+        build = jax.jit(lambda t: block_batch(t, doc_id=D, eod_id=E, pad_id=P))
+        build_mask = jax.jit(lambda s, t, p: s(block_batch(t, doc_id=D, eod_id=E, pad_id=P), p))
+        kernels = {
+            "build kernel": lambda: build(tokens),
+            "build kernel + MLM masking": lambda: build_mask(stage, tokens, plan),
+        }
+        times = harness.rotating_times(
+            {k: (lambda f=f: jax.block_until_ready(f())) for k, f in kernels.items()},
+            rounds=3,
+            repeats=args.repeats,
+        )
+        results = {k: batch_size * S / statistics.median(v) for k, v in times.items()}
+        # the pipeline end to end: plan, coalesced read of random blocks, build per device
+        steps = 6 if args.quick else 20
+        for devices in sorted({1, jax.device_count()}):
+            mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+            pipelines = {
+                f"pipeline, {devices} device(s)": Pipeline(dataset, mesh=mesh, batch_size=batch_size, key=0),
+                f"pipeline + MLM masking, {devices} device(s)": Pipeline(
+                    dataset, mesh=mesh, batch_size=batch_size, key=0, stages=[stage]
+                ),
+            }
+            per_step: dict[str, list[float]] = {name: [] for name in pipelines}
+            for p in pipelines.values():
+                jax.block_until_ready(p.batch(0))
+            for step in range(1, steps + 1):  # interleaved: a noisy spell hits both
+                for name, p in pipelines.items():
+                    per_step[name].append(_wall(lambda p=p, step=step: jax.block_until_ready(p.batch(step))))
+            results.update({k: batch_size * S / statistics.median(v) for k, v in per_step.items()})
+    print(f"\n## build and pipeline: batches of {batch_size} x {S} random blocks")
+    print(f"{'path':<44} {'tokens/s':>14}")
+    for name, rate in results.items():
+        print(f"{name:<44} {rate:>14,.0f}")
+        rows.append({"section": "pipeline", "row": name, "tokens_per_s": rate})
 
 
 def _header(blocks: np.ndarray) -> dict:

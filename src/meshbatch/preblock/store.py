@@ -186,6 +186,18 @@ class BlockSource:
         if at < 0 or at + total > out.shape[0]:
             raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         S = self.block_size
+        if not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S):
+            # whole rows (the pipeline's case): one gather of every row, straight into out
+            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + _ramp(runs.run_lengths // S)
+            targets, finish = self._plan_gather(rows, out[at : at + total].reshape(-1, S))
+            self.counters.add(
+                spans_requested=starts.shape[0],
+                unique_spans=runs.unique_spans,
+                runs=runs.run_starts.shape[0],
+                reads_issued=len(targets),
+                bytes_read=total * 4,
+            )
+            return PendingRead(runs.span_starts + at, at + total, targets, finish)
         targets, finishes, nbytes = [], [], 0
         for start, offset, length in zip(
             runs.run_starts.tolist(), runs.run_offsets[:-1].tolist(), runs.run_lengths.tolist(), strict=True
@@ -221,6 +233,10 @@ class BlockSource:
         """``(targets, finish)`` that fill ``dest`` (``[stop - first, block_size]``) with rows."""
         raise NotImplementedError
 
+    def _plan_gather(self, rows: np.ndarray, dest: np.ndarray):
+        """``(targets, finish)`` that fill ``dest`` (``[len(rows), block_size]``) with ``rows``."""
+        raise NotImplementedError
+
 
 class StoreBlocks(BlockSource):
     """A preblocked TensorStore store (see the module docstring)."""
@@ -251,6 +267,11 @@ class StoreBlocks(BlockSource):
 
     def _plan_rows(self, first, stop, dest):
         return [(dest, self.blocks[first:stop, :])], None
+
+    def _plan_gather(self, rows, dest):
+        if rows.size == 0:
+            return [], None
+        return [(dest, self.blocks.oindex[rows, :])], None  # one read, TensorStore groups the chunks
 
 
 class ChunkBlocks(BlockSource):
@@ -318,6 +339,15 @@ class ChunkBlocks(BlockSource):
             [np.count_nonzero(self.chunk(i) != self.pad_id, axis=1) for i in range(len(self.files))]
         ).astype(np.int32)
 
+    def _plan_gather(self, rows, dest):
+        def finish() -> None:
+            chunk = np.searchsorted(self.row_starts, rows, side="right") - 1
+            for i in np.unique(chunk).tolist():
+                mine = chunk == i
+                dest[mine] = self.chunk(i)[rows[mine] - self.row_starts[i]]
+
+        return [], finish
+
     def _plan_rows(self, first, stop, dest):
         def finish() -> None:
             row = first
@@ -329,6 +359,11 @@ class ChunkBlocks(BlockSource):
                 row += take
 
         return [], finish
+
+
+def _ramp(counts: np.ndarray) -> np.ndarray:
+    """``[0 .. counts[0] - 1, 0 .. counts[1] - 1, ...]``."""
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
