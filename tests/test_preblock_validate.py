@@ -159,3 +159,14 @@ def test_cli_exit_codes_and_anomalies_json(shuffled_stores, tmp_path, capsys):
     (tmp_path / "bad" / "chunk0.npy").write_bytes(b"not numpy")
     assert main(["validate-blocks", str(tmp_path / "bad"), *ids]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_one_compilation_serves_every_store_and_option_set():
+    from compiles import count_compiles
+
+    found([CLEAN] * 3)  # compiled for [1024, 8] blocks
+    with count_compiles() as compiles:
+        for options in ({}, {"carry_open_doc": True}, {"literal_heuristics": True, "literal_window": 3}):
+            found([block for block, _ in DAMAGED.values()], **options)
+        validate_array(np.array([CLEAN]), doc_id=1, eod_id=2, pad_id=3, vocab_size=9)
+    assert compiles == []

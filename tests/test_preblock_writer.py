@@ -12,7 +12,8 @@ import pytest
 
 from meshbatch.cache import ByteTokenizer, TokenCache
 from meshbatch.preblock import detect_format, open_blocks, preblock
-from meshbatch.preblock.store import ChunkBlocks, chunk_files
+from meshbatch.preblock.sources import ChunkBlocks
+from meshbatch.preblock.store import chunk_files
 
 BLOCK = 128
 DOC, EOD, PAD = 257, 258, 259  # the byte tokenizer's defaults: after its 257 ids
@@ -186,7 +187,7 @@ def test_public_names():
     code = (
         "import meshbatch, meshbatch.preblock.dataset\n"
         "assert callable(meshbatch.preblock) and meshbatch.BlockDataset and meshbatch.MLMMasking\n"
-        "assert meshbatch.PackSpec and meshbatch.validate_blocks\n"
+        "assert meshbatch.PackSpec is meshbatch.preblock.PackSpec\n"
         "try:\n    meshbatch.preblock('unused', [], block_size=8)\n"
         "except ValueError as e:\n    assert 'inputs' in str(e)\n"
     )

@@ -48,7 +48,6 @@ _EXPORTS = {
     "PackSpec": "meshbatch.preblock",
     "BlockDataset": "meshbatch.preblock",
     "MLMMasking": "meshbatch.preblock",
-    "validate_blocks": "meshbatch.preblock",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -79,7 +78,6 @@ if TYPE_CHECKING:
     from .preblock import MLMMasking as MLMMasking
     from .preblock import PackSpec as PackSpec
     from .preblock import preblock as preblock
-    from .preblock import validate_path as validate_blocks
     from .schedule import BatchSchedule as BatchSchedule
     from .select import DocumentSelection as DocumentSelection
     from .select import select_documents as select_documents

@@ -16,13 +16,12 @@ from .layout import Layout as Layout
 from .layout import PackSpec as PackSpec
 from .layout import plan_layout as plan_layout
 from .masking import MLMMasking as MLMMasking
-from .store import BlockSource as BlockSource
+from .sources import BlockSource as BlockSource
 from .store import Header as Header
 from .store import detect_format as detect_format
 from .store import open_blocks as open_blocks
 from .validate import BlockReport as BlockReport
 from .validate import validate_array as validate_array
-from .validate import validate_path as validate_blocks
 from .validate import validate_path as validate_path
 from .writer import preblock as preblock
 

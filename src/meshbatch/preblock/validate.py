@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from meshbatch.checks import check_bool, check_int, check_token_id
 from meshbatch.kernels import ANOMALY_KINDS, LITERAL_KINDS, validate_blocks
 
-from .store import BlockSource, open_blocks
+from .sources import BlockSource
+from .store import open_blocks
 
 logger = logging.getLogger(__name__)
 
