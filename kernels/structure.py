@@ -135,7 +135,15 @@ def validate_blocks(
 
 
 @jax.jit
-def _validate(blocks, valid, carry_in, final, config, flags) -> Findings:
+def _validate(
+    blocks: Int[Array, "blocks block"],
+    valid: Int[Array, ""],
+    carry_in: Bool[Array, ""],
+    final: Bool[Array, ""],
+    config: Int[Array, "5"],
+    flags: Bool[Array, "2"],
+) -> Findings:
+    """``validate_blocks`` with its ids and window as ``config`` and its options as ``flags``."""
     doc_id, eod_id, pad_id, vocab_size, literal_window = (config[i] for i in range(5))
     carry_open_doc, literal_heuristics = flags[0], flags[1]
     tokens = blocks.astype(jnp.int32)

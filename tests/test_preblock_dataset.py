@@ -126,6 +126,19 @@ def test_two_sources_read_in_one_step(data):
     np.testing.assert_array_equal(np.asarray(batch.tokens), want)
 
 
+def test_legacy_mode_over_two_caches_equals_two_stores(data):
+    shuffle = ShuffleSpec("none")
+    stores = BlockDataset([data["document"], data["document"]], shuffle=shuffle)
+    legacy = BlockDataset(
+        [data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), pack_key=5, **IDS
+    )
+    n = stores.num_examples
+    assert legacy.num_examples == n
+    positions = np.random.default_rng(1).integers(0, n, 256)
+    (want, _), (got, _) = fetch_and_build(stores, positions), fetch_and_build(legacy, positions)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+
+
 def test_build_kernel_golden_and_properties(data):
     # kernels/blocks.py's docstring trace: c E D a b E P P
     D, E, P = 257, 258, 259

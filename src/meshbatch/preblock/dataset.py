@@ -138,7 +138,7 @@ class BlockDataset(Dataset):
             packed.append(layout.block_order + block_base)
             first.append(lo + entry_base)
             count.append(hi - lo)
-            start_block.append(layout.starts[order] // S)
+            start_block.append(layout.starts[order] // S + block_base)
             start_offset.append(layout.starts[order] % S)
             size.append(layout.sizes[order])
             real.append(layout.real_tokens())

@@ -56,6 +56,7 @@ class Header:
     pad_id: int
     vocab_size: int
     shuffle_level: str
+    key_data: list[int]
     rule: str
     buffer_docs: int
     escape_literal_markers: bool

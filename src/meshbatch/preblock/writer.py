@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Literal
 
+import jax
 import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
@@ -148,6 +149,7 @@ def preblock(
         pad_id=ids[2],
         vocab_size=vocab,
         shuffle_level=shuffle_level,
+        key_data=np.asarray(jax.random.key_data(key)).reshape(-1).tolist(),
         rule=rule,
         buffer_docs=buffer_docs,
         escape_literal_markers=escape_literal_markers,
