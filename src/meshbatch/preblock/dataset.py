@@ -147,6 +147,11 @@ class BlockDataset(Dataset):
             self._doc_offsets.append(cache.doc_offsets())
             block_base += layout.num_blocks
             entry_base += layout.num_docs
+        if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
+            raise ValueError(
+                f"{block_base} blocks of {entry_base} documents: packing on the fly indexes them in "
+                "int32; write a store (meshbatch.preblock) or split the caches"
+            )
         cat = lambda parts: np.concatenate(parts).astype(np.int32)  # noqa: E731
         self._legacy = dict(
             packed=cat(packed),
