@@ -170,6 +170,8 @@ def test_writer_rejects(corpus, store, tmp_path):
         preblock(
             str(tmp_path / "b"), [os.path.join(out, "tokens")], block_size=BLOCK, escape_literal_markers=True
         )
+    with pytest.raises(ValueError, match="lies inside"):
+        preblock(out, [os.path.join(out, "tokens")], block_size=BLOCK, if_exists="overwrite")
     with pytest.raises(ValueError, match="must differ"):
         preblock(str(tmp_path / "c"), [path], block_size=BLOCK, doc_id=5, eod_id=5, progress=False)
     with pytest.raises(ValueError, match="shuffle_level"):

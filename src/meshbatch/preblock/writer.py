@@ -104,6 +104,10 @@ def preblock(
             raise ValueError("escape_literal_markers applies to text inputs; a token cache is tokenized")
         if tokenizer is not None:
             raise ValueError("tokenizer applies to text inputs, not to a token cache")
+        if os.path.commonpath([os.path.abspath(inputs[0]), os.path.abspath(output)]) == os.path.abspath(
+            output
+        ):
+            raise ValueError(f"the input cache {inputs[0]} lies inside output={output}; write elsewhere")
         vocab = vocab_size if vocab_size is not None else _cache_vocab(inputs[0])
         named = {}
     else:
