@@ -122,6 +122,43 @@ def read_checksums(field_root: str, *, context: ts.Context | None = None) -> Che
     return Checksums.from_dict(raw, where=where)
 
 
+def check_sidecar(
+    field_root: str,
+    *,
+    rows: int,
+    tokens: int,
+    finished: bool,
+    dtype: np.dtype,
+    context: ts.Context | None = None,
+) -> Checksums | None:
+    """The field's checksum sidecar, checked against what the ledger and offsets say (no chunk read).
+
+    An unfinished cache's sidecar may be ahead of its ledger (it is written first), never behind.
+
+    Returns:
+        The sidecar, or None where there is none.
+
+    Raises:
+        CacheIntegrityError: the sidecar is malformed, records another dtype (``data_type`` edited in
+            ``zarr.json``), or other row and token counts (offsets moved past the data written).
+    """
+    sums = read_checksums(field_root, context=context)
+    if sums is None:
+        return None
+    where = sidecar_path(field_root)
+    if sums.dtype != np.dtype(dtype):
+        raise CacheIntegrityError(
+            f"{field_root}/data has dtype {np.dtype(dtype)}, but {where} records that its writer wrote "
+            f"{sums.dtype}"
+        )
+    if sums.rows < rows or sums.tokens < tokens or (finished and (sums.rows, sums.tokens) != (rows, tokens)):
+        raise CacheIntegrityError(
+            f"{where} records {sums.rows} rows and {sums.tokens} tokens written, but the ledger and offsets "
+            f"say {rows} rows and {tokens} tokens"
+        )
+    return sums
+
+
 class RunningChecksums:
     """Checksums of an append-only sequence, chunk by chunk: full chunks are final, the tail is not.
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from .arrays import DEFAULT_CHUNK_SIZE, open_field
 from .checks import CacheIntegrityError
-from .checksums import Checksums, chunk_crc, read_checksums, sidecar_path
+from .checksums import Checksums, check_sidecar, chunk_crc
 
 READS_IN_FLIGHT = 8
 
@@ -49,30 +49,10 @@ class DeepResult:
     checksummed_chunks: int
 
 
-def check_sidecar(part: Part, field: str, data_dtype: np.dtype) -> Checksums | None:
-    """The part's checksum sidecar, checked against the part's metadata (no chunk is read).
-
-    Raises:
-        CacheIntegrityError: the sidecar is malformed, records another dtype (``data_type`` edited in
-            ``zarr.json``), or other row/token counts than the ledger and offsets.
-    """
+def part_sidecar(part: Part, field: str, dtype: np.dtype) -> Checksums | None:
+    """``check_sidecar`` for one part."""
     field_root = posixpath.join(part.root, field)
-    sums = read_checksums(field_root)
-    if sums is None:
-        return None
-    where = sidecar_path(field_root)
-    if sums.dtype != np.dtype(data_dtype):
-        raise CacheIntegrityError(
-            f"{field_root}/data has dtype {np.dtype(data_dtype)}, but {where} records that the "
-            f"writer wrote {sums.dtype}"
-        )
-    behind = sums.rows < part.rows or sums.tokens < part.tokens
-    if behind or (part.finished and (sums.rows, sums.tokens) != (part.rows, part.tokens)):
-        raise CacheIntegrityError(
-            f"{where} records {sums.rows} rows and {sums.tokens} tokens, but the cache holds "
-            f"{part.rows} rows and {part.tokens} tokens"
-        )
-    return sums
+    return check_sidecar(field_root, rows=part.rows, tokens=part.tokens, finished=part.finished, dtype=dtype)
 
 
 def verify_parts(

@@ -143,6 +143,22 @@ def _run_checks(checks: list[Callable[[], Callable[[], None]]]) -> None:
         complete()
 
 
+def widens_exactly(found: np.dtype, target: np.dtype) -> bool:
+    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
+    return np.can_cast(found, target, casting="safe")
+
+
+def checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
+    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
+    if values.size:
+        info = np.iinfo(dtype)
+        low, high = int(values.min()), int(values.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
+    return values.astype(dtype, copy=False)
+
+
 def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.ndarray):
     """Yields ``(buffer position, segment, local start, local end)`` for each run split at segments."""
     seg_starts = np.array([s.token_start for s in segments], dtype=np.int64)

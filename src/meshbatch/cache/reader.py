@@ -28,22 +28,13 @@ import numpy as np
 import tensorstore as ts
 
 from ..checks import check_bool, check_float, check_int
-from .arrays import FieldArrays, open_field, shared_context
+from .arrays import FieldArrays, shared_context
 from .blocks import BlockCache
-from .checks import (
-    CacheIntegrityError,
-    as_index_array,
-    as_token_dtype,
-    check_data_end,
-    check_dtype,
-    check_name,
-    check_offsets,
-    check_path,
-    check_row_count,
-)
+from .checks import CacheIntegrityError, as_index_array, as_token_dtype, check_dtype, check_name, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
-from .fetch import PendingRead, Segment, plan_runs, run_reads
+from .fetch import PendingRead, Segment, checked_cast, plan_runs, run_reads, widens_exactly
 from .ledger import CONSOLIDATED, Ledger, LedgerFile, shard_table
+from .parts import load_part
 from .watch import LedgerWatch
 
 logger = logging.getLogger(__name__)
@@ -249,7 +240,7 @@ class TokenCache:
         if at + total > out.shape[0]:
             raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         view = out[at : at + total]
-        if _widens_exactly(self.dtype, out.dtype):
+        if widens_exactly(self.dtype, out.dtype):
             return self._plan(runs, starts.shape[0], view, at)
         aside = np.empty(total, dtype=self.dtype)
         read = self._plan(runs, starts.shape[0], aside, at)
@@ -258,7 +249,7 @@ class TokenCache:
         def convert() -> None:
             if finish is not None:
                 finish()
-            view[:] = _checked_cast(aside, out.dtype, where=self.path)
+            view[:] = checked_cast(aside, out.dtype, where=self.path)
 
         read.finish = convert
         return read
@@ -338,16 +329,16 @@ class TokenCache:
             raise CacheIntegrityError(
                 f"cache at {self.path} went backwards: {rows} rows < {self.num_rows} loaded"
             )
-        arrays = self._arrays or open_field(self.path, self.field, context=self._context)
-        where = posixpath.join(arrays.root, "offsets")
-        recorded = ledger.field_counts.get(self.field)
-        tail = _read_offsets(
-            arrays, self.num_rows, rows, finished=ledger.is_finished, recorded=recorded, where=where
+        arrays, offsets = load_part(
+            self.path,
+            self.field,
+            rows=rows,
+            finished=ledger.is_finished,
+            recorded=ledger.field_counts.get(self.field),
+            context=self._context,
+            arrays=self._arrays,
+            loaded=self._offsets,
         )
-        raw = np.concatenate([tail[:1], self._offsets[1:], tail[1:]])
-        offsets = check_offsets(raw, rows=rows, finished=ledger.is_finished, where=where)
-        if offsets[-1] > self.num_tokens or ledger.is_finished:
-            check_data_end(int(offsets[-1]), data=arrays.data, recorded=recorded, where=where)
         self._set_dtype(arrays.data, where=arrays.data_path)
         self._arrays = arrays
         self._offsets = offsets
@@ -384,12 +375,14 @@ class TokenCache:
         self._parts = [e.name for e in entries]
 
     def _load_shard(self, entry) -> tuple[ts.TensorStore, np.ndarray]:
-        root = posixpath.join(self.path, entry.name)
-        arrays = open_field(root, self.field, context=self._context)
-        where = posixpath.join(root, self.field, "offsets")
-        raw = _read_offsets(arrays, 0, entry.rows, finished=True, recorded=entry.tokens, where=where)
-        offsets = check_offsets(raw, rows=entry.rows, finished=True, where=where)
-        check_data_end(int(offsets[-1]), data=arrays.data, recorded=entry.tokens, where=where)
+        arrays, offsets = load_part(
+            posixpath.join(self.path, entry.name),
+            self.field,
+            rows=entry.rows,
+            finished=True,
+            recorded=entry.tokens,
+            context=self._context,
+        )
         return arrays.data, offsets
 
     def _set_dtype(self, data: ts.TensorStore, *, where: str) -> None:
@@ -397,48 +390,3 @@ class TokenCache:
         check_dtype(found, self._expected_dtype, where=where)
         check_dtype(found, self._dtype, where=where)  # every shard must agree with the first
         self._dtype = found
-
-
-def _widens_exactly(found: np.dtype, target: np.dtype) -> bool:
-    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
-    return np.can_cast(found, target, casting="safe")
-
-
-def _checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
-    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
-    if values.size:
-        info = np.iinfo(dtype)
-        low, high = int(values.min()), int(values.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
-    return values.astype(dtype, copy=False)
-
-
-def _read_offsets(
-    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
-) -> np.ndarray:
-    """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read.
-
-    The row count and the last offset are read first (one small batch), so a ledger claiming 10**12
-    rows, or offsets past the written chunks, fail by name before a huge buffer is allocated.
-    """
-    try:
-        with ts.Batch() as batch:
-            count = arrays.offsets[0:1].read(batch=batch)
-            last = arrays.offsets[rows : rows + 1].read(batch=batch) if rows > loaded else None
-        check_row_count(int(count.result()[0]), rows=rows, finished=finished, where=where)
-        if last is not None:
-            end = int(last.result()[0])
-            if recorded is not None and end != recorded:
-                raise CacheIntegrityError(
-                    f"{where} reach token {end}, but the ledger records {recorded} tokens"
-                )
-        tail = (
-            arrays.offsets[loaded + 1 : rows + 1].read().result() if rows > loaded else np.zeros(0, np.int64)
-        )
-    except CacheIntegrityError:
-        raise
-    except ValueError as e:  # TensorStore: a missing or undecodable chunk, or rows beyond the array
-        raise CacheIntegrityError(f"{where}: cannot read offsets[{loaded + 1} : {rows + 1}]: {e}") from e
-    return np.concatenate([count.result(), tail])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..checks import check_bool
 from .checks import check_name, check_path
-from .deep import Part, check_sidecar, verify_parts
+from .deep import Part, part_sidecar, verify_parts
 from .ledger import CONSOLIDATED, shard_table
 from .reader import TokenCache
 
@@ -98,7 +98,7 @@ def validate_cache(
     check_bool("deep", deep)
     try:
         cache = TokenCache.open(path, field, require_finished=require_finished)
-        parts = [(part, check_sidecar(part, field, cache.dtype)) for part in _parts(cache)]
+        parts = [(part, part_sidecar(part, field, cache.dtype)) for part in _parts(cache)]
         result = verify_parts(parts, field, progress=progress) if deep else None
     except Exception as e:  # a validator reports every failure, expected or not, instead of raising
         logger.info("cache %s failed validation", path, exc_info=True)
