@@ -10,10 +10,11 @@ What is measured, in one run:
   as MB/s of decoded chunk bytes (data + offsets) per second; each run opens the arrays with an
   empty TensorStore cache pool, and one untimed pass first puts the files in the page cache, so
   this is decode + CRC-32 speed, not disk speed;
-- the replaced-cache check on the read path: ``run_reads`` of one planned read with the check (as
-  every read runs) against the same read with ``PendingRead.check = None``, for a batch of 64 spans
-  of 4096 tokens at random places and for one 64-token span (where a fixed cost shows most).
-  Both sides alternate (``harness.rotating_times``); the medians and their difference per call.
+- the replaced-cache check on the read path: the check alone (the conditional ledger read and its
+  completion, median of 2000 calls), and ``run_reads`` of one planned read with the check (as every
+  read runs) against the same read with ``PendingRead.check = None``, for a batch of 64 spans of
+  4096 tokens at random places and for one 64-token span (where a fixed cost shows most). Both
+  sides alternate (``harness.rotating_times``); the medians and their difference per call.
 
 Median of ``--repeats``; absolute numbers only mean something on the machine that made them.
 
@@ -94,6 +95,7 @@ def check_cost(path: str, spans: int, length: int, rounds: int, repeats: int) ->
 
         return run
 
+    check_alone = statistics.median(_seconds(lambda: cache._watch.start()()) for _ in range(2000))
     times = rotating_times({"checked": read(True), "unchecked": read(False)}, rounds=rounds, repeats=repeats)
     checked, unchecked = statistics.median(times["checked"]), statistics.median(times["unchecked"])
     return {
@@ -102,6 +104,7 @@ def check_cost(path: str, spans: int, length: int, rounds: int, repeats: int) ->
         "checked_us": checked * 1e6,
         "unchecked_us": unchecked * 1e6,
         "check_us": (checked - unchecked) * 1e6,
+        "check_alone_us": check_alone * 1e6,
         "overhead": checked / unchecked - 1,
     }
 
@@ -136,12 +139,12 @@ def main(argv=None) -> dict:
         check_cost(caches["synthetic"], spans, length, rounds=args.repeats, repeats=20)
         for spans, length in ((64, 4096), (1, 64))
     ]
-    print("\n| read | with check | without | check per call | overhead |")
-    print("|---|---|---|---|---|")
+    print("\n| read | with check | without | difference | overhead | the check alone |")
+    print("|---|---|---|---|---|---|")
     for c in costs:
         print(
             f"| {c['spans']} x {c['length']} tokens | {c['checked_us']:.0f} us | {c['unchecked_us']:.0f} us "
-            f"| {c['check_us']:.0f} us | {c['overhead']:+.1%} |"
+            f"| {c['check_us']:.0f} us | {c['overhead']:+.1%} | {c['check_alone_us']:.0f} us |"
         )
     result = {**env, "tokens": args.tokens, "repeats": args.repeats, "validation": rows, "check_cost": costs}
     write_json(__file__, result)

@@ -143,6 +143,10 @@ def as_index_array(name: str, value) -> np.ndarray:
         TypeError: strings, floats, bools, objects: anything that is not an integer array.
         ValueError: more than one dimension, or a value outside int64.
     """
+    if isinstance(value, np.ndarray) and value.dtype.kind == "i" and value.ndim <= 1:  # the hot path
+        return value.reshape(-1).astype(np.int64, copy=False)
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return np.array([value], dtype=np.int64)
     if isinstance(value, str | bytes):
         raise TypeError(f"{name} must be integers (got a {type(value).__name__}: {name}={value!r})")
     try:

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -145,35 +145,66 @@ class ShardEntry:
 
 
 class LedgerFile:
-    """The ledger file of one cache, read through TensorStore's kvstore with its storage generation.
+    """The ledger file of one cache, read with a *stamp* that changes whenever the file does.
 
-    ``read()`` returns the ledger and a generation; ``read_if_changed(generation)`` is a conditional
-    read that transfers nothing while the file is unchanged (a ``stat`` locally, a metadata request
-    on object stores): how an open ``TokenCache`` notices its cache was replaced.
+    On a local disk the stamp is the file's ``stat`` (device, inode, size, mtime in ns), taken just
+    before the read, so it is never newer than the content read; elsewhere it is TensorStore's
+    storage generation. ``changed(stamp)`` costs a ``stat`` (about 3 us) locally and a conditional
+    read that transfers nothing while the file is unchanged on an object store: how an open
+    ``TokenCache`` notices, after every batch of reads, that its cache was replaced.
     """
 
     def __init__(self, root: str, *, context: ts.Context | None = None):
         self.root = root
         self.where = posixpath.join(root, LEDGER_FILE_NAME)
         self._kvstore = ts.KvStore.open(kvstore_spec(root), context=context or shared_context()).result()
+        local = root.removeprefix("file://")
+        self._local = None if "://" in local else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
 
-    def read(self) -> tuple[Ledger, bytes]:
-        """The ledger and its storage generation.
+    def read(self) -> tuple[Ledger, object]:
+        """The ledger and its stamp.
 
         Raises:
             FileNotFoundError: no ledger at ``root``.
             CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
         """
+        stamp = self._stat()
         found = self._kvstore.read(LEDGER_FILE_NAME).result()
         if found.state != "value":
             raise FileNotFoundError(
                 f"no ledger at {self.where}: not a token cache, or its writer never committed a row"
             )
-        return self.parse(bytes(found.value)), found.stamp.generation
+        return self.parse(bytes(found.value)), found.stamp.generation if stamp is None else stamp
 
-    def read_if_changed(self, generation: bytes) -> ts.Future:
-        """Starts a read that returns state ``"unspecified"`` (and no bytes) if ``generation`` is current."""
-        return self._kvstore.read(LEDGER_FILE_NAME, if_not_equal=generation)
+    def changed(self, stamp) -> Callable[[], tuple[bool, Ledger | None, object]]:
+        """Starts finding out whether the file still has ``stamp``; the returned function answers.
+
+        The answer is ``(changed, ledger, stamp)``: ``(False, None, stamp)`` while unchanged,
+        ``(True, None, None)`` when the file is gone, else the current ledger and its stamp.
+        """
+        if self._local is None:
+            future = self._kvstore.read(LEDGER_FILE_NAME, if_not_equal=stamp)
+
+            def answer():
+                found = future.result()
+                if found.state == "unspecified":
+                    return False, None, stamp
+                if found.state == "missing":
+                    return True, None, None
+                return True, self.parse(bytes(found.value)), found.stamp.generation
+
+            return answer
+        now = self._stat()
+
+        def answer_local():
+            if now == stamp:
+                return False, None, stamp
+            try:
+                return (True, *self.read())
+            except FileNotFoundError:
+                return True, None, None
+
+        return answer_local
 
     def parse(self, raw_bytes: bytes) -> Ledger:
         try:
@@ -183,6 +214,15 @@ class LedgerFile:
         if not isinstance(raw, dict):
             raise CacheIntegrityError(f"ledger {self.where} holds a JSON {type(raw).__name__}, not an object")
         return Ledger.from_dict(raw, where=self.where)
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        if self._local is None:
+            return None
+        try:
+            st = os.stat(self._local)
+        except FileNotFoundError:
+            return (0, 0, -1, 0)  # no file: differs from every file's stamp
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_ledger(root: str, *, context: ts.Context | None = None) -> Ledger:

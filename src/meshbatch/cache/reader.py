@@ -98,14 +98,14 @@ class TokenCache:
         )
         cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
         file = LedgerFile(path, context=cache._context)
-        ledger, generation = file.read()
+        ledger, stamp = file.read()
         if require_finished and not ledger.is_finished:
             raise ValueError(
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
         cache._load(ledger)
-        cache._watch = LedgerWatch(file, ledger, generation)
+        cache._watch = LedgerWatch(file, ledger, stamp)
         return cache
 
     @property
@@ -159,11 +159,11 @@ class TokenCache:
         Raises:
             CacheChangedError: the cache was replaced or rewritten rather than grown.
         """
-        ledger, generation = self._watch.file.read()
+        ledger, stamp = self._watch.file.read()
         if ledger != self._ledger:
             self._watch.raise_if_replaced(ledger)
             self._load(ledger)
-        self._watch.update(ledger, generation)
+        self._watch.update(ledger, stamp)
         return self.num_rows
 
     def wait_for_rows(self, n: int, timeout: float | None = None) -> int:

@@ -1,8 +1,8 @@
 """Noticing a cache that changed under an open reader, for the price of one conditional read.
 
-A ``TokenCache`` remembers the ledger it loaded and that file's storage generation. After every
-batch of reads it asks for the ledger only if the generation moved (a ``stat`` on a local disk, a
-metadata request on an object store). A moved ledger is parsed and compared with the loaded one::
+A ``TokenCache`` remembers the ledger it loaded and that file's stamp (``LedgerFile``). After every
+batch of reads it asks for the ledger only if the stamp moved (a ``stat`` on a local disk, a
+conditional read on an object store). A moved ledger is parsed and compared with the loaded one::
 
     loaded {cache_id: a1, rows: 10, finished: false}, now {cache_id: a1, rows: 12}   grew: fine
     loaded {cache_id: a1, ...},                        now {cache_id: b7, ...}        replaced
@@ -46,14 +46,14 @@ def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
 class LedgerWatch:
     """The ledger a reader loaded, and the check that it is still the cache's ledger."""
 
-    def __init__(self, file: LedgerFile, loaded: Ledger, generation: bytes):
-        self.file, self.loaded, self._generation = file, loaded, generation
+    def __init__(self, file: LedgerFile, loaded: Ledger, stamp: object):
+        self.file, self.loaded, self._stamp = file, loaded, stamp
         self._lock = threading.Lock()
 
-    def update(self, loaded: Ledger, generation: bytes) -> None:
+    def update(self, loaded: Ledger, stamp: object) -> None:
         """Records a ledger the reader has loaded since (``refresh``)."""
         with self._lock:
-            self.loaded, self._generation = loaded, generation
+            self.loaded, self._stamp = loaded, stamp
 
     def raise_if_replaced(self, now: Ledger) -> None:
         reason = ledger_change(self.loaded, now)
@@ -61,23 +61,23 @@ class LedgerWatch:
             raise CacheChangedError(f"cache {self.file.root} changed under an open reader: {reason}")
 
     def start(self) -> Callable[[], None]:
-        """Starts the conditional ledger read; the returned function completes the check."""
+        """Starts the check (a ``stat``, or a conditional read); the returned function completes it."""
         with self._lock:
-            generation = self._generation
-        future = self.file.read_if_changed(generation)
+            stamp = self._stamp
+        answer = self.file.changed(stamp)
 
         def complete() -> None:
-            found = future.result()
-            if found.state == "unspecified":  # the generation we know is current: unchanged
+            changed, ledger, new_stamp = answer()
+            if not changed:
                 return
-            if found.state == "missing":
+            if ledger is None:
                 raise CacheChangedError(
                     f"cache {self.file.root} changed under an open reader: its ledger {self.file.where} "
                     "is gone (the cache is being overwritten or was deleted)"
                 )
-            self.raise_if_replaced(self.file.parse(bytes(found.value)))
+            self.raise_if_replaced(ledger)
             with self._lock:  # it only grew: later checks compare against the newer file
-                if self._generation == generation:
-                    self._generation = found.stamp.generation
+                if self._stamp == stamp:
+                    self._stamp = new_stamp
 
         return complete
