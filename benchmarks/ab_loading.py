@@ -4,8 +4,8 @@
 change when a neighbour's load moves; this script isolates the change instead. The older code is
 imported as the package ``meshbatch_base`` (a copy of its ``src/meshbatch`` with ``kernels/`` inside,
 imports renamed), and both read the same cache with the same index arrays, alternating round by
-round: each round opens the cache afresh on both sides (untimed), reads batch 0 (warm-up; tokens
-must be identical), then times batches 1..k. Reported: median tokens/s of each side over the rounds
+round, the side that goes first alternating: each round opens the cache afresh on both sides
+(untimed), reads batch 0 (warm-up; tokens must be identical), then times batches 1..k. Reported: median tokens/s of each side over the rounds
 and the median of the per-round ratios new / base (1.00 = no change).
 
 Patterns, on ``seq_len``-token examples: ``sequential``; ``full`` (a numpy permutation of examples:
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 2048])
     parser.add_argument("--io-block", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--batches", type=int, default=8, help="timed batches per round")
+    parser.add_argument("--batches", type=int, default=32, help="timed batches per round, at most")
     parser.add_argument("--quick", action="store_true", help="3 rounds")
     args = parser.parse_args(argv)
     if args.quick:
@@ -72,9 +72,10 @@ def main(argv=None) -> dict:
             order = index_batches(pattern, examples, batch, args.io_block)
             timed = range(1, min(order.shape[0], args.batches + 1))
             rates: dict[str, list[float]] = {"base": [], "new": []}
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
                 first = {}
-                for side, module in (("base", base), ("new", new)):
+                sides = (("base", base), ("new", new))
+                for side, module in sides if r % 2 == 0 else sides[::-1]:  # who goes first alternates
                     context = ts.Context({"cache_pool": {"total_bytes_limit": 10**9}})
                     cache = module.TokenCache.open(args.cache, context=context)
                     first[side] = cache.read_spans(order[0] * args.seq_len, args.seq_len).tokens

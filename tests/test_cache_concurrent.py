@@ -166,3 +166,23 @@ def test_leftover_temp_files_are_removed_when_a_writer_opens(tmp_path):
     CacheWriter(path, if_exists="overwrite").finish()
     assert not any(os.path.exists(name) for name in leftovers)
     assert os.path.exists(alive)
+
+
+def test_ledger_stamp_off_a_local_disk_is_a_conditional_read():
+    """On object stores (here TensorStore's memory kvstore) the stamp is the storage generation."""
+    import tensorstore as ts
+
+    from meshbatch.cache import shared_context
+    from meshbatch.cache.ledger import Ledger, LedgerFile
+
+    kvstore = ts.KvStore.open("memory://stamp-test/", context=shared_context()).result()
+    kvstore.write("shard_ledger.json", json.dumps(Ledger(3, {"": 3}, cache_id="a").to_dict())).result()
+    file = LedgerFile("memory://stamp-test")
+    ledger, stamp = file.read()
+    assert isinstance(stamp, bytes) and ledger.total_num_rows == 3
+    assert file.changed(stamp)() == (False, None, stamp)
+    kvstore.write("shard_ledger.json", json.dumps(Ledger(5, {"": 5}, cache_id="a").to_dict())).result()
+    changed, now, new_stamp = file.changed(stamp)()
+    assert changed and now.total_num_rows == 5 and new_stamp != stamp
+    kvstore.delete_range(ts.KvStore.KeyRange("shard_ledger.json", "shard_ledger.json\x00")).result()
+    assert file.changed(new_stamp)() == (True, None, None)
