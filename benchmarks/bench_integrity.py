@@ -13,8 +13,8 @@ What is measured, in one run:
 - the replaced-cache check on the read path: the check alone (the conditional ledger read and its
   completion, median of 2000 calls), and ``run_reads`` of one planned read with the check (as every
   read runs) against the same read with ``PendingRead.check = None``, for a batch of 64 spans of
-  4096 tokens at random places and for one 64-token span (where a fixed cost shows most). Both
-  sides alternate (``harness.rotating_times``); the medians and their difference per call.
+  4096 tokens at random places and for one 64-token span (where a fixed cost shows most). The two
+  alternate call by call (``--repeats`` x 200 calls each); the medians and their difference.
 
 Median of ``--repeats``; absolute numbers only mean something on the machine that made them.
 
@@ -31,7 +31,7 @@ import tempfile
 import time
 
 import numpy as np
-from harness import banner, rotating_times, write_json
+from harness import banner, write_json
 
 from meshbatch.cache import CacheWriter, TokenCache, build_cache, run_reads, validate_cache
 from meshbatch.cache.ledger import try_read_ledger
@@ -96,7 +96,11 @@ def check_cost(path: str, spans: int, length: int, rounds: int, repeats: int) ->
         return run
 
     check_alone = statistics.median(_seconds(lambda: cache._watch.start()()) for _ in range(2000))
-    times = rotating_times({"checked": read(True), "unchecked": read(False)}, rounds=rounds, repeats=repeats)
+    runs = {"checked": read(True), "unchecked": read(False)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(rounds * repeats):  # alternate call by call, who goes first alternating too
+        for name in list(runs) if i % 2 else list(runs)[::-1]:
+            times[name].append(_seconds(runs[name]))
     checked, unchecked = statistics.median(times["checked"]), statistics.median(times["unchecked"])
     return {
         "spans": spans,
@@ -136,7 +140,7 @@ def main(argv=None) -> dict:
             f"| {r['deep_mb_per_s']:.0f} | {r['checksums']} |"
         )
     costs = [
-        check_cost(caches["synthetic"], spans, length, rounds=args.repeats, repeats=20)
+        check_cost(caches["synthetic"], spans, length, rounds=args.repeats, repeats=200)
         for spans, length in ((64, 4096), (1, 64))
     ]
     print("\n| read | with check | without | difference | overhead | the check alone |")
