@@ -9,7 +9,10 @@ exponent 1.2 over a 32K vocabulary, so blosc compresses it like real text; docum
   ``CausalLmDataset`` (``LmExample`` with loss mask and attention mask);
 * meshbatch ``Pipeline(CausalLMDataset(...))`` (tokens, loss mask, segment ids): the full
   permutation in Levanter mode (its batches are checked equal to Levanter's), and the block shuffle
-  (strong default, chunk-aligned blocks, window 8) reading through a host block cache.
+  (strong default, chunk-aligned blocks, window 8) reading through a host block cache;
+* meshbatch ``Pipeline(SpliceLMDataset.from_cache(..., pool=False))``: splice frames of the 64
+  longest documents (coverage-balanced starts, jitter, a per-epoch shuffle) with every row's span
+  fetched from the cache (ragged spans: the path with no whole-row windows).
 
 Each loader is first run for a few batches (compiles, warms the OS page cache), then a fresh
 iterator is timed from its creation through ``--steps`` batches, each ``block_until_ready``:
@@ -19,7 +22,9 @@ devices. Then the consumer-wait check: a jitted stand-in for a training step tak
 the loader's step time consumes meshbatch's batches; with a steady prefetch the consumer should
 (almost) never wait, and ``ready`` shows how many batches were queued each time it asked.
 
-    python benchmarks/bench_pipeline.py [--quick]
+    python benchmarks/bench_pipeline.py [--quick] [--ours-only]
+
+``--ours-only`` times only meshbatch's loaders (for before/after comparisons of the pipeline).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from levanter.data.permutation import PermutationDataset
 from levanter.data.text import CausalLmDataset, TokenSeqDataset
 from levanter.store.cache import SerialCacheWriter, TreeCache
 
-from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
+from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset, select_documents
 from meshbatch.cache import BlockCache, TokenCache
 
 EXEMPLAR = {"input_ids": np.zeros(0, np.int32)}
@@ -93,6 +98,36 @@ def levanter_loader(path, seq_len, batch, mesh, key, *, lm_examples: bool):
     return make
 
 
+def meshbatch_pipelines(path, args, mesh, key, block_cache_bytes):
+    """``(label, Pipeline)`` for each meshbatch loader timed (see the module docstring)."""
+    variants = (
+        ("meshbatch full permutation, compat=levanter", ShuffleSpec("full", compat="levanter"), None),
+        ("meshbatch block shuffle + block cache", ShuffleSpec("block", window_blocks=8), block_cache_bytes),
+    )
+    for label, spec, block_bytes in variants:
+        cache = TokenCache.open(path, block_cache=None if block_bytes is None else BlockCache(block_bytes))
+        dataset = CausalLMDataset(cache, args.seq_len, shuffle=spec)
+        yield label, Pipeline(dataset, mesh=mesh, batch_size=args.batch, key=key)
+    cache = TokenCache.open(path)
+    selection = select_documents(cache.doc_lengths(), num_docs=64, doc_select_mode="longest")
+    splice = SpliceLMDataset.from_cache(
+        cache,
+        selection.indices,
+        pool=False,
+        seq_len=args.seq_len,
+        content_length=args.seq_len * 3 // 4,
+        content_start_mode="coverage_balanced",
+        offset_jitter=64,
+        jitter_mode="low_discrepancy",
+        shuffle_per_epoch=True,
+        pad_token_id=0,
+    )
+    yield (
+        "meshbatch splice fetch (64 docs, coverage-balanced)",
+        Pipeline(splice, mesh=mesh, batch_size=args.batch, key=key),
+    )
+
+
 def consumer_wait(pipeline: Pipeline, step_seconds: float, steps: int) -> dict:
     """Consume batches with a jitted step that takes about ``step_seconds``; report the waits."""
     size = 256
@@ -129,6 +164,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller cache and fewer steps")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--ours-only", action="store_true", help="time only meshbatch's loaders")
     args = parser.parse_args()
     env = banner("bench_pipeline")
     steps, warmup = (30, 3) if args.quick else (200, 5)
@@ -148,46 +184,37 @@ def main() -> None:
         for devices in (1, 8):
             mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
             results = {}
-            for label, lm in (
-                ("levanter DataLoader, PermutationDataset (tokens)", False),
-                ("levanter DataLoader, PermutationDataset -> LmExample", True),
-            ):
-                results[label] = sustained(
-                    levanter_loader(path, args.seq_len, args.batch, mesh, key, lm_examples=lm), steps, warmup
-                )
-            base = results["levanter DataLoader, PermutationDataset (tokens)"]
-            check = levanter_loader(path, args.seq_len, args.batch, mesh, key, lm_examples=False)()
-            levanter_batches = [np.asarray(next(check)) for _ in range(3)]
-            variants = (
-                ("meshbatch full permutation, compat=levanter", ShuffleSpec("full", compat="levanter"), None),
-                (
-                    "meshbatch block shuffle + block cache",
-                    ShuffleSpec("block", window_blocks=8),
-                    BlockCache(block_cache_bytes),
-                ),
-            )
-            for label, spec, block_cache in variants:
-                cache = TokenCache.open(path, block_cache=block_cache)
-                dataset = CausalLMDataset(cache, args.seq_len, shuffle=spec)
-                pipeline = Pipeline(dataset, mesh=mesh, batch_size=args.batch, key=key)
-                if spec.compat == "levanter":
+            if not args.ours_only:
+                for label, lm in (
+                    ("levanter DataLoader, PermutationDataset (tokens)", False),
+                    ("levanter DataLoader, PermutationDataset -> LmExample", True),
+                ):
+                    results[label] = sustained(
+                        levanter_loader(path, args.seq_len, args.batch, mesh, key, lm_examples=lm),
+                        steps,
+                        warmup,
+                    )
+                check = levanter_loader(path, args.seq_len, args.batch, mesh, key, lm_examples=False)()
+                levanter_batches = [np.asarray(next(check)) for _ in range(3)]
+            for label, pipeline in meshbatch_pipelines(path, args, mesh, key, block_cache_bytes):
+                if "compat=levanter" in label and not args.ours_only:
                     for step, want in enumerate(levanter_batches):
                         np.testing.assert_array_equal(np.asarray(pipeline.batch(step).tokens), want)
                 results[label] = sustained(lambda p=pipeline: p.iterate_from(0), steps, warmup)
+            base = results.get("levanter DataLoader, PermutationDataset (tokens)")
+            lm_base = results.get("levanter DataLoader, PermutationDataset -> LmExample")
             for label, seconds in results.items():
                 rate = per_run / seconds
-                print(f"{devices:>7} {label:<58} {rate:>12.3e} {base / seconds:>10.1f}x")
+                ratio = f"{base / seconds:>10.1f}x" if base else f"{'-':>11}"
+                print(f"{devices:>7} {label:<58} {rate:>12.3e} {ratio}")
                 rows.append(
                     {
                         "devices": devices,
                         "loader": label,
                         "seconds": seconds,
                         "tokens_per_s": rate,
-                        "ratio_vs_levanter_tokens": base / seconds,
-                        "ratio_vs_levanter_lm": results[
-                            "levanter DataLoader, PermutationDataset -> LmExample"
-                        ]
-                        / seconds,
+                        "ratio_vs_levanter_tokens": base / seconds if base else None,
+                        "ratio_vs_levanter_lm": lm_base / seconds if lm_base else None,
                     }
                 )
         loader_step = (

@@ -40,8 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import meshbatch
-from meshbatch.kernels.splice import pool_frames
-from meshbatch.kernels.splice_schedule import lookup_rows
+from meshbatch.kernels import lookup_rows, pool_frames
 
 SEQ_LEN, CONTENT_LENGTH, DOC_LENGTH, BATCH = 4096, 4096, 45231, 256
 PAD = 0

@@ -14,6 +14,7 @@ For each row of ``seq_len`` tokens:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
@@ -48,3 +49,12 @@ def causal_lm_batch(
     else:
         segment_ids = jnp.zeros_like(tokens)
     return Batch(tokens=tokens, loss_mask=loss_mask.astype(jnp.int32), segment_ids=segment_ids)
+
+
+def gather_windows(
+    tokens: Int[Array, " buffer"], starts: Int[Array, " rows"], *, width: int
+) -> Int[Array, "rows width"]:
+    """Rows ``tokens[starts[r] : starts[r] + width]`` of a flat buffer: a batched ``dynamic_slice``
+    (a contiguous copy per row, no per-token index arithmetic). Starts must keep every row inside
+    the buffer."""
+    return jax.vmap(lambda start: jax.lax.dynamic_slice(tokens, (start,), (width,)))(starts)

@@ -111,19 +111,25 @@ def apply_network(
     return feistel.cycle_walk(network, x, length, batched=batched)
 
 
-def check_indices(indices, length: int) -> None:
-    """Raise ``IndexError`` for concrete indices outside ``[0, length)``; traced ones pass."""
+def check_indices(indices, length: int, *, name: str = "index", error: type = IndexError) -> None:
+    """Raise for concrete indices that are not integers (``TypeError``) or lie outside
+    ``[0, length)`` (``error``, naming ``name``); traced ones pass."""
     if isinstance(indices, jax.core.Tracer):
         return
     values = np.asarray(indices)  # numpy, not jnp: without x64, jnp would wrap 2**40 to 0
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"{name} values must be integers (got dtype={values.dtype})")
     if values.size == 0:
         return
-    if not np.issubdtype(values.dtype, np.integer):
-        raise TypeError(f"indices must be integers (got dtype={values.dtype})")
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= length:
         bad = low if low < 0 else high
-        raise IndexError(f"index {bad} is out of range for length={length}")
+        raise error(f"{name} {bad} is out of range for length={length}")
+
+
+def check_epoch(epoch) -> None:
+    """A concrete epoch (scalar or array) must be an integer in ``[0, 2**32)``: never wrapped."""
+    check_indices(epoch, 2**32, name="epoch", error=ValueError)
 
 
 class IndexShuffle(eqx.Module):
@@ -142,6 +148,10 @@ class IndexShuffle(eqx.Module):
             check_indices(indices, int(self.length))
         if not isinstance(indices, jax.Array):  # checked in range: Python ints >= 2**31 included
             indices = np.asarray(indices).astype(np.uint32)
+        if epoch is not None:
+            check_epoch(epoch)
+            if not isinstance(epoch, jax.Array):
+                epoch = np.asarray(epoch).astype(np.uint32)
         # An array epoch (never a Python int: eqx.filter_jit would compile once per value).
         epoch = None if epoch is None else jnp.asarray(epoch, U32)
         return _shuffle(self, jnp.asarray(indices), epoch)

@@ -28,14 +28,12 @@ used as is. Cyclic rows gather token by token instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import partial
 from typing import Literal, get_args
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Int
 
 from .batch import Batch
@@ -139,7 +137,8 @@ def _build(
 
 
 class DocumentPool(eqx.Module):
-    """Documents concatenated on device: document ``d`` is ``tokens[offsets[d]:offsets[d + 1]]``.
+    """Documents concatenated on device: document ``d`` is ``tokens[offsets[d]:offsets[d + 1]]``
+    (built on the host by ``meshbatch.splice.tables.document_pool``).
 
     Attributes:
         tokens: ``int32[margin + pool + margin]`` all document tokens, back to back, between
@@ -151,25 +150,6 @@ class DocumentPool(eqx.Module):
     tokens: Int[Array, " pool"]
     offsets: Int[Array, " docs_plus_one"]
     margin: int = eqx.field(static=True, default=0)
-
-    @classmethod
-    def from_documents(cls, docs: Sequence[np.ndarray], *, margin: int = 0) -> DocumentPool:
-        """Concatenate 1-D integer token arrays (host side, once), with ``margin`` zeros each side."""
-        lengths = np.array([np.asarray(d).shape[0] for d in docs], dtype=np.int64)
-        for i, d in enumerate(docs):
-            d = np.asarray(d)
-            if d.ndim != 1 or not np.issubdtype(d.dtype, np.integer):
-                raise ValueError(f"docs[{i}] must be a 1-D integer array (got shape={d.shape}, {d.dtype})")
-        offsets = margin + np.concatenate([[0], np.cumsum(lengths)])
-        if offsets[-1] + margin >= 2**31:
-            raise ValueError(
-                f"a device pool holds < 2^31 tokens (got {int(offsets[-1])}); fetch spans instead"
-            )
-        flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs]) if docs else np.zeros(0)
-        if flat.size and (flat.min() < -(2**31) or flat.max() >= 2**31):
-            raise ValueError("document tokens must fit int32")
-        flat = np.pad(flat, (margin, margin))
-        return cls(jnp.asarray(flat, dtype=jnp.int32), jnp.asarray(offsets, dtype=jnp.int32), margin)
 
 
 @partial(jax.jit, static_argnames=("seq_len", "pad_token_id", "eos_token_id", "segment_mode", "cyclic"))

@@ -27,16 +27,15 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float32, Int, PRNGKeyArray, UInt32
 
-from .splice_schedule import U32, bit_length, midpoint_item, search_last, spread
+from .splice_schedule import U32, midpoint_item, search_last
 
 JitterMode = Literal["uniform", "low_discrepancy"]
 
 
 class BalancedPlacement(eqx.Module):
-    """Per-document tables of a coverage-balanced schedule.
+    """Per-document tables of a coverage-balanced schedule (built by ``meshbatch.splice.tables``).
 
     Attributes:
         doc_len: ``int32[docs]`` document lengths.
@@ -59,68 +58,6 @@ class BalancedPlacement(eqx.Module):
     jitter_mode: JitterMode = eqx.field(static=True)
     search_steps: int = eqx.field(static=True)
     cyclic = False  # coverage-balanced copies never wrap
-
-    @classmethod
-    def build(
-        cls,
-        doc_lengths: np.ndarray,
-        *,
-        seq_len: int,
-        content_length: int | None,
-        content_stride: int,
-        min_copy_len: int,
-        alpha: float,
-        adaptive_k: bool,
-        offset_jitter: int,
-        jitter_mode: JitterMode,
-        jitter_key: PRNGKeyArray | None = None,
-    ) -> tuple[BalancedPlacement, np.ndarray]:
-        """Tables for ``doc_lengths`` (host, O(num_docs + seq_len)); returns ``(placement, items)``.
-
-        ``items`` (int64) counts each document's starts; documents with ``L < K_i`` or
-        ``K_i < min_copy_len`` get 0.
-        """
-        lengths = np.asarray(doc_lengths, dtype=np.int64)
-        S, kt = int(seq_len), int(content_stride)
-        K = S if content_length is None else min(int(content_length), S)
-        content = np.minimum(lengths, K) if adaptive_k else np.full_like(lengths, K)
-        valid = (lengths >= content) & (content >= min_copy_len)
-        items = np.where(valid, (lengths - content) // kt + 1, 0)
-        jitter = np.minimum(offset_jitter, S - content) + 1
-        weighted = alpha > 0
-        if weighted:
-            table = np.zeros(S + 1, dtype=np.float64)
-            d = np.arange(1, S + 1, dtype=np.float64)
-            table[1:] = d**-alpha
-            for r in range(1, kt + 1):  # U[d] = d^-alpha + U[d - k_t]
-                table[r::kt] = np.cumsum(table[r::kt])
-            scale = np.where(valid, np.maximum(content, 1).astype(np.float64) ** alpha, 0.0)
-        else:
-            table, scale = np.zeros(0), np.zeros_like(lengths, dtype=np.float64)
-        placement = cls(
-            doc_len=jnp.asarray(lengths, dtype=jnp.int32),
-            content=jnp.asarray(content, dtype=jnp.int32),
-            jitter=jnp.asarray(jitter, dtype=U32),
-            edge_scale=jnp.asarray(scale, dtype=jnp.float32),
-            edge_table=jnp.asarray(table, dtype=jnp.float32),
-            jitter_key=jitter_key,
-            seq_len=S,
-            t_stride=kt,
-            weighted=weighted,
-            jitter_mode=jitter_mode,
-            search_steps=bit_length(int(items.max(initial=1))),
-        )
-        return placement, items.astype(np.int64)
-
-    def grid(self, doc: int, *, starts: int, offsets: int) -> list[tuple[int, int, int]]:
-        """Host: ``(t, s, copy_len)`` at ``starts`` spread starts x ``offsets`` spread jitters."""
-        length, content = int(np.asarray(self.doc_len)[doc]), int(np.asarray(self.content)[doc])
-        num_starts, jitter = (length - content) // self.t_stride + 1, int(np.asarray(self.jitter)[doc])
-        return [
-            (k * self.t_stride, self.seq_len - content - j, content)
-            for k in spread(num_starts, starts)
-            for j in spread(jitter, offsets)
-        ]
 
     def _edge_mass(self, scale, content, gap, n):
         """Weight of the ``n`` starts nearest one edge, whose distances are ``1 + gap + m * k_t``."""

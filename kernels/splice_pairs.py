@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, UInt32
 
-from .splice_schedule import U32, bit_length, midpoint_item, search_last, spread
+from .splice_schedule import U32, midpoint_item, search_last
 
 PairLayout = Literal["uniform", "ragged"]
 StartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "slide"]
@@ -44,16 +44,8 @@ def pair_count(v, *, seq_len: int, content_length: int, offset_stride: int):
     return room // offset_stride + 1
 
 
-def _host_table(v: np.ndarray, table: np.ndarray, cap: int, kt: int) -> np.ndarray:
-    """Exact int64 ``D(v)`` (the kernel's ``_table`` without wrapping)."""
-    top = table.shape[0]
-    steps = np.maximum(v - top + kt, 0) // kt
-    base = v - steps * kt
-    return np.where(base >= 0, table[np.clip(base, 0, top - 1)], 0) + steps * cap
-
-
 class PairPlacement(eqx.Module):
-    """Per-document tables of an enumerated pair schedule.
+    """Per-document tables of an enumerated pair schedule (built by ``meshbatch.splice.tables``).
 
     Attributes:
         doc_len: ``int32[docs]`` document lengths ``L``.
@@ -79,98 +71,6 @@ class PairPlacement(eqx.Module):
     t_stride: int = eqx.field(static=True)
     s_stride: int = eqx.field(static=True)
     search_steps: int = eqx.field(static=True)
-
-    @classmethod
-    def build(
-        cls,
-        doc_lengths: np.ndarray,
-        *,
-        start_mode: StartMode,
-        seq_len: int,
-        content_length: int | None,
-        content_stride: int,
-        offset_stride: int,
-        min_copy_len: int,
-        content_perm: eqx.Module | None = None,
-        offset_perm: eqx.Module | None = None,
-    ) -> tuple[PairPlacement, np.ndarray]:
-        """Tables for ``doc_lengths`` (host, O(num_docs + seq_len)); returns ``(placement, items)``.
-
-        ``items`` (int64) counts each document's pairs; documents whose copies would all be shorter
-        than ``min_copy_len`` get 0. For ``start_mode="slide"`` ``content_stride`` is the window
-        stride and each window copies ``seq_len`` tokens at ``s = 0``.
-        """
-        lengths = np.asarray(doc_lengths, dtype=np.int64)
-        big = UNBOUNDED if content_length is None else min(int(content_length), UNBOUNDED)
-        ks, kt, S = int(offset_stride), int(content_stride), int(seq_len)
-        copy = np.minimum(np.minimum(lengths, big), S)
-        per_slot = pair_count(lengths, seq_len=S, content_length=big, offset_stride=ks)
-        valid = copy >= min_copy_len
-        layout: PairLayout = "uniform"
-        table = np.zeros(0, dtype=np.int64)
-        if start_mode == "anchor_start":
-            slots = valid.astype(np.int64)
-        elif start_mode == "cyclic_roll":
-            slots = np.where(valid, -(-lengths // kt), 0)
-        elif start_mode == "slide":
-            valid = (lengths >= S) & (S >= min_copy_len)
-            slots = np.where(valid, (lengths - S) // kt + 1, 0)
-            per_slot, copy = np.ones_like(lengths), np.full_like(lengths, S)
-        else:
-            layout = "ragged"
-            valid = (lengths >= min_copy_len) & (min(big, S) >= min_copy_len)
-            slots = np.where(valid, (lengths - min_copy_len) // kt + 1, 0)
-            top = min(big, S)
-            counts = pair_count(np.arange(top), seq_len=S, content_length=big, offset_stride=ks)
-            table = counts.copy()
-            for r in range(kt):  # running sums along each residue class mod k_t
-                table[r::kt] = np.cumsum(counts[r::kt])
-        per_slot = np.where(valid, per_slot, 0)
-        if layout == "uniform":
-            items = slots * per_slot
-        else:
-            cap = pair_count(top, seq_len=S, content_length=big, offset_stride=ks)
-            items = _host_table(lengths, table, cap, kt) - _host_table(lengths - slots * kt, table, cap, kt)
-        last = lengths - np.maximum(slots - 1, 0) * kt
-        rounds = np.where(slots > 0, pair_count(last, seq_len=S, content_length=big, offset_stride=ks), 0)
-        placement = cls(
-            doc_len=jnp.asarray(lengths, dtype=jnp.int32),
-            slots=jnp.asarray(slots, dtype=U32),
-            per_slot=jnp.asarray(per_slot, dtype=U32),
-            copy=jnp.asarray(copy, dtype=jnp.int32),
-            prefix=jnp.asarray(table % 2**32, dtype=U32),
-            content_perm=content_perm,
-            offset_perm=offset_perm,
-            layout=layout,
-            cyclic=start_mode == "cyclic_roll",
-            seq_len=S,
-            content_length=big,
-            t_stride=kt,
-            s_stride=ks,
-            search_steps=bit_length(max(int(slots.max(initial=1)), int(rounds.max(initial=1)))),
-        )
-        return placement, items.astype(np.int64)
-
-    def grid(self, doc: int, *, starts: int, offsets: int) -> list[tuple[int, int, int]]:
-        """Host: ``(t, s, copy_len)`` at ``starts`` spread starts x ``offsets`` spread placements."""
-        length, slots = int(np.asarray(self.doc_len)[doc]), int(np.asarray(self.slots)[doc])
-        rows = []
-        for k in spread(slots, starts):
-            v = length - k * self.t_stride
-            if self.layout == "uniform":
-                count, copy = int(np.asarray(self.per_slot)[doc]), int(np.asarray(self.copy)[doc])
-            else:
-                count = int(
-                    pair_count(
-                        v,
-                        seq_len=self.seq_len,
-                        content_length=self.content_length,
-                        offset_stride=self.s_stride,
-                    )
-                )
-                copy = min(v, self.content_length, self.seq_len)
-            rows += [(k * self.t_stride, i * self.s_stride, copy) for i in spread(count, offsets)]
-        return rows
 
     # count(v) and the table D, for the ragged layout --------------------------------------------
     def count(self, v: Int[Array, "..."]) -> UInt32[Array, "..."]:

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from .permutation import apply_network, derive_network, rewrap
+from .permutation import apply_network, check_epoch, check_indices, derive_network, rewrap
 
 U32 = jnp.uint32
 
@@ -127,35 +127,6 @@ def sharded_like_rows(fn: Callable, rows: Array, *args):
     return jax.sharding.auto_axes(fn, axes=mesh.explicit_axes, out_sharding=out)(*args)
 
 
-def spread(n: int, k: int) -> list[int]:
-    """Host: ``min(n, k)`` distinct evenly spaced integers of ``[0, n)``, both ends included."""
-    if n <= k:
-        return list(range(n))
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
-
-
-def bit_length(n: int) -> int:
-    """Binary-search steps that cover ``[0, n)``."""
-    return max(int(n), 1).bit_length()
-
-
-def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
-    """Host: integer quotas proportional to ``weights``, summing to ``total``.
-
-    Floors of the float64 shares, then one more for the largest remainders (ties: lower index).
-    """
-    weights = np.asarray(weights, dtype=np.float64)
-    share = total * (weights / weights.sum())
-    quota = np.floor(share).astype(np.int64)
-    order = np.lexsort((np.arange(weights.shape[0]), -(share - quota)))
-    short = total - int(quota.sum())
-    if short >= 0:
-        quota[order[:short]] += 1
-    else:  # float rounding pushed the floors past total: take back from the smallest remainders
-        quota[order[short:]] -= 1
-    return quota
-
-
 class LanePermutation(eqx.Module):
     """Per-lane keyed bijections of ``[0, length)``: lane ``i`` uses ``(key, epoch, doc, salt)``.
 
@@ -217,7 +188,17 @@ class SpliceSchedule(eqx.Module):
 
         Returns:
             ``(doc, t, s, copy_len)``, each ``int32[n]``.
+
+        Raises:
+            IndexError: concrete rows outside ``[0, len(self))``.
+            ValueError: a concrete epoch outside ``[0, 2**32)``.
+            TypeError: rows or epochs that are not integers.
         """
+        if not isinstance(self.cum_rows, jax.core.Tracer):
+            check_indices(rows, len(self), name="row")
+        check_epoch(epoch)
+        rows = rows if isinstance(rows, jax.Array) else np.asarray(rows).astype(np.uint32)
+        epoch = epoch if isinstance(epoch, jax.Array) else np.asarray(epoch).astype(np.uint32)
         return _lookup(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 

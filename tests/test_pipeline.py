@@ -1,12 +1,11 @@
 """The pipeline in one process: exact batches, any mesh, resume, epochs, no recompiles, errors."""
 
-import contextlib
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiles import count_compiles
 from jax.sharding import Mesh, PartitionSpec
 
 import meshbatch
@@ -41,7 +40,7 @@ def expected_stream(path, spec: ShuffleSpec, key, start: int, count: int) -> np.
     n = windows.shape[0]
     g = np.arange(start, start + count)
     position, epoch = g % n, g // n
-    shuffle = CausalLMDataset(TokenCache.open(path), SEQ, shuffle=spec).plan_state(key)
+    shuffle = CausalLMDataset(TokenCache.open(path), SEQ, shuffle=spec).init(key)
     if shuffle is None:
         examples = position
     elif spec.reshuffle_each_epoch:
@@ -192,21 +191,6 @@ def test_batch_size_schedule(cache_path):
     np.testing.assert_array_equal(np.concatenate(batches), expected_stream(cache_path, spec, key, 0, 56))
 
 
-@contextlib.contextmanager
-def count_compiles():
-    events = []
-
-    def listener(name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 def test_no_recompilation_after_the_first_step(cache_path):
     pipeline = Pipeline(
         CausalLMDataset(
@@ -260,7 +244,7 @@ def test_bad_pipeline_arguments(cache_path, kwargs, error, match):
 
 def test_bad_dataset_arguments(cache_path):
     cache = TokenCache.open(cache_path)
-    with pytest.raises(ValueError, match=r"seq_len must be a positive int.*seq_len=0"):
+    with pytest.raises(ValueError, match=r"seq_len must be >= 1 \(got seq_len=0\)"):
         CausalLMDataset(cache, 0)
     with pytest.raises(ValueError, match=f"holds {cache.num_tokens} tokens: not one window"):
         CausalLMDataset(cache, cache.num_tokens + 1)
@@ -283,16 +267,16 @@ def test_numpy_steps_are_python_ints_and_never_wrap(cache_path):
     for step in (np.int64(2**59), 2**59, 2**70):  # 2**59 * 64 wraps int64; the epoch passes 2**32
         with pytest.raises(OverflowError, match=f"step={int(step)} reaches epoch"):
             pipeline.batch(step)
-    for bad in (-1, 2.0, True):
-        with pytest.raises(ValueError, match="step must be a non-negative int"):
+    for bad, error in ((-1, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="step must be a non-negative int"):
             pipeline.batch(bad)
 
 
 def test_schedule_refuses_what_it_would_truncate():
     assert BatchSchedule(np.int64(8)).offset(np.int64(3)) == 24
-    with pytest.raises(ValueError, match=r"start_step must be an int.*2.9"):
+    with pytest.raises(TypeError, match=r"start_step must be an int.*2.9"):
         BatchSchedule([(0, 8), (2.9, 16)])
-    with pytest.raises(ValueError, match="batch_size must be an int"):
+    with pytest.raises(TypeError, match="batch_size must be an int"):
         BatchSchedule([(0, 8.0)])
 
 

@@ -109,7 +109,7 @@ def test_fewer_candidates_than_requested_warns(caplog):
         (dict(doc_index=1.5), TypeError, "doc_index must be an int"),
         (dict(doc_index=1, num_docs=2), ValueError, "doc_index selects one document"),
         (dict(doc_select_mode="median"), ValueError, "doc_select_mode='median' is not one of"),
-        (dict(num_docs=0), ValueError, "num_docs=0 must be an int >= 1"),
+        (dict(num_docs=0), ValueError, r"num_docs must be >= 1 \(got num_docs=0\)"),
         (dict(min_doc_length=10, max_doc_length=5), ValueError, "min_doc_length=10 > max_doc_length=5"),
     ],
 )

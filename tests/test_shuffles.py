@@ -198,7 +198,7 @@ def test_sharded_indices_give_identical_results():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(era_length=0), ValueError, "era_length must be positive.*era_length=0"),
+        (dict(era_length=0), ValueError, r"era_length must be >= 1 \(got era_length=0\)"),
         (dict(era_length=2.0), TypeError, "era_length=2.0"),
     ],
 )

@@ -12,6 +12,7 @@ import pytest
 from test_splice_reference import ref_pairs
 
 import meshbatch
+import meshbatch.datasets.splice_indexed as splice_indexed
 import meshbatch.splice as splice_module
 from meshbatch.kernels.splice_schedule import lookup_rows
 
@@ -21,9 +22,9 @@ P = -1
 @pytest.mark.parametrize(
     ("lengths", "spec", "match"),
     [
-        ([5], dict(seq_len=5, content_length=1), "content_length=1 must be >= 2"),
-        ([5], dict(seq_len=0), "seq_len=0 must be >= 1"),
-        ([5], dict(seq_len=-3), "seq_len=-3 must be >= 1"),
+        ([5], dict(seq_len=5, content_length=1), r"content_length must be >= 2 \(got content_length=1\)"),
+        ([5], dict(seq_len=0), r"seq_len must be >= 1 \(got seq_len=0\)"),
+        ([5], dict(seq_len=-3), r"seq_len must be >= 1 \(got seq_len=-3\)"),
         ([1, 1, 0], dict(seq_len=5), r"doc_lengths=\[1, 1, 0\] are all shorter than min_copy_len=2"),
         (
             [3, 5],
@@ -41,13 +42,21 @@ P = -1
         ([5], dict(seq_len=5, balance_mode="by_length"), "balance_mode='by_length' is not one of"),
         ([5], dict(seq_len=5, jitter_mode="sobol"), "jitter_mode='sobol' is not one of"),
         ([5], dict(seq_len=5, segment_mode="both"), "segment_mode='both' is not one of"),
-        ([5], dict(seq_len=5, offset_stride=0), "offset_stride=0 must be >= 1"),
-        ([5], dict(seq_len=5, min_copy_len=1), "min_copy_len=1 must be >= 2"),
+        ([5], dict(seq_len=5, offset_stride=0), r"offset_stride must be >= 1 \(got offset_stride=0\)"),
+        ([5], dict(seq_len=5, min_copy_len=1), r"min_copy_len must be >= 2 \(got min_copy_len=1\)"),
         ([5], dict(seq_len=5, content_length=3, min_copy_len=4), "content_length=3 < min_copy_len=4"),
         ([5], dict(seq_len=3, min_copy_len=4), "seq_len=3 < min_copy_len=4"),
-        ([5], dict(seq_len=5, epoch_length=0), "epoch_length=0 must be >= 1"),
-        ([5], dict(seq_len=5, content_start_mode="coverage_balanced", alpha=-0.5), "alpha=-0.5 must be"),
-        ([5], dict(seq_len=5, balance_tau=float("nan")), "balance_tau=nan must be"),
+        ([5], dict(seq_len=5, epoch_length=0), r"epoch_length must be >= 1 \(got epoch_length=0\)"),
+        (
+            [5],
+            dict(seq_len=5, content_start_mode="coverage_balanced", alpha=-0.5),
+            r"alpha must be >= 0.0 \(got alpha=-0.5\)",
+        ),
+        (
+            [5],
+            dict(seq_len=5, balance_tau=float("nan")),
+            r"balance_tau must be finite \(got balance_tau=nan\)",
+        ),
         ([5], dict(seq_len=5, alpha=0.8), "alpha=0.8 only applies to content_start_mode='coverage_balanced'"),
         ([5], dict(seq_len=5, offset_jitter=2), "offset_jitter=2 only applies to"),
         ([5], dict(seq_len=5, window_stride=2), "window_stride=2 only applies to mode='slide'"),
@@ -163,13 +172,13 @@ def test_coverage_counts_equal_reference(mode):
 
 def test_dataset_steps_never_retrace(monkeypatch):
     traces = []
+    frames = splice_indexed._frames
 
-    def counting(*args, **kwargs):
+    def counting(*args, **kwargs):  # runs only while jax traces the batch function
         traces.append(1)
-        return lookup_rows(*args, **kwargs)
+        return frames(*args, **kwargs)
 
-    monkeypatch.setattr(splice_module, "lookup_rows", counting)
-    splice_module._frames.clear_cache()
+    monkeypatch.setattr(splice_indexed, "_frames", counting)
     data = meshbatch.SpliceDataset(
         [np.arange(50), np.arange(20)],
         seq_len=16,

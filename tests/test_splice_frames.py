@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from test_splice_reference import ref_frame
 
-from meshbatch.kernels.splice import DocumentPool, cyclic_read_split, pool_frames, splice_frames
+from meshbatch.kernels import cyclic_read_split, pool_frames, splice_frames
+from meshbatch.splice.tables import document_pool
 
 P = -1
 
@@ -20,7 +21,7 @@ def as32(x):
 
 def test_golden_module_docstring_trace():
     # Pinned: the trace in kernels/splice.py's docstring and docs/splice.md rely on this row.
-    pool = DocumentPool.from_documents([np.arange(5)])
+    pool = document_pool([np.arange(5)])
     batch = pool_frames(pool, as32([0]), as32([1]), as32([2]), as32([3]), seq_len=5, pad_token_id=P)
     assert np.asarray(batch.tokens).tolist() == [[P, P, 1, 2, 3]]
     assert np.asarray(batch.loss_mask).tolist() == [[0, 0, 1, 1, 0]]
@@ -56,7 +57,7 @@ DOCS = [np.arange(1) + 10, np.arange(2) + 20, np.arange(3) + 30, np.arange(17) +
 def test_pool_frames_equal_reference(seq_len, cyclic, eos, segment_mode):
     rng = np.random.default_rng(seq_len * 7 + cyclic)
     doc, t, s, copy_len = random_rows(rng, DOCS, seq_len, 40, cyclic=cyclic)
-    pool = DocumentPool.from_documents(DOCS)
+    pool = document_pool(DOCS)
     batch = jax.jit(
         lambda *a: pool_frames(
             *a, seq_len=seq_len, pad_token_id=P, eos_token_id=eos, segment_mode=segment_mode, cyclic=cyclic
@@ -82,7 +83,7 @@ def test_host_fetched_buffer_gives_the_same_frames_as_the_pool():
     # The pipeline path: each row's span fetched into a flat buffer at its own position.
     rng = np.random.default_rng(0)
     doc, t, s, copy_len = random_rows(rng, DOCS, 16, 32)
-    pool = DocumentPool.from_documents(DOCS)
+    pool = document_pool(DOCS)
     want = pool_frames(pool, as32(doc), as32(t), as32(s), as32(copy_len), seq_len=16, pad_token_id=P)
     spans = [DOCS[d][a : a + c] for d, a, c in zip(doc, t, copy_len, strict=True)]
     starts = np.concatenate([[0], np.cumsum([len(x) + 3 for x in spans])[:-1]])  # gaps between spans
@@ -94,7 +95,7 @@ def test_host_fetched_buffer_gives_the_same_frames_as_the_pool():
     )
     chex.assert_trees_all_equal(got, want)
     for margin in (5, 16, 40):  # a pool padded once at construction builds the same frames
-        padded = DocumentPool.from_documents(DOCS, margin=margin)
+        padded = document_pool(DOCS, margin=margin)
         assert padded.tokens.shape[0] == pool.tokens.shape[0] + 2 * margin
         again = pool_frames(padded, as32(doc), as32(t), as32(s), as32(copy_len), seq_len=16, pad_token_id=P)
         chex.assert_trees_all_equal(again, want)
@@ -109,7 +110,7 @@ def test_cyclic_host_fetch_needs_no_wrap():
     buffer = np.concatenate(spans)
     starts = np.concatenate([[0], np.cumsum([len(x) for x in spans])[:-1]])
     got = splice_frames(as32(buffer), as32(starts), as32([0, 1, 2]), copy_len, seq_len=8, pad_token_id=P)
-    pool = DocumentPool.from_documents([doc])
+    pool = document_pool([doc])
     want = pool_frames(
         pool, as32([0, 0, 0]), t, as32([0, 1, 2]), copy_len, seq_len=8, pad_token_id=P, cyclic=True
     )
@@ -118,7 +119,7 @@ def test_cyclic_host_fetch_needs_no_wrap():
 
 
 def test_no_recompile_across_steps():
-    pool = DocumentPool.from_documents(DOCS)
+    pool = document_pool(DOCS)
 
     @jax.jit
     @chex.assert_max_traces(n=1)
@@ -129,7 +130,7 @@ def test_no_recompile_across_steps():
     for _ in range(4):
         doc, t, s, copy_len = random_rows(rng, DOCS, 12, 9)
         step(pool, as32(doc), as32(t), as32(s), as32(copy_len))
-    other_pool = DocumentPool.from_documents([d + 1 for d in DOCS])  # same shapes, new tokens
+    other_pool = document_pool([d + 1 for d in DOCS])  # same shapes, new tokens
     step(other_pool, as32(doc), as32(t), as32(s), as32(copy_len))
 
 
@@ -138,7 +139,7 @@ def test_levanter_lm_example_parity():
     hax = pytest.importorskip("haliax")
     from levanter.models.lm_model import LmExample
 
-    pool = DocumentPool.from_documents([np.arange(3, 12)])
+    pool = document_pool([np.arange(3, 12)])
     Pos = hax.Axis("position", 10)
     for t, s, copy_len in [(0, 0, 9), (2, 3, 7), (4, 6, 4), (1, 9, 1)]:
         batch = pool_frames(
@@ -181,4 +182,4 @@ def test_bad_static_arguments(kwargs, match):
 
 def test_pool_rejects_non_1d_documents():
     with pytest.raises(ValueError, match=r"docs\[1\] must be a 1-D integer array"):
-        DocumentPool.from_documents([np.arange(3), np.zeros((2, 2), dtype=np.int32)])
+        document_pool([np.arange(3), np.zeros((2, 2), dtype=np.int32)])

@@ -86,9 +86,25 @@ def check_float(name: str, value, *, low: float | None = None, high: float | Non
     return value
 
 
+def _options(choices) -> tuple:
+    """The values a ``Literal[...]`` (optionally ``| None``) or a collection allows."""
+    args = get_args(choices)
+    if not args:
+        return tuple(choices)
+    out: list = []
+    for arg in args:
+        if arg is type(None):
+            out.append(None)
+        elif get_args(arg):
+            out.extend(_options(arg))
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
 def check_choice(name: str, value, choices):
-    """``value`` is one of ``choices`` (a collection or a ``Literal[...]`` type)."""
-    options = get_args(choices) or tuple(choices)
+    """``value`` is one of ``choices`` (a collection, or a ``Literal[...]`` type, ``| None`` allowed)."""
+    options = _options(choices)
     if not isinstance(value, str | type(None)) or value not in options:
         raise ValueError(f"{name}={value!r} is not one of {options}")
     return value

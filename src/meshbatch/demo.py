@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from meshbatch import Pipeline, SpliceLMDataset, select_documents
 from meshbatch.cache import ByteTokenizer, TokenCache, build_cache
-from meshbatch.kernels.splice_schedule import lookup_rows
+from meshbatch.kernels import lookup_rows
 from meshbatch.splice import coverage_counts, pairs_per_doc
 
 PAD, EOS = 0, ByteTokenizer.eos_id  # NUL never occurs in the text; EOS marks the splice point
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         f"consumer waited {stats['wait_mean_s'] * 1e3:.2f} ms per batch on average"
     )
 
-    schedule = dataset.plan_state(key)["schedule"]
+    schedule = dataset.init(key)["schedule"]
     rows = np.arange(args.batch_size, steps * args.batch_size, dtype=np.int64)
     epoch, position = np.divmod(rows, dataset.num_examples)
     doc, t, s, _ = (

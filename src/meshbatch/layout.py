@@ -28,8 +28,11 @@ class RowLayout:
         sharding: ``NamedSharding`` of a ``[batch, ...]`` leaf (rows on the data axes).
         devices: this process's devices, in the order the local build mesh uses.
         device_rows: ``(start, stop)`` global rows held by each of ``devices``.
-        rows: sorted unique global rows this process needs (what it fetches).
+        rows: sorted unique global rows this process needs (what it plans and fetches).
         local_mesh: a 1-D mesh over ``devices``; per-device inputs are stacked along it.
+        groups: positions in ``rows`` of each distinct device row range (devices that replicate
+            the same rows share a group, and one fetch).
+        device_group: the group of each of ``devices``.
     """
 
     batch_size: int
@@ -38,6 +41,8 @@ class RowLayout:
     device_rows: tuple[tuple[int, int], ...]
     rows: np.ndarray
     local_mesh: Mesh
+    groups: tuple[np.ndarray, ...]
+    device_group: tuple[int, ...]
 
     @property
     def rows_per_device(self) -> int:
@@ -65,7 +70,14 @@ class RowLayout:
         device_rows = tuple(index_map[d][0].indices(batch_size)[:2] for d in devices)
         rows = np.unique(np.concatenate([np.arange(start, stop) for start, stop in device_rows]))
         local_mesh = Mesh(np.array(devices), ("local",))
-        return cls(batch_size, sharding, devices, device_rows, rows, local_mesh)
+        ranges = sorted(set(device_rows))
+        groups = tuple(np.searchsorted(rows, np.arange(start, stop)) for start, stop in ranges)
+        device_group = tuple(ranges.index(r) for r in device_rows)
+        return cls(batch_size, sharding, devices, device_rows, rows, local_mesh, groups, device_group)
+
+    def per_device(self, per_group: list) -> list:
+        """Each device's item from one item per group."""
+        return [per_group[g] for g in self.device_group]
 
     def leaf_sharding(self, ndim: int) -> NamedSharding:
         """The global sharding of a ``[batch, ...]`` leaf with ``ndim`` dimensions."""

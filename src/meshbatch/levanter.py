@@ -28,8 +28,8 @@ from levanter.models.lm_model import LmExample
 
 from meshbatch.kernels import Batch
 
+from .datasets.splice_indexed import SpliceDataset
 from .shuffle import block_shuffle
-from .splice import SpliceDataset
 
 T = TypeVar("T")
 

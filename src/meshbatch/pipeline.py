@@ -2,18 +2,20 @@
 
 Step ``k``'s batch holds examples ``offset(k) .. offset(k) + batch_size(k) - 1`` of an endless
 stream; stream index ``g`` is position ``g mod n`` of epoch ``g // n`` (``n`` examples per epoch).
-The host splits those (unbounded) integers into 32-bit (position, epoch) pairs, then:
+The host splits those (unbounded) integers into 32-bit ``Rows``, then, for any ``Dataset``:
 
-1. plan (jitted, host CPU device): each row's example, from the dataset's shuffle;
-2. fetch (host): the rows' token spans, coalesced, read once per process;
-3. build (jitted, per device shard on a local mesh): ``Batch`` rows from the tokens.
+1. plan (jitted, host CPU device): each row's example (``dataset.plan``);
+2. fetch (host): the rows' spans, coalesced per source, one flat buffer per device (``fetch``);
+3. build (jitted, per device shard on a local mesh): ``dataset.build``, then the build stages.
 
-Datasets whose tokens live on device (``fetches = False``) skip 1-2 on the host: plan and build
-run together in the per-shard kernel. Nothing here depends on how many processes or devices share
-the batch: every process computes the same global batch's rows for its own devices.
+Datasets without sources and without state skip 1-2 on the host: plan and build run together in
+the per-shard kernel. A stateful dataset is planned over the whole global batch, in step order,
+by every process, so its state is the same everywhere; ``state_dict()`` checkpoints it. Nothing
+depends on how many processes or devices share the batch. Over a source still being written
+(quick start), each step first waits for its rows (``Dataset.wait_for``).
 
     pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
-    for batch in pipeline.iterate_from(step):   # O(1) to resume anywhere
+    with pipeline.iterate_from(step) as batches:   # O(1) to resume anywhere (stateless data)
         ...
 """
 
@@ -21,91 +23,122 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
-from jaxtyping import PRNGKeyArray
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.kernels import Batch
 
+from .checks import as_key, check_int, check_optional_int
+from .datasets.base import BuildStage, Content, Dataset, Plan, Rows
+from .fetch import fetch
 from .layout import RowLayout
+from .planner import StatePlanner
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .schedule import BatchSchedule
 
 logger = logging.getLogger(__name__)
-INT32_MAX = 2**31 - 1
+STATE_VERSION = 1
 
 
 class Pipeline:
     """Global batches of a dataset on a mesh, step by step; see the module docstring.
 
     Args:
-        dataset: a dataset plan (``CausalLMDataset``, a splice dataset, ...).
+        dataset: any ``meshbatch.datasets.Dataset`` (``CausalLMDataset``, a splice dataset, ...).
         mesh: the device mesh the batch is sharded over.
         batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
-        key: the data key; the dataset's shuffles derive from it.
+        key: the data key (a typed key or an int seed); every shuffle of the dataset derives from it.
         data_axes: mesh axis name(s) the batch dimension is sharded over.
         prefetch: batches kept ready (or in the making) by ``iterate_from``.
-        workers: threads making batches concurrently in ``iterate_from`` (reads and host copies
-            release the GIL, so steps overlap).
+        workers: threads making batches concurrently in ``iterate_from``.
         max_epochs: stop before the first step that would read past this many epochs; ``None``
             streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
+        stages: build stages applied per shard after ``build`` (``BuildStage``), in order.
+        state: a ``state_dict()`` to start from (a stateful dataset's checkpoint).
     """
 
     def __init__(
         self,
-        dataset,
+        dataset: Dataset,
         *,
         mesh: Mesh,
         batch_size,
-        key: PRNGKeyArray,
+        key,
         data_axes: str | tuple[str, ...] = "data",
         prefetch: int = 4,
         workers: int = 2,
         max_epochs: int | None = None,
+        stages: Sequence[BuildStage] = (),
+        state: dict[str, Any] | None = None,
     ):
-        self.dataset = dataset
-        self.mesh = mesh
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh (got mesh={mesh!r})")
+        self.dataset, self.mesh = dataset, mesh
         self.data_axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
         self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
-        if max_epochs is not None and (
-            not isinstance(max_epochs, int | np.integer) or isinstance(max_epochs, bool) or max_epochs < 1
-        ):
-            raise ValueError(f"max_epochs must be a positive int or None (got max_epochs={max_epochs!r})")
-        check_prefetch(prefetch, workers)
-        self.max_epochs = None if max_epochs is None else int(max_epochs)
+        self.max_epochs = check_optional_int("max_epochs", max_epochs, low=1)
+        check_prefetch(prefetch, workers, depth_name="prefetch")
         self.prefetch, self.workers = prefetch, workers
+        self.stages = tuple(stages)
+        for i, stage in enumerate(self.stages):
+            if not callable(stage):
+                raise TypeError(f"stages[{i}] must be a callable (batch, plan) -> Batch (got {stage!r})")
         self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
-        self._cpu = jax.local_devices(backend="cpu")[0]
-        state = dataset.plan_state(key)
-        if dataset.fetches:  # the host plans; device-resident datasets plan on their devices
-            self._plan_state = jax.device_put(state, self._cpu)
+        self._key = as_key(key)
+        initial = dataset.init_state()
+        self._planner = None if initial is None else StatePlanner(self._plan_global, 0, initial)
+        self._host_plans = dataset.fetches or self._planner is not None
+        if self._host_plans:  # the host plans; stateless device-resident datasets plan on their devices
+            self._cpu = jax.local_devices(backend="cpu")[0]
             self._plan = jax.jit(dataset.plan)
-        # Every batch size builds on the same local devices: one replicated copy of the state.
-        local_mesh = next(iter(self._layouts.values())).local_mesh
-        build_state = jax.device_put(state, jax.sharding.NamedSharding(local_mesh, PartitionSpec()))
-        del state
-        self._build = {b: self._compile_build(layout, build_state) for b, layout in self._layouts.items()}
+        self._place_tables()
+        self._build = {b: self._compile_build(layout) for b, layout in self._layouts.items()}
+        self._growing = threading.Lock()
+        self._final = dataset.length_is_final
         self._num_steps = self._count_steps()
+        self._next_step = 0
+        if state is not None:
+            self.load_state_dict(state)
 
-    def _compile_build(self, layout: RowLayout, build_state):
-        local = PartitionSpec("local")
-        dataset = self.dataset
-        if dataset.fetches:
+    def _place_tables(self) -> None:
+        """The dataset's tables for the pipeline's key, on the host CPU (to plan) and replicated on
+        the local devices (to build; every batch size builds on the same devices)."""
+        tables = self.dataset.init(self._key)
+        if self._host_plans:
+            self._plan_tables = jax.device_put(tables, self._cpu)
+        local_mesh = next(iter(self._layouts.values())).local_mesh
+        self._build_tables = jax.device_put(tables, NamedSharding(local_mesh, PartitionSpec()))
 
-            def per_shard(state, content, planned):
-                return dataset.build(state, content, planned)
+    def _compile_build(self, layout: RowLayout):
+        dataset, stages = self.dataset, self.stages
+
+        def finish(batch: Batch, plan: Plan) -> Batch:
+            for stage in stages:
+                batch = stage(batch, plan)
+            return batch
+
+        if self._host_plans:
+
+            def per_shard(tables, plan, content):
+                return finish(dataset.build(tables, plan, content), plan)
 
         else:
 
-            def per_shard(state, positions, epochs):
-                return dataset.build(state, None, dataset.plan(state, positions, epochs))
+            def per_shard(tables, rows):
+                plan, _ = dataset.plan(tables, rows, None)
+                return finish(dataset.build(tables, plan, None), plan)
 
-        in_specs = (PartitionSpec(), local, local)  # state replicated, row inputs split by device
+        local = PartitionSpec("local")  # the tables replicated, every row input split by device
+        in_specs = (PartitionSpec(), local, local) if self._host_plans else (PartitionSpec(), local)
         kernel = jax.jit(jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local))
-        return lambda a, b: kernel(build_state, a, b)
+        return lambda *args: kernel(self._build_tables, *args)
 
     # -- host arithmetic ----------------------------------------------------------------------
 
@@ -114,87 +147,140 @@ class Pipeline:
         return self._num_steps
 
     def _count_steps(self) -> int | None:
-        if self.max_epochs is None:
+        if self.max_epochs is None or not self.dataset.length_is_final:
             return None
-        total = self.max_epochs * self.dataset.num_examples
-        low, high = 0, 1
-        while self.schedule.offset(high) + self.schedule.batch_size(high) <= total:
-            high *= 2
-        while low < high:  # first step whose batch does not fit
-            mid = (low + high) // 2
-            if self.schedule.offset(mid) + self.schedule.batch_size(mid) <= total:
-                low = mid + 1
-            else:
-                high = mid
-        return low
+        return self.schedule.steps_within(self.max_epochs * self.dataset.num_examples)
 
-    def _positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """32-bit (position, epoch) of each batch row of ``step``; the big integers stay here."""
-        n = self.dataset.num_examples
-        epoch0, position0 = divmod(self.schedule.offset(step), n)  # Python ints: never wrap
-        last_epoch = epoch0 + (position0 + self.schedule.batch_size(step) - 1) // n
-        if last_epoch > 2**32 - 1:
-            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
-        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
-        epoch = np.uint32(epoch0) + (position // n).astype(np.uint32)
-        return (position % n).astype(np.uint32), epoch
+    def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.schedule.rows(step, rows, self.dataset.num_examples)
+
+    def _plan_rows(self, step: int, rows: np.ndarray, state=None):
+        position, epoch = (jax.device_put(a, self._cpu) for a in self._rows(step, rows))
+        plan, state = self._plan(self._plan_tables, Rows(position, epoch), state)
+        return jax.tree.map(np.asarray, plan), state
+
+    def _plan_global(self, step: int, state):
+        return self._plan_rows(step, np.arange(self.schedule.batch_size(step)), state)
 
     # -- one step ----------------------------------------------------------------------------------
 
     def batch(self, step: int) -> Batch:
-        """The global batch of ``step`` (blocking; ``iterate_from`` overlaps steps)."""
+        """The global batch of ``step`` (blocking; ``iterate_from`` overlaps steps).
+
+        Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
+        """
         step = _as_step(step)
+        batch = self._make(step)
+        self._took(step)
+        return batch
+
+    def _grow(self, step: int) -> None:
+        """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
+        final, make its tables again (same key) and count the steps ``max_epochs`` allows."""
+        with self._growing:
+            if self._final:
+                return
+            if self.dataset.wait_for(self.schedule.offset(step) + self.schedule.batch_size(step)):
+                self._place_tables()
+                self._num_steps = self._count_steps()
+                self._final = True  # only now: a step of the last era must see the final tables
+
+    def _make(self, step: int) -> Batch:
+        if not self._final:
+            self._grow(step)
         steps = self.num_steps()
         if steps is not None and step >= steps:
             raise IndexError(
                 f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
             )
         layout = self._layouts[self.schedule.batch_size(step)]
-        if self.dataset.fetches:
-            local = self._fetch_and_build(step, layout)
+        if not self._host_plans:
+            per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
+            rows = Rows(*(layout.stack_local([r[i] for r in per_device]) for i in range(2)))
+            local = self._build[layout.batch_size](rows)
         else:
-            per_device = [self._positions(step, np.arange(a, b)) for a, b in layout.device_rows]
-            local = self._build[layout.batch_size](
-                layout.stack_local([p for p, _ in per_device]), layout.stack_local([e for _, e in per_device])
-            )
+            if self._planner is None:
+                plan, _ = self._plan_rows(step, layout.rows)
+            else:
+                plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
+            content = None
+            if self.dataset.fetches:
+                tokens, offsets = fetch(self.dataset, self.dataset.spans(plan), layout)
+                content = Content(
+                    layout.stack_local(layout.per_device(tokens)),
+                    layout.stack_local(layout.per_device(offsets)),
+                )
+            parts = [jax.tree.map(lambda leaf, index=index: leaf[index], plan) for index in layout.groups]
+            plan = jax.tree.map(lambda *leaves: layout.stack_local(layout.per_device(list(leaves))), *parts)
+            local = self._build[layout.batch_size](plan, content)
         return jax.tree.map(layout.to_global, local)
 
-    def _fetch_and_build(self, step: int, layout: RowLayout):
-        positions, epochs = self._positions(step, layout.rows)
-        planned = self._plan(
-            self._plan_state, jax.device_put(positions, self._cpu), jax.device_put(epochs, self._cpu)
-        )
-        planned = jax.tree.map(np.asarray, planned)
+    # -- checkpoints --------------------------------------------------------------------------------
 
-        span_starts, span_lengths = self.dataset.spans(planned)
-        read = self.dataset.source.read_runs(span_starts, span_lengths)
-        seq_len = self.dataset.seq_len
-        contents, plans = [], []
-        for first, stop in layout.device_rows:
-            index = np.searchsorted(layout.rows, np.arange(first, stop))
-            contents.append(_windows(read.buffer, read.span_starts[index], span_lengths[index], seq_len))
-            plans.append(jax.tree.map(lambda leaf, index=index: leaf[index], planned))
+    def _took(self, step: int) -> None:
+        self._next_step = step + 1
+        if self._planner is not None:
+            self._planner.forget_before(self._next_step)
 
-        content = layout.stack_local(contents)
-        planned_local = jax.tree.map(lambda *leaves: layout.stack_local(list(leaves)), *plans)
-        return self._build[layout.batch_size](content, planned_local)
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able checkpoint of the stream at the next step the consumer will take.
+
+        ``{"version": 1, "step": k, ...}`` plus the dataset's own state (a token-balanced
+        mixture's per-source offsets); ``Pipeline(..., state=...)`` or ``load_state_dict`` resume
+        from it, and ``iterate_from(state=...)`` streams from it.
+        """
+        out: dict[str, Any] = {"version": STATE_VERSION, "step": self._next_step}
+        if self._planner is not None:
+            out.update(self.dataset.state_dict(self._planner.state(self._next_step)))
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a ``state_dict()``: the next step is its ``step``, with its dataset state.
+
+        Raises:
+            TypeError, ValueError: a malformed checkpoint, naming what is wrong.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
+        rest = dict(state)
+        version = rest.pop("version", None)
+        if version != STATE_VERSION:
+            raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
+        step = check_int("state['step']", rest.pop("step", None), low=0)
+        if self._planner is None:
+            if rest:
+                raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
+        else:
+            self._planner.reset(step, self.dataset.load_state_dict(rest))
+        self._next_step = step
 
     # -- streams ----------------------------------------------------------------------------------
 
-    def iterate_from(self, step: int = 0) -> Prefetcher[Batch]:
+    def iterate_from(
+        self, step: int | None = None, *, state: dict[str, Any] | None = None
+    ) -> Prefetcher[Batch]:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
-        Resuming costs the same at step 10**9 as at step 1: nothing is replayed. The returned
-        iterator's ``stats()`` reports how long the consumer waited for each batch; use it as a
-        context manager (or ``close()`` it) to stop its threads early.
+        With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
+        step and must equal it). Stateless datasets resume in O(1) at any step: nothing is
+        replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
+        each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
         """
-        return Prefetcher(self._produce, start=_as_step(step), depth=self.prefetch, workers=self.workers)
+        if state is not None:
+            self.load_state_dict(state)
+            if step is not None and _as_step(step) != state["step"]:
+                raise ValueError(f"step={step} differs from the state's step={state['step']}")
+            step = state["step"]
+        start = 0 if step is None else _as_step(step)
+        return Prefetcher(
+            self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
+        )
 
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()
         if steps is not None and step >= steps:
             raise EndOfStream
-        batch = self.batch(step)
+        batch = self._make(step)
         jax.block_until_ready(batch)  # ready means ready: the consumer's wait is the real wait
         return batch
 
@@ -204,25 +290,12 @@ class Pipeline:
 
 def _as_step(step) -> int:
     """``step`` as a Python int (numpy ints included), refusing anything else or a negative."""
+    if isinstance(step, bool | np.bool_):
+        raise TypeError(f"step must be a non-negative int (got step={step!r})")
     try:
         value = operator.index(step)
     except TypeError:
-        raise ValueError(f"step must be a non-negative int (got step={step!r})") from None
-    if isinstance(step, bool) or value < 0:
+        raise TypeError(f"step must be a non-negative int (got step={step!r})") from None
+    if value < 0:
         raise ValueError(f"step must be a non-negative int (got step={step!r})")
     return value
-
-
-def _windows(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seq_len: int) -> np.ndarray:
-    """``[rows, seq_len]`` int32: each span's tokens left-aligned, zero after its length."""
-    if buffer.size and (buffer.dtype.itemsize > 4 or buffer.dtype == np.uint32):
-        low, top = int(buffer.min()), int(buffer.max())
-        if low < -INT32_MAX - 1 or top > INT32_MAX:
-            raise OverflowError(f"token id {top if top > INT32_MAX else low} does not fit int32")
-    if np.all(lengths == seq_len) and buffer.shape[0] >= seq_len:
-        # Whole rows: index a strided window view, so numpy copies contiguous rows, not tokens.
-        return np.lib.stride_tricks.sliding_window_view(buffer, seq_len)[starts].astype(np.int32, copy=False)
-    out = np.zeros((starts.shape[0], seq_len), np.int32)
-    for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
-        out[row, :length] = buffer[start : start + length]
-    return out

@@ -25,6 +25,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from .checks import check_int
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -95,12 +97,22 @@ class Prefetcher(Generic[T], Iterator[T]):
         start: the first step.
         depth: items ready or in the making ahead of the consumer (>= 1).
         workers: threads making items concurrently (>= 1, at most ``depth``).
+        on_take: called with each step as the consumer receives it.
 
     Use it as a context manager, or call ``close()``; an unreferenced prefetcher also stops.
     """
 
-    def __init__(self, produce: Callable[[int], T], *, start: int = 0, depth: int = 4, workers: int = 1):
+    def __init__(
+        self,
+        produce: Callable[[int], T],
+        *,
+        start: int = 0,
+        depth: int = 4,
+        workers: int = 1,
+        on_take: Callable[[int], None] | None = None,
+    ):
         check_prefetch(depth, workers)
+        self._on_take = on_take
         self._workers = _Workers(produce, start, depth, workers)
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._failure: BaseException | None = None
@@ -135,6 +147,8 @@ class Prefetcher(Generic[T], Iterator[T]):
             self._failure = item
             self.close()
             raise item
+        if self._on_take is not None:
+            self._on_take(self._workers.consumed - 1)
         return item
 
     def stats(self) -> dict[str, float]:
@@ -173,10 +187,10 @@ class Prefetcher(Generic[T], Iterator[T]):
         self.close()
 
 
-def check_prefetch(depth: int, workers: int) -> None:
-    """Raise ``ValueError`` for a prefetch depth or worker count out of range."""
-    for name, value in (("prefetch depth", depth), ("workers", workers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int (got {value!r})")
+def check_prefetch(depth: int, workers: int, *, depth_name: str = "depth") -> None:
+    """Raise for a prefetch depth or worker count that is not a positive int (``TypeError`` for
+    the type, ``ValueError`` for the value) or more workers than depth."""
+    check_int(depth_name, depth, low=1)
+    check_int("workers", workers, low=1)
     if workers > depth:
         raise ValueError(f"workers={workers} must not exceed the prefetch depth={depth}")

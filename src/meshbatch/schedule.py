@@ -15,10 +15,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-import operator
 from collections.abc import Sequence
 
 import numpy as np
+
+from .checks import check_int, is_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +51,25 @@ class BatchSchedule:
         object.__setattr__(self, "_offsets", offsets)
 
     def _segments(self) -> list[tuple[int, int]]:
-        if _is_int(self.schedule):
-            return [(0, _int("batch_size", self.schedule))]
+        if is_int(self.schedule):
+            return [(0, check_int("batch_size", self.schedule))]
         if isinstance(self.schedule, Sequence) and not isinstance(self.schedule, str) and self.schedule:
             out = []
             for item in self.schedule:
-                start, size = (item.start, item.value) if hasattr(item, "value") else item
-                out.append((_int("start_step", start), _int("batch_size", size)))
+                if hasattr(item, "value"):
+                    start, size = item.start, item.value
+                elif isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2:
+                    start, size = item
+                else:
+                    raise TypeError(f"a batch-size segment must be (start_step, batch_size) (got {item!r})")
+                out.append((check_int("start_step", start), check_int("batch_size", size)))
             return out
-        raise ValueError(
+        raise TypeError(
             f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
         )
 
     def _segment(self, step: int) -> int:
-        step = _int("step", step)
-        if step < 0:
-            raise ValueError(f"step must be >= 0 (got step={step})")
-        return bisect.bisect_right(self._starts, step) - 1
+        return bisect.bisect_right(self._starts, check_int("step", step, low=0)) - 1
 
     def batch_size(self, step: int) -> int:
         """Examples in the batch of ``step``."""
@@ -74,21 +77,39 @@ class BatchSchedule:
 
     def offset(self, step: int) -> int:
         """Examples consumed before ``step``: where its batch starts. O(log segments)."""
-        step = _int("step", step)  # a Python int: offsets never wrap
+        step = check_int("step", step, low=0)  # a Python int: offsets never wrap
         i = self._segment(step)
         return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
+
+    def steps_within(self, total: int) -> int:
+        """Steps whose batches all fit in the first ``total`` examples: the first step that does
+        not fit. O(log steps)."""
+        low, high = 0, 1
+        while self.offset(high) + self.batch_size(high) <= total:
+            high *= 2
+        while low < high:
+            mid = (low + high) // 2
+            if self.offset(mid) + self.batch_size(mid) <= total:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def rows(self, step: int, rows: np.ndarray, num_examples: int) -> tuple[np.ndarray, np.ndarray]:
+        """The uint32 ``(position, epoch)`` of batch rows ``rows`` of ``step`` in a stream of epochs of
+        ``num_examples``; the unbounded integers stay in Python.
+
+        Raises:
+            OverflowError: the step reaches epoch ``2**32``.
+        """
+        epoch0, position0 = divmod(self.offset(step), num_examples)  # Python ints: never wrap
+        last_epoch = epoch0 + (position0 + self.batch_size(step) - 1) // num_examples
+        if last_epoch > 2**32 - 1:
+            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
+        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
+        epoch = np.uint32(epoch0) + (position // num_examples).astype(np.uint32)
+        return (position % num_examples).astype(np.uint32), epoch
 
     def unique_sizes(self) -> list[int]:
         """Every batch size the schedule uses."""
         return sorted(set(self._sizes))
-
-
-def _is_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | np.integer)
-
-
-def _int(name: str, value) -> int:
-    """``value`` as a Python int; floats and bools are refused, not truncated."""
-    if not _is_int(value):
-        raise ValueError(f"{name} must be an int (got {name}={value!r})")
-    return operator.index(value)

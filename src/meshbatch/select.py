@@ -21,13 +21,14 @@ import dataclasses
 import logging
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
+from meshbatch.checks import as_key, check_bool, check_choice, check_int, check_optional_int
 from meshbatch.shuffle import permutation
 
 logger = logging.getLogger(__name__)
@@ -56,10 +57,11 @@ def _training_subset(lengths: np.ndarray, max_train_batches, initial_batch_size,
         ("initial_batch_size", initial_batch_size),
         ("seq_len", seq_len),
     ):
-        if value is None or isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        if value is None:
             raise ValueError(
-                f"restrict_to_training_subset=True needs a positive int {name} (got {name}={value!r})"
+                f"restrict_to_training_subset=True needs a positive int {name} (got {name}=None)"
             )
+        check_int(name, value, low=1)
     cutoff = int(max_train_batches) * int(initial_batch_size) * int(seq_len)
     return np.cumsum(lengths) <= cutoff  # document end inside the trained prefix
 
@@ -84,7 +86,7 @@ def _pick(mode: SelectMode, candidates: np.ndarray, lengths: np.ndarray, num_doc
         return candidates[np.lexsort((candidates, sign * lengths[candidates]))][:num_docs]
     # Seeded by the dataset (its lengths) and num_docs, so the same data gives the same picks.
     fingerprint = zlib.crc32(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
-    base = jax.random.key(0) if key is None else key
+    base = jax.random.key(0) if key is None else as_key(key)
     key = jax.random.fold_in(jax.random.fold_in(base, fingerprint), num_docs)
     take = min(num_docs, candidates.shape[0])
     order = permutation("feistel", int(candidates.shape[0]), key)(jnp.arange(take, dtype=jnp.uint32))
@@ -133,17 +135,17 @@ def select_documents(
         raise ValueError(f"doc_lengths must be a non-empty 1-D int array (got shape={lengths.shape})")
     lengths = lengths.astype(np.int64)
     total = lengths.shape[0]
-    if doc_select_mode not in get_args(SelectMode):
-        raise ValueError(f"doc_select_mode={doc_select_mode!r} is not one of {get_args(SelectMode)}")
-    if isinstance(num_docs, bool) or not isinstance(num_docs, int | np.integer) or num_docs < 1:
-        raise ValueError(f"num_docs={num_docs!r} must be an int >= 1")
+    check_choice("doc_select_mode", doc_select_mode, SelectMode)
+    num_docs = check_int("num_docs", num_docs, low=1)
+    check_bool("restrict_to_training_subset", restrict_to_training_subset)
     if doc_index is not None:
-        if isinstance(doc_index, bool) or not isinstance(doc_index, int | np.integer):
-            raise TypeError(f"doc_index must be an int (got doc_index={doc_index!r})")
+        doc_index = check_int("doc_index", doc_index)
         if not 0 <= doc_index < total:
             raise ValueError(f"doc_index={doc_index} is out of range for {total} documents")
         if num_docs != 1:
             raise ValueError(f"doc_index selects one document (got num_docs={num_docs})")
+    min_doc_length = check_optional_int("min_doc_length", min_doc_length, low=0)
+    max_doc_length = check_optional_int("max_doc_length", max_doc_length, low=0)
     low = 0 if min_doc_length is None else min_doc_length
     high = np.iinfo(np.int64).max if max_doc_length is None else max_doc_length
     if low > high:

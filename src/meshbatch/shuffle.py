@@ -14,30 +14,24 @@ leaves, so a new length or key never forces a recompile.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from meshbatch.kernels.permutation import COMPATS, KINDS, Compat, Kind, Permutation, typed_key
-from meshbatch.kernels.shuffles import BlockShuffle, EraShuffle
+from meshbatch.kernels import BlockShuffle, Compat, EraShuffle, Kind, Permutation
+
+from .checks import as_key, check_bool, check_choice, check_int, check_optional_int
 
 MAX_LENGTH = 2**32 - 1
+Strategy = Literal["none", "full", "era", "block"]
 
 
-def _check_common(length: int, kind: str, compat: str | None) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS} (got kind={kind!r})")
-    if compat not in COMPATS:
-        raise ValueError(f"compat must be one of {COMPATS} (got compat={compat!r})")
-    _check_positive("length", length)
-    if length > MAX_LENGTH:
-        raise ValueError(f"length must be <= 2**32 - 1 (got length={length})")
-
-
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | jnp.integer):
-        raise TypeError(f"{name} must be an int (got {name}={value!r})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive (got {name}={value})")
+def _check_common(length: int, kind: str, compat: str | None) -> int:
+    check_choice("kind", kind, Kind)
+    check_choice("compat", compat, Compat)
+    return check_int("length", length, low=1, high=MAX_LENGTH)
 
 
 def permutation(kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
@@ -58,8 +52,8 @@ def permutation(kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = 
         ValueError: for a length outside ``[1, 2**32 - 1]`` or an unknown kind/compat.
         IndexError: when called with concrete indices outside ``[0, length)``.
     """
-    _check_common(length, kind, compat)
-    return Permutation.create(kind, int(length), key, compat=compat)
+    length = _check_common(length, kind, compat)
+    return Permutation.create(kind, length, as_key(key), compat=compat)
 
 
 def era_shuffle(
@@ -77,12 +71,11 @@ def era_shuffle(
     Raises:
         ValueError: for a non-positive ``era_length`` or any ``permutation`` argument error.
     """
-    _check_common(length, kind, compat)
-    _check_positive("era_length", era_length)
-    era_length = min(int(era_length), int(length))
+    length = _check_common(length, kind, compat)
+    era_length = min(check_int("era_length", era_length, low=1), length)
     return EraShuffle(
         length=jnp.asarray(length, jnp.uint32),
-        key=typed_key(key),
+        key=as_key(key),
         kind=kind,
         compat=compat,
         era_length=jnp.asarray(era_length, jnp.uint32),
@@ -109,21 +102,88 @@ def block_shuffle(
         ValueError: for non-positive block or window sizes, or a block layout whose padded size
             does not fit 32 bits, or any ``permutation`` argument error.
     """
-    _check_common(length, kind, compat)
-    _check_positive("io_block_size", io_block_size)
-    _check_positive("window_blocks", window_blocks)
-    total_blocks = -(-int(length) // int(io_block_size))
-    if total_blocks * int(io_block_size) > MAX_LENGTH:
+    length = _check_common(length, kind, compat)
+    io_block_size = check_int("io_block_size", io_block_size, low=1)
+    window_blocks = check_int("window_blocks", window_blocks, low=1)
+    total_blocks = -(-length // io_block_size)
+    if total_blocks * io_block_size > MAX_LENGTH:
         raise ValueError(
             f"length={length} rounded up to whole blocks of io_block_size={io_block_size} exceeds 2**32 - 1"
         )
     # A window wider than the dataset is the whole dataset; clamping keeps io * window in 32 bits.
-    window_blocks = min(int(window_blocks), total_blocks)
+    window_blocks = min(window_blocks, total_blocks)
     return BlockShuffle(
         length=jnp.asarray(length, jnp.uint32),
-        key=typed_key(key),
+        key=as_key(key),
         kind=kind,
         compat=compat,
         io_block_size=jnp.asarray(io_block_size, jnp.uint32),
         window_blocks=jnp.asarray(window_blocks, jnp.uint32),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffleSpec:
+    """How a dataset orders its examples within each epoch; checked at construction.
+
+    Attributes:
+        strategy: ``"none"`` (source order), ``"full"`` permutation, ``"era"`` or ``"block"``.
+        kind: ``"feistel"`` or ``"linear"``.
+        compat: ``"levanter"`` for Levanter's exact orders, ``None`` for the strong default.
+        era_length: examples per era (``strategy="era"``).
+        io_block_size: examples per block (``strategy="block"``); ``None`` lets the dataset
+            choose (a causal dataset aligns a block with one read chunk of its cache).
+        window_blocks: blocks mixed together (``strategy="block"``).
+        reshuffle_each_epoch: epoch ``e >= 1`` uses ``fold_in(key, e)``; otherwise every epoch
+            repeats epoch 0's order.
+    """
+
+    strategy: Strategy = "full"
+    kind: Kind = "feistel"
+    compat: Compat = None
+    era_length: int | None = None
+    io_block_size: int | None = None
+    window_blocks: int = 8
+    reshuffle_each_epoch: bool = False
+
+    def __post_init__(self):
+        check_choice("strategy", self.strategy, Strategy)
+        check_choice("kind", self.kind, Kind)
+        check_choice("compat", self.compat, Compat)
+        check_optional_int("era_length", self.era_length, low=1)
+        check_optional_int("io_block_size", self.io_block_size, low=1)
+        check_int("window_blocks", self.window_blocks, low=1)
+        check_bool("reshuffle_each_epoch", self.reshuffle_each_epoch)
+        if self.strategy == "era" and self.era_length is None:
+            raise ValueError("strategy='era' needs era_length (got era_length=None)")
+        if self.strategy != "era" and self.era_length is not None:
+            raise ValueError(f"era_length={self.era_length} only applies to strategy='era'")
+        if self.strategy != "block" and (self.io_block_size is not None or self.window_blocks != 8):
+            raise ValueError("io_block_size and window_blocks only apply to strategy='block'")
+        if self.strategy == "none" and (self.reshuffle_each_epoch or self.kind != "feistel" or self.compat):
+            raise ValueError(
+                "strategy='none' does not shuffle: kind, compat and reshuffle_each_epoch do not apply"
+            )
+
+    def create(self, length: int, key: PRNGKeyArray, *, default_block: int):
+        """The shuffle module for ``length`` examples, or ``None`` for ``strategy="none"``.
+
+        ``default_block`` is the block size used when ``io_block_size`` is ``None``.
+        """
+        common = dict(key=key, kind=self.kind, compat=self.compat)
+        if self.strategy == "none":
+            return None
+        if self.strategy == "full":
+            return permutation(self.kind, length, key, compat=self.compat)
+        if self.strategy == "era":
+            return era_shuffle(length, era_length=self.era_length, **common)
+        block = self.io_block_size if self.io_block_size is not None else default_block
+        return block_shuffle(length, io_block_size=block, window_blocks=self.window_blocks, **common)
+
+    def apply(self, shuffle, positions, epochs):
+        """Examples for ``(position, epoch)`` rows under ``shuffle`` (jittable)."""
+        if shuffle is None:
+            return positions
+        if self.reshuffle_each_epoch:
+            return shuffle(positions, epoch=epochs)
+        return shuffle(positions)

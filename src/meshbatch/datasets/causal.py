@@ -1,0 +1,152 @@
+"""Causal-LM windows over a token cache: Levanter's ``TokenSeqDataset`` + ``CausalLmDataset``.
+
+Example ``i`` is tokens ``[i * seq_len, (i + 1) * seq_len)`` of the cache's flat token stream
+(document boundaries ignored, the tail that does not fill a window dropped). A shuffle maps each
+position of an epoch to an example; the host reads the examples' token spans, and the build kernel
+cuts each row's window out of the fetched buffer and gives it Levanter's causal loss mask and
+EOS-derived segment ids.
+
+    cache tokens = [0 .. 9], seq_len = 4:  examples [0 1 2 3], [4 5 6 7]   (8, 9 dropped)
+    rows position = [1, 0]  ->  example = [1, 0]  ->  spans (4, 4), (0, 4)  ->  one read [0, 8)
+
+Quick start: over a cache still being written (``TokenCache.open(..., require_finished=False)``)
+the dataset serves the windows already committed and waits (Levanter's
+``wait_until_len_at_least``) for the ones a step needs. Cache order needs only those windows; an
+era shuffle needs their whole eras (era ``e`` is permuted as soon as windows up to ``(e + 1) *
+era_length`` are committed: the same order the finished cache gives). A full or block shuffle
+needs the final length, and is refused until the cache is finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+from meshbatch.cache import DEFAULT_CHUNK_SIZE
+from meshbatch.checks import check_int, check_token_id
+from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
+
+from ..shuffle import ShuffleSpec
+from .base import Content, Dataset, Plan, Rows, Spans
+
+logger = logging.getLogger(__name__)
+MAX_EXAMPLES = 2**32 - 1
+FULL_SHUFFLE = ShuffleSpec()
+GROWING_ORDERS = ("none", "era")  # orders defined before the final length is known
+
+
+class CausalLMDataset(Dataset):
+    """Fixed windows of ``seq_len`` tokens from a token source, shuffled per ``ShuffleSpec``.
+
+    Args:
+        source: a ``TokenCache`` (or any ``TokenSource`` with ``num_tokens``).
+        seq_len: tokens per example.
+        shuffle: the ordering; ``ShuffleSpec(strategy="none")`` keeps cache order. A block
+            shuffle without ``io_block_size`` aligns a block with one read chunk of the cache.
+        eos_id: token that ends a document (segment ids break after it); ``None``: one segment.
+        ignore_id: token never used as a target; ``None``: only the last position is masked.
+
+    Raises:
+        TypeError, ValueError: naming the argument, for a bad ``seq_len``, shuffle or token id,
+            a source too small for one window or too large for 2^32 windows, or a shuffle that
+            needs the final length over a source still being written.
+    """
+
+    def __init__(
+        self,
+        source,
+        seq_len: int,
+        *,
+        shuffle: ShuffleSpec = FULL_SHUFFLE,
+        eos_id: int | None = None,
+        ignore_id: int | None = None,
+    ):
+        seq_len = check_int("seq_len", seq_len, low=1)
+        if not isinstance(shuffle, ShuffleSpec):
+            raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
+        self.sources = (source,)
+        self.source = source
+        self.seq_len = self.max_row_tokens = seq_len
+        self.shuffle_spec = shuffle
+        self.length_is_final = bool(getattr(source, "is_finished", True))
+        if self.length_is_final:
+            self.num_examples = self._final_length()
+        elif shuffle.strategy not in GROWING_ORDERS:
+            raise ValueError(
+                f"shuffle strategy={shuffle.strategy!r} needs the final length of {source!r}, which "
+                f"is still being written ({source.num_tokens} tokens committed): use "
+                "ShuffleSpec('era', era_length=...) or ShuffleSpec('none') to train while it is "
+                "written, or wait until it is finished"
+            )
+        else:
+            self.num_examples = MAX_EXAMPLES  # a bound until the writer finishes
+        self.eos_id = check_token_id("eos_id", eos_id, optional=True)
+        self.ignore_id = check_token_id("ignore_id", ignore_id, optional=True)
+
+    def _final_length(self) -> int:
+        num_tokens = check_int("source.num_tokens", self.source.num_tokens, low=0)
+        num_examples = num_tokens // self.seq_len
+        if num_examples < 1:
+            raise ValueError(
+                f"the source holds {num_tokens} tokens: not one window of seq_len={self.seq_len}"
+            )
+        if num_examples > MAX_EXAMPLES:
+            raise ValueError(
+                f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache"
+            )
+        return num_examples
+
+    def wait_for(self, examples: int) -> bool:
+        """Blocks until windows ``[0, examples)`` (whole eras of them) are committed, or the cache
+        is finished (then ``num_examples`` becomes its real length and this returns ``True``)."""
+        if self.length_is_final:
+            return False
+        era = self.shuffle_spec.era_length if self.shuffle_spec.strategy == "era" else 1
+        needed = -(-examples // era) * era * self.seq_len
+        delay, waited, start = 0.01, 0.0, time.monotonic()
+        while True:
+            self.source.refresh()
+            if self.source.is_finished:
+                self.num_examples = self._final_length()
+                self.length_is_final = True
+                logger.info("%r finished: %d examples per epoch", self.source, self.num_examples)
+                return True
+            if self.source.num_tokens >= needed:
+                return False
+            if time.monotonic() - start - waited > 60:
+                waited = time.monotonic() - start
+                logger.info("waiting for %r to commit %d tokens (%d so far)", self.source, needed,
+                            self.source.num_tokens)  # fmt: skip
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+    def init(self, key: PRNGKeyArray):
+        """The shuffle module (or ``None`` for cache order)."""
+        chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
+        return self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
+
+    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
+        """The example each row reads: ``shuffle(position)`` (with its epoch if reshuffling)."""
+        example = self.shuffle_spec.apply(tables, rows.position, rows.epoch)
+        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), None
+
+    def spans(self, plan: Plan) -> Spans:
+        """Each row's window: tokens ``[example * seq_len, (example + 1) * seq_len)``."""
+        starts = plan.example.astype(np.int64)[:, None] * self.seq_len
+        return Spans(np.zeros(starts.shape, np.int32), starts, np.full(starts.shape, self.seq_len, np.int64))
+
+    def build(self, tables, plan: Plan, content: Content) -> Batch:
+        """Rows of the batch from their windows in the fetched buffer."""
+        del tables
+        windows = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
+        return causal_lm_batch(windows, eos_id=self.eos_id, ignore_id=self.ignore_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"CausalLMDataset(examples={self.num_examples}, seq_len={self.seq_len}, "
+            f"shuffle={self.shuffle_spec}, eos_id={self.eos_id}, ignore_id={self.ignore_id})"
+        )

@@ -1,0 +1,76 @@
+"""Fetch: the host's one job in a step, reading the planned spans into one flat buffer per device.
+
+For each group of devices holding the same rows, every source's spans are coalesced (sorted,
+deduplicated, adjacent and overlapping spans merged) and read, all groups and all sources in one
+TensorStore batch, straight into the group's buffer; each span's offset in it goes with it:
+
+    group rows: span (source 0, 96, 32), (source 0, 0, 32), (source 1, 7, 10), (source 0, 0, 32)
+    buffer = [margin zeros | src0 tokens 0..31 | src0 96..127 | src1 7..16 | zeros to capacity | margin]
+    offsets = [[m + 32], [m], [m + 64], [m]]                    (the repeated span is read once)
+
+A buffer's size is static (``rows x max_row_tokens`` plus the margins), so build never recompiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .cache import run_reads
+from .datasets.base import Dataset, Spans
+from .layout import RowLayout
+
+
+def check_spans(dataset: Dataset, spans: Spans, rows: int) -> None:
+    """Raises when a dataset's spans break its own declared shape or capacity (a dataset bug)."""
+    name = type(dataset).__name__
+    shape = (rows, dataset.spans_per_row)
+    for field, array in zip(Spans._fields, spans, strict=True):
+        if (
+            not isinstance(array, np.ndarray)
+            or array.shape != shape
+            or not np.issubdtype(array.dtype, np.integer)
+        ):
+            raise ValueError(
+                f"{name}.spans gave {field} {getattr(array, 'shape', array)}; expected int {shape}"
+            )
+    if spans.length.size and spans.length.min() < 0:
+        raise ValueError(f"{name}.spans gave a negative length {int(spans.length.min())}")
+    used = spans.source[spans.length > 0]
+    if used.size and (used.min() < 0 or used.max() >= len(dataset.sources)):
+        raise ValueError(f"{name}.spans named source {int(used.max())} of {len(dataset.sources)}")
+    widest = int(spans.length.sum(axis=1).max(initial=0))
+    if widest > dataset.max_row_tokens:
+        raise ValueError(
+            f"{name} planned a row of {widest} tokens > its max_row_tokens={dataset.max_row_tokens}"
+        )
+
+
+def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Reads ``spans`` (rows in ``layout.rows`` order) for each device group of ``layout``.
+
+    Returns:
+        ``(tokens, offsets)`` per group: int32 ``[2 * margin + rows_per_device * max_row_tokens]``
+        and int32 ``[rows_per_device, spans_per_row]``.
+    """
+    check_spans(dataset, spans, layout.rows.shape[0])
+    margin = dataset.content_margin
+    size = 2 * margin + layout.rows_per_device * dataset.max_row_tokens
+    reads, buffers, offsets = [], [], []
+    for index in layout.groups:
+        source, start, length = (array[index] for array in spans)
+        buffer = np.empty(size, np.int32)
+        where = np.zeros(start.shape, np.int64)
+        at = margin
+        for s, token_source in enumerate(dataset.sources):
+            mask = (source == s) & (length > 0)
+            if mask.any():
+                read = token_source.prepare_read(start[mask], length[mask], buffer, at)
+                where[mask] = read.span_starts
+                at = read.end
+                reads.append(read)
+        buffer[:margin] = 0
+        buffer[at:] = 0
+        buffers.append(buffer)
+        offsets.append(where.astype(np.int32))
+    run_reads(reads)
+    return buffers, offsets
