@@ -5,8 +5,9 @@ change when a neighbour's load moves; this script isolates the change instead. T
 imported as the package ``meshbatch_base`` (a copy of its ``src/meshbatch`` with ``kernels/`` inside,
 imports renamed), and both read the same cache with the same index arrays, alternating round by
 round, the side that goes first alternating: each round opens the cache afresh on both sides
-(untimed), reads batch 0 (warm-up; tokens must be identical), then times batches 1..k. Reported: median tokens/s of each side over the rounds
-and the median of the per-round ratios new / base (1.00 = no change).
+(untimed), reads batch 0 (warm-up; tokens must be identical), then times batches 1..k. Reported:
+median tokens/s of each side over the rounds and the median of the per-round ratios new / base
+(1.00 = no change).
 
 Patterns, on ``seq_len``-token examples: ``sequential``; ``full`` (a numpy permutation of examples:
 the read pattern of a full shuffle); ``block`` (blocks of ``io_block`` consecutive examples in a
