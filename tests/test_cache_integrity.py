@@ -16,6 +16,7 @@ import tensorstore as ts
 
 from meshbatch.cache import (
     DEFAULT_CHUNK_SIZE,
+    CacheChangedError,
     CacheIntegrityError,
     CacheWriter,
     TokenCache,
@@ -346,3 +347,37 @@ def test_levanter_written_cache_validates_and_deep_finds_its_damage(tmp_path, ca
     _drop_inner_chunk(1)(path)
     assert validate_cache(path).ok  # metadata only
     assert "chunk 1 (elements [262144, 524288)) cannot be read" in validate_cache(path, deep=True).error
+
+
+def test_pipeline_steps_that_hit_damage_raise_in_the_consumer(good, tmp_path):
+    import jax
+    from jax.sharding import Mesh
+
+    from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
+
+    path = str(tmp_path / "copy")
+    shutil.copytree(good, path)
+    seq_len, batch = 4096, 8  # no shuffle: step s reads tokens [s * 32768, (s + 1) * 32768)
+    cache = TokenCache.open(path)
+    pipeline = Pipeline(
+        CausalLMDataset(cache, seq_len, shuffle=ShuffleSpec("none")),
+        mesh=Mesh(np.array(jax.devices()[:2]), ("data",)),
+        batch_size=batch,
+        key=0,
+    )
+    _drop_inner_chunk(1)(path)  # tokens [262144, 524288): steps 8..15
+    stream = pipeline.iterate_from(6)
+    for step in (6, 7):
+        expected = np.concatenate(DOCS)[step * batch * seq_len : (step + 1) * batch * seq_len]
+        np.testing.assert_array_equal(np.asarray(next(stream).tokens).reshape(-1), expected)
+    with pytest.raises(CacheIntegrityError, match=rf"cache {path}: array {path}/input_ids/data, tokens \["):
+        next(stream)
+    stream.close()
+
+    writer = CacheWriter(path, if_exists="overwrite")
+    writer.write(DOCS)  # the same rows, a new cache: still refused
+    writer.finish()
+    with pytest.raises(
+        CacheChangedError, match=f"cache {path} changed under an open reader: it was replaced"
+    ):
+        pipeline.batch(0)
