@@ -381,3 +381,39 @@ def test_pipeline_steps_that_hit_damage_raise_in_the_consumer(good, tmp_path):
         CacheChangedError, match=f"cache {path} changed under an open reader: it was replaced"
     ):
         pipeline.batch(0)
+
+
+def test_deep_validation_of_a_sharded_cache_names_the_damaged_shard(tmp_path):
+    from meshbatch.cache import ShardedCacheWriter
+
+    root = str(tmp_path / "sharded")
+    writer = ShardedCacheWriter(root)
+    writer.write_shard("p0", iter(DOCS[:10]))
+    writer.write_shard("p1", iter(DOCS[10:20]))
+    writer.finish()
+    report = validate_cache(root, deep=True, progress=False)
+    assert report.ok and report.checksums == "present, 4 chunks verified"  # offsets + data, per shard
+    _flip(("data", "c", "0"), lambda n: n // 2)(os.path.join(root, "p1"))
+    error = validate_cache(root, deep=True, progress=False).error
+    assert f"{root}/p1/input_ids/data: chunk 0 (elements [0, " in error and DEEP_CHECKSUM in error
+
+
+def test_deep_validation_of_a_cache_being_written(tmp_path, monkeypatch):
+    from meshbatch.cache import writer as writer_module
+
+    path = str(tmp_path / "open")
+    writer = CacheWriter(path)
+    writer.write(DOCS[:5])
+    writer.flush()
+    report = validate_cache(path, require_finished=False, deep=True, progress=False)
+    assert report.ok and report.checksums == "present, 2 chunks verified"
+    # killed between the sidecar and the ledger: the sidecar is ahead of what the ledger commits
+    monkeypatch.setattr(
+        writer_module, "write_ledger", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    writer.write(DOCS[5:8])
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    report = validate_cache(path, require_finished=False, deep=True, progress=False)
+    assert report.ok and report.checksums == "present, not verified: the writer is between commits"
+    assert report.num_rows == 5
