@@ -22,7 +22,6 @@ depends on how many processes or devices share the batch. Over a source still be
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.kernels import Batch
 
-from .checks import as_key, check_int, check_optional_int
+from .checks import as_key, check_int, check_names, check_optional_int, check_step
 from .datasets.base import BuildStage, Content, Dataset, Plan, Rows
 from .fetch import fetch
 from .layout import RowLayout
@@ -81,11 +80,13 @@ class Pipeline:
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh (got mesh={mesh!r})")
         self.dataset, self.mesh = dataset, mesh
-        self.data_axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+        self.data_axes = check_names("data_axes", data_axes)
         self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
         self.max_epochs = check_optional_int("max_epochs", max_epochs, low=1)
         check_prefetch(prefetch, workers, depth_name="prefetch")
         self.prefetch, self.workers = prefetch, workers
+        if not isinstance(stages, Sequence) or isinstance(stages, str):
+            raise TypeError(f"stages must be a sequence of build stages (got stages={stages!r})")
         self.stages = tuple(stages)
         for i, stage in enumerate(self.stages):
             if not callable(stage):
@@ -169,7 +170,7 @@ class Pipeline:
 
         Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
         """
-        step = _as_step(step)
+        step = check_step(step)
         batch = self._make(step)
         self._took(step)
         return batch
@@ -268,10 +269,10 @@ class Pipeline:
         """
         if state is not None:
             self.load_state_dict(state)
-            if step is not None and _as_step(step) != state["step"]:
+            if step is not None and check_step(step) != state["step"]:
                 raise ValueError(f"step={step} differs from the state's step={state['step']}")
             step = state["step"]
-        start = 0 if step is None else _as_step(step)
+        start = 0 if step is None else check_step(step)
         return Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
@@ -286,16 +287,3 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
-
-
-def _as_step(step) -> int:
-    """``step`` as a Python int (numpy ints included), refusing anything else or a negative."""
-    if isinstance(step, bool | np.bool_):
-        raise TypeError(f"step must be a non-negative int (got step={step!r})")
-    try:
-        value = operator.index(step)
-    except TypeError:
-        raise TypeError(f"step must be a non-negative int (got step={step!r})") from None
-    if value < 0:
-        raise ValueError(f"step must be a non-negative int (got step={step!r})")
-    return value

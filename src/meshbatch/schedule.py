@@ -21,6 +21,8 @@ import numpy as np
 
 from .checks import check_int, is_int
 
+MAX_BATCH = 2**31 - 1  # rows of one global batch
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchSchedule:
@@ -52,7 +54,7 @@ class BatchSchedule:
 
     def _segments(self) -> list[tuple[int, int]]:
         if is_int(self.schedule):
-            return [(0, check_int("batch_size", self.schedule))]
+            return [(0, check_int("batch_size", self.schedule, high=MAX_BATCH))]
         if isinstance(self.schedule, Sequence) and not isinstance(self.schedule, str) and self.schedule:
             out = []
             for item in self.schedule:
@@ -61,11 +63,13 @@ class BatchSchedule:
                 elif isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2:
                     start, size = item
                 else:
-                    raise TypeError(f"a batch-size segment must be (start_step, batch_size) (got {item!r})")
-                out.append((check_int("start_step", start), check_int("batch_size", size)))
+                    raise TypeError(
+                        f"batch_size segments must be (start_step, batch_size) pairs (got {item!r})"
+                    )
+                out.append((check_int("start_step", start), check_int("batch_size", size, high=MAX_BATCH)))
             return out
         raise TypeError(
-            f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
+            f"batch_size must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
         )
 
     def _segment(self, step: int) -> int:
