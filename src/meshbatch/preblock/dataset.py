@@ -35,7 +35,7 @@ from meshbatch.shuffle import ShuffleSpec
 
 from .layout import PackSpec, plan_layout
 from .masking import MLMMasking
-from .store import detect_format, open_blocks
+from .store import check_paths, detect_format, open_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class BlockDataset(Dataset):
         vocab_size: int | None = None,
         field: str = "input_ids",
     ):
-        paths = [paths] if isinstance(paths, str) else list(paths)
+        paths = check_paths("paths", paths)
         if not paths:
             raise ValueError("paths must name at least one store, chunk directory or cache (got [])")
         formats = [detect_format(p) for p in paths]
@@ -105,7 +105,11 @@ class BlockDataset(Dataset):
             if missing:
                 raise ValueError(f"legacy mode needs {missing} (a token cache has no preblock header)")
             self.ids = {name: check_token_id(name, v) for name, v in given.items()}
-            self._init_legacy(paths, pack, as_key(pack_key), field)
+            if not isinstance(pack, PackSpec):
+                raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
+            if not isinstance(field, str):
+                raise TypeError(f"field must be a str (got field={field!r})")
+            self._init_legacy(paths, pack, as_key(pack_key, "pack_key"), field)
         else:
             if pack is not None:
                 raise ValueError("pack applies to jagged token caches; preblocked data is packed already")

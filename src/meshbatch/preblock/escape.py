@@ -30,11 +30,15 @@ _UNESCAPE = re.compile(r"\[\\(\\*)(DOC|EOD)\]")
 
 def escape(text: str) -> str:
     """``text`` with no literal ``[DOC]``/``[EOD]`` left (see the module docstring)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (got text={text!r})")
     return _ESCAPE.sub(r"[\\\1\2]", text)
 
 
 def unescape(text: str) -> str:
     """The inverse of ``escape``."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (got text={text!r})")
     return _UNESCAPE.sub(r"[\1\2]", text)
 
 

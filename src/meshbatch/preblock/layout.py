@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from meshbatch.checks import check_choice, check_int
+from meshbatch.checks import as_key, check_choice, check_int
 from meshbatch.kernels import MARKERS, PACKING_RULES, PackingRule, pack_plan
 
 logger = logging.getLogger(__name__)
@@ -138,12 +138,15 @@ def plan_layout(lengths, spec: PackSpec, key: PRNGKeyArray) -> Layout:
     Args:
         lengths: ``[n]`` integer tokens per document (markers excluded), ``n >= 1``.
         spec: the packing spec.
-        key: a typed key (``meshbatch.checks.as_key``); unused with ``shuffle_level="none"``.
+        key: a JAX key or an int seed; unused with ``shuffle_level="none"``.
 
     Raises:
         ValueError: no documents, a negative length, a document or a stream too long for int32
             block arithmetic.
     """
+    if not isinstance(spec, PackSpec):
+        raise TypeError(f"spec must be a PackSpec (got spec={spec!r})")
+    key = as_key(key)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.shape[0] == 0 or not np.issubdtype(lengths.dtype, np.integer):
         raise ValueError(f"lengths must be a non-empty 1-D integer array (got shape={lengths.shape})")

@@ -66,6 +66,8 @@ class MLMMasking(eqx.Module):
         self.key = as_key(key)
         self.mask_id = check_token_id("mask_id", mask_id)
         self.vocab_size = check_int("vocab_size", vocab_size, low=1, high=2**31 - 1)
+        if not isinstance(special_ids, list | tuple):
+            raise TypeError(f"special_ids must be a list or tuple of ids (got special_ids={special_ids!r})")
         self.special_ids = tuple(sorted({check_token_id("special_ids", s) for s in special_ids}))
         self.rate = check_float("rate", rate, low=0.0, high=1.0)
         if self.rate == 0.0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from typing import NamedTuple
 
 import numpy as np
 import tensorstore as ts
@@ -31,10 +32,21 @@ from .store import BLOCKS, REAL_TOKENS, Header, chunk_files
 logger = logging.getLogger(__name__)
 
 
+class RowsTarget(NamedTuple):
+    """One TensorStore read of whole rows into ``dest`` (what ``meshbatch.cache.run_reads`` reads)."""
+
+    dest: np.ndarray
+    source: ts.TensorStore
+    what: str
+
+    def describe(self) -> str:
+        return self.what
+
+
 class BlockSource:
     """Rows of ``block_size`` tokens as a flat token space; see the module docstring.
 
-    Subclasses implement ``_read_rows(first, stop, dest)`` and ``_plan_rows``.
+    Subclasses implement ``_plan_rows`` (a run of rows) and ``_plan_gather`` (any rows).
     """
 
     def __init__(self, path: str, num_blocks: int, block_size: int, header: Header | None):
@@ -165,12 +177,14 @@ class StoreBlocks(BlockSource):
         return self._real[: self.num_blocks].read().result().astype(np.int32)
 
     def _plan_rows(self, first, stop, dest):
-        return [(dest, self.blocks[first:stop, :])], None
+        return [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")], None
 
     def _plan_gather(self, rows, dest):
         if rows.size == 0:
             return [], None
-        return [(dest, self.blocks.oindex[rows, :])], None  # one read, TensorStore groups the chunks
+        # one read of every row: TensorStore groups them by chunk
+        what = f"{self.path}: {rows.size} blocks in [{int(rows.min())}, {int(rows.max()) + 1})"
+        return [RowsTarget(dest, self.blocks.oindex[rows, :], what)], None
 
 
 class ChunkBlocks(BlockSource):

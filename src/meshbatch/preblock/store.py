@@ -78,6 +78,24 @@ class Header:
         return Header(**{n: raw[n] for n in names})
 
 
+def check_path(name: str, value) -> str:
+    """A path argument as ``str`` (``os.PathLike`` accepted); anything else is a ``TypeError``."""
+    if isinstance(value, str | os.PathLike) and not isinstance(value, bytes):
+        path = os.fspath(value)
+        if isinstance(path, str) and path:
+            return path
+    raise TypeError(f"{name} must be a path (got {name}={value!r})")
+
+
+def check_paths(name: str, value) -> list[str]:
+    """One path or a list/tuple of them, as a list of ``str``."""
+    if isinstance(value, str | os.PathLike):
+        return [check_path(name, value)]
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{name} must be a path or a list of paths (got {name}={value!r})")
+    return [check_path(name, v) for v in value]
+
+
 def read_header(root: str) -> Header | None:
     """The header of ``root``, or ``None`` where it has none."""
     kvstore = ts.KvStore.open(kvstore_spec(root), context=shared_context()).result()
@@ -115,6 +133,7 @@ def detect_format(path: str) -> Format:
         FileNotFoundError: ``path`` does not exist.
         ValueError: ``path`` holds none of them.
     """
+    path = check_path("path", path)
     if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no directory at {path=}")
     local = "://" not in path

@@ -29,7 +29,7 @@ from meshbatch.checks import check_bool, check_int, check_token_id
 from meshbatch.kernels import ANOMALY_KINDS, LITERAL_KINDS, validate_blocks
 
 from .sources import BlockSource
-from .store import open_blocks
+from .store import check_path, open_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def validate_path(
     Raises:
         FileNotFoundError, ValueError: ``path`` cannot be read as preblocked data.
     """
-    source = open_blocks(path, pad_id=pad_id)
+    source = open_blocks(check_path("path", path), pad_id=pad_id)
     ids = _ids(source, doc_id=doc_id, eod_id=eod_id, pad_id=pad_id, vocab_size=vocab_size)
     return _validate(
         source, path, ids, carry_open_doc, literal_heuristics, literal_window, batch_blocks, context, progress
@@ -190,9 +190,11 @@ def _validate(
 ) -> BlockReport:
     check_bool("carry_open_doc", carry_open_doc)
     check_bool("literal_heuristics", literal_heuristics)
-    check_int("literal_window", literal_window, low=1)
-    check_int("batch_blocks", batch_blocks, low=1)
-    check_int("context", context, low=0)
+    check_int("literal_window", literal_window, low=1, high=2**31 - 1)
+    check_int("batch_blocks", batch_blocks, low=1, high=2**20)
+    check_int("context", context, low=0, high=2**31 - 1)
+    if progress is not None:
+        check_bool("progress", progress)
     static = dict(
         ids,
         carry_open_doc=carry_open_doc,

@@ -32,7 +32,7 @@ from meshbatch.checks import as_key, check_bool, check_choice, check_int, check_
 
 from .escape import EscapingTokenizer
 from .layout import SHUFFLE_LEVELS, Layout, PackSpec, ShuffleLevel, plan_layout
-from .store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, write_header
+from .store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, check_path, check_paths, write_header
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,13 @@ def preblock(
     check_choice("output_format", output_format, ("zarr", "npy"))
     check_choice("if_exists", if_exists, ("error", "overwrite"))
     check_bool("escape_literal_markers", escape_literal_markers)
+    output = check_path("output", output)
+    if progress is not None:
+        check_bool("progress", progress)
     key = as_key(key)
-    inputs = list(inputs)
+    if isinstance(inputs, str | os.PathLike):
+        raise TypeError(f"inputs must be a list of paths (got inputs={inputs!r})")
+    inputs = check_paths("inputs", inputs)
     if not inputs:
         raise ValueError("inputs must name at least one file or cache directory (got inputs=[])")
     disable = None if progress is None else not progress
