@@ -20,8 +20,9 @@ import tensorstore as ts
 from .arrays import FieldArrays
 from .checks import CacheIntegrityError, check_dtype
 from .fetch import Segment
-from .ledger import CONSOLIDATED, Ledger, shard_table
+from .ledger import CONSOLIDATED, Ledger
 from .parts import load_part
+from .shards import shard_table
 
 
 @dataclasses.dataclass(frozen=True)
