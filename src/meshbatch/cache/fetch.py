@@ -118,6 +118,20 @@ def plan_runs(
     return _plan_blocks(pieces, dest, block_cache)
 
 
+def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
+    """``read`` (planned into ``aside``) that, once run, also copies ``aside`` into ``view`` in
+    ``view``'s dtype, refusing any token that does not fit it."""
+    finish = read.finish
+
+    def convert() -> None:
+        if finish is not None:
+            finish()
+        view[:] = checked_cast(aside, view.dtype, where=where)
+
+    read.finish = convert
+    return read
+
+
 def run_reads(reads: Sequence[PendingRead]) -> None:
     """Issues every planned read of ``reads`` in one ``ts.Batch``, checks the caches, then finishes each.
 

@@ -20,21 +20,19 @@ or rewritten under the reader is a ``CacheChangedError`` on the next read (see `
 from __future__ import annotations
 
 import logging
-import posixpath
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorstore as ts
 
 from ..checks import check_bool, check_float, check_int
-from .arrays import FieldArrays, shared_context
+from .arrays import shared_context
 from .blocks import BlockCache
-from .checks import CacheIntegrityError, as_index_array, as_token_dtype, check_dtype, check_name, check_path
-from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
-from .fetch import PendingRead, Segment, checked_cast, plan_runs, run_reads, widens_exactly
-from .ledger import CONSOLIDATED, Ledger, LedgerFile, shard_table
-from .parts import load_part
+from .checks import as_index_array, as_token_dtype, check_name, check_path
+from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
+from .contents import Contents, load_contents
+from .fetch import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
+from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .watch import LedgerWatch
 
 logger = logging.getLogger(__name__)
@@ -49,13 +47,8 @@ class TokenCache:
         self.block_cache = block_cache
         self.counters = ReadCounters()
         self._context = context
-        self._ledger: Ledger | None = None
-        self._segments: list[Segment] = []
-        self._offsets = np.zeros(1, dtype=np.int64)
-        self._dtype: np.dtype | None = None
+        self._contents = Contents()
         self._expected_dtype: np.dtype | None = None
-        self._parts: list[str] = []  # shard names loaded so far ("" for a consolidated cache)
-        self._arrays: FieldArrays | None = None  # the consolidated layout's arrays, once opened
         self._watch: LedgerWatch | None = None
 
     @classmethod
@@ -110,16 +103,17 @@ class TokenCache:
 
     @property
     def num_rows(self) -> int:
-        return self._offsets.shape[0] - 1
+        return self._contents.offsets.shape[0] - 1
 
     @property
     def num_tokens(self) -> int:
-        return int(self._offsets[-1])
+        return int(self._contents.offsets[-1])
 
     @property
     def dtype(self) -> np.dtype:
         """The on-disk token dtype (int32 for a cache with no rows and no data array opened)."""
-        return self._dtype if self._dtype is not None else np.dtype(np.int32)
+        dtype = self._contents.dtype
+        return dtype if dtype is not None else np.dtype(np.int32)
 
     @property
     def is_finished(self) -> bool:
@@ -129,6 +123,10 @@ class TokenCache:
     def ledger(self) -> Ledger:
         """The ledger whose rows this reader has loaded."""
         return self._ledger
+
+    @property
+    def _ledger(self) -> Ledger | None:
+        return self._contents.ledger
 
     @property
     def layout(self) -> str:
@@ -141,17 +139,17 @@ class TokenCache:
 
     @property
     def num_shards(self) -> int:
-        return len(self._parts)
+        return len(self._contents.parts)
 
     def doc_offsets(self) -> np.ndarray:
         """int64 ``[num_rows + 1]`` global token offsets, starting at 0 (a read-only view)."""
-        view = self._offsets.view()
+        view = self._contents.offsets.view()
         view.flags.writeable = False
         return view
 
     def doc_lengths(self) -> np.ndarray:
         """int64 ``[num_rows]`` tokens per row, from offsets alone."""
-        return np.diff(self._offsets)
+        return np.diff(self._contents.offsets)
 
     def refresh(self) -> int:
         """Re-reads the ledger and loads rows committed since; returns ``num_rows``.
@@ -243,37 +241,19 @@ class TokenCache:
         if widens_exactly(self.dtype, out.dtype):
             return self._plan(runs, starts.shape[0], view, at)
         aside = np.empty(total, dtype=self.dtype)
-        read = self._plan(runs, starts.shape[0], aside, at)
-        finish = read.finish
-
-        def convert() -> None:
-            if finish is not None:
-                finish()
-            view[:] = checked_cast(aside, out.dtype, where=self.path)
-
-        read.finish = convert
-        return read
+        return convert_after(self._plan(runs, starts.shape[0], aside, at), aside, view, where=self.path)
 
     def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
-        # starts and lengths are each checked first, so their sum cannot overflow int64
-        for name, values in (("start", starts), ("length", lengths)):
-            if values.size and values.max() > self.num_tokens:
-                i = int(np.argmax(values))
-                raise IndexError(
-                    f"span {i} has {name}={values[i]} > num_tokens={self.num_tokens} of cache {self.path}"
-                )
-        ends = starts + lengths
-        if ends.size and ends.max() > self.num_tokens:
-            i = int(np.argmax(ends))
-            raise IndexError(
-                f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
-                f"> num_tokens={self.num_tokens} of cache {self.path}"
-            )
+        check_span_bounds(starts, lengths, self.num_tokens, where=f"cache {self.path}")
         return coalesce_spans(starts, lengths)
 
     def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
         targets, finish, nbytes = plan_runs(
-            self._segments, runs.run_starts, runs.run_offsets, dest, block_cache=self.block_cache
+            list(self._contents.segments),
+            runs.run_starts,
+            runs.run_offsets,
+            dest,
+            block_cache=self.block_cache,
         )
         self.counters.add(
             spans_requested=spans,
@@ -302,7 +282,8 @@ class TokenCache:
             raise IndexError(
                 f"row {int(rows[bad[0]])} out of range for cache {self.path} of {self.num_rows} rows"
             )
-        got = self.read_spans(self._offsets[rows], self._offsets[rows + 1] - self._offsets[rows])
+        offsets = self._contents.offsets
+        got = self.read_spans(offsets[rows], offsets[rows + 1] - offsets[rows])
         return [got[i] for i in range(len(got))]
 
     def __repr__(self) -> str:
@@ -312,81 +293,12 @@ class TokenCache:
         )
 
     def _load(self, ledger: Ledger) -> None:
-        """Brings segments and offsets up to ``ledger``; only new rows and new shards are read."""
-        if self._ledger is not None and ledger.layout != self._ledger.layout:
-            raise CacheIntegrityError(
-                f"cache at {self.path} changed layout {self._ledger.layout!r} -> {ledger.layout!r}"
-            )
-        if ledger.layout == CONSOLIDATED:
-            self._load_consolidated(ledger)
-        else:
-            self._load_shards(ledger)
-        self._ledger = ledger
-
-    def _load_consolidated(self, ledger: Ledger) -> None:
-        rows = ledger.total_num_rows
-        if rows < self.num_rows:
-            raise CacheIntegrityError(
-                f"cache at {self.path} went backwards: {rows} rows < {self.num_rows} loaded"
-            )
-        arrays, offsets = load_part(
+        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``)."""
+        self._contents = load_contents(
             self.path,
             self.field,
-            rows=rows,
-            finished=ledger.is_finished,
-            recorded=ledger.field_counts.get(self.field),
+            ledger,
+            self._contents,
             context=self._context,
-            arrays=self._arrays,
-            loaded=self._offsets,
+            expected=self._expected_dtype,
         )
-        self._set_dtype(arrays.data, where=arrays.data_path)
-        self._arrays = arrays
-        self._offsets = offsets
-        self._segments = [Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, self.path)]
-        self._parts = [""]
-
-    def _load_shards(self, ledger: Ledger) -> None:
-        entries = shard_table(ledger, self.field)
-        loaded = len(self._parts)
-        if [e.name for e in entries[:loaded]] != self._parts:
-            raise CacheIntegrityError(
-                f"sharded cache at {self.path} rewrote its finished shards: had {self._parts}, "
-                f"ledger now lists {[e.name for e in entries]}"
-            )
-        with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
-            loaded_parts = list(pool.map(self._load_shard, entries[loaded:]))
-        offsets, segments, start = [self._offsets], list(self._segments), self.num_tokens
-        for entry, (data, shard_offsets) in zip(entries[loaded:], loaded_parts, strict=True):
-            self._set_dtype(data, where=posixpath.join(self.path, entry.name, self.field, "data"))
-            offsets.append(shard_offsets[1:] + start)
-            if entry.tokens:
-                segments.append(
-                    Segment(
-                        posixpath.join(self.path, entry.name, self.field, "data"),
-                        start,
-                        entry.tokens,
-                        data,
-                        self.path,
-                    )
-                )
-            start += entry.tokens
-        self._offsets = np.concatenate(offsets)
-        self._segments = segments
-        self._parts = [e.name for e in entries]
-
-    def _load_shard(self, entry) -> tuple[ts.TensorStore, np.ndarray]:
-        arrays, offsets = load_part(
-            posixpath.join(self.path, entry.name),
-            self.field,
-            rows=entry.rows,
-            finished=True,
-            recorded=entry.tokens,
-            context=self._context,
-        )
-        return arrays.data, offsets
-
-    def _set_dtype(self, data: ts.TensorStore, *, where: str) -> None:
-        found = np.dtype(data.dtype.numpy_dtype)
-        check_dtype(found, self._expected_dtype, where=where)
-        check_dtype(found, self._dtype, where=where)  # every shard must agree with the first
-        self._dtype = found

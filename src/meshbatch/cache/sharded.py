@@ -30,10 +30,10 @@ from .ledger import (
     Ledger,
     ledger_metadata,
     remove_ledger,
-    shard_table,
     try_read_ledger,
     write_ledger,
 )
+from .shards import shard_table
 from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists, check_metadata
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from ..checks import check_bool
 from .checks import check_name, check_path
 from .deep import Part, part_sidecar, verify_parts
-from .ledger import CONSOLIDATED, shard_table
+from .ledger import CONSOLIDATED
 from .reader import TokenCache
+from .shards import shard_table
 
 logger = logging.getLogger(__name__)
 
