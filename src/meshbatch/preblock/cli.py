@@ -115,8 +115,14 @@ def _validate_blocks(args: argparse.Namespace) -> int:
             batch_blocks=args.batch_blocks,
             progress=False if args.no_progress else None,
         )
-    except (OSError, ValueError, TypeError) as e:
-        print(f"meshbatch validate-blocks: cannot read {args.path}: {e}", file=sys.stderr)
+    except Exception as e:  # exit 2, never 1 (1 means anomalies were found); -v re-raises
+        if args.verbose:
+            raise
+        message = " ".join(str(e).split())
+        print(
+            f"meshbatch validate-blocks: cannot read {args.path}: {type(e).__name__}: {message}",
+            file=sys.stderr,
+        )
         return 2
     print(report.format())
     if args.anomalies:
