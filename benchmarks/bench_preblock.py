@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshbatch.kernels import block_batch, pack_plan, validate_blocks
-from meshbatch.preblock.validate import validate_array
+from meshbatch.preblocked.validate import validate_array
 
 S = 128
 D, E, P, V = 257, 258, 259, 257
@@ -212,7 +212,7 @@ def bench_validator(args, rows, lengths_pool) -> None:
 def bench_pipeline(args, rows, lengths_pool) -> None:
     from meshbatch import Pipeline
     from meshbatch.datasets import Plan, Rows
-    from meshbatch.preblock import BlockDataset
+    from meshbatch.preblocked import BlockDataset
 
     batch_size = 256
     blocks = packed_blocks(np.random.default_rng(2).choice(lengths_pool, 20_000))

@@ -9,7 +9,7 @@ import pytest
 from preblock_reference import assemble, pack_ffd, pack_greedy
 
 from meshbatch.kernels.packing import pack_plan
-from meshbatch.preblock import PackSpec, plan_layout
+from meshbatch.preblocked import PackSpec, plan_layout
 
 D, E, P = -1, -2, -3  # marker and pad ids of the assembled blocks (documents hold ids >= 0)
 

@@ -14,7 +14,7 @@ import pytest
 from test_fuzz_arguments import ALLOWED, BAD, Call
 
 from meshbatch import ShuffleSpec
-from meshbatch.preblock import (
+from meshbatch.preblocked import (
     BlockDataset,
     MLMMasking,
     PackSpec,

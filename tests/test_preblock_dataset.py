@@ -15,8 +15,8 @@ from meshbatch import ShuffleSpec
 from meshbatch.cache import run_reads
 from meshbatch.datasets.base import Content, Rows
 from meshbatch.kernels.blocks import block_batch
-from meshbatch.preblock import PackSpec, preblock
-from meshbatch.preblock.dataset import BlockDataset
+from meshbatch.preblocked import PackSpec, preblock
+from meshbatch.preblocked.dataset import BlockDataset
 
 BLOCK = 64
 IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, PartitionSpec
 from meshbatch.datasets.base import Plan, Rows
 from meshbatch.kernels import Batch
 from meshbatch.kernels.blocks import block_batch
-from meshbatch.preblock.masking import MLMMasking
+from meshbatch.preblocked.masking import MLMMasking
 
 D, E, P, MASK, V = 257, 258, 259, 260, 257
 ROWS, SEQ, CALLS = 256, 128, 32  # 32 calls of 256 rows: 1,048,576 tokens, one compiled shape

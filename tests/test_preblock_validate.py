@@ -11,8 +11,8 @@ from preblock_reference import validate
 
 from meshbatch.cli import main
 from meshbatch.kernels import ANOMALY_KINDS as KINDS
-from meshbatch.preblock import preblock
-from meshbatch.preblock.validate import validate_array, validate_path
+from meshbatch.preblocked import preblock
+from meshbatch.preblocked.validate import validate_array, validate_path
 
 D, E, P, V = 257, 258, 259, 257  # [DOC], [EOD], pad, vocabulary size
 IDS = dict(doc_id=D, eod_id=E, pad_id=P, vocab_size=V)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import ByteTokenizer, TokenCache
-from meshbatch.preblock import detect_format, open_blocks, preblock
-from meshbatch.preblock.sources import ChunkBlocks
-from meshbatch.preblock.store import chunk_files
+from meshbatch.preblocked import detect_format, open_blocks, preblock
+from meshbatch.preblocked.sources import ChunkBlocks
+from meshbatch.preblocked.store import chunk_files
 
 BLOCK = 128
 DOC, EOD, PAD = 257, 258, 259  # the byte tokenizer's defaults: after its 257 ids
@@ -99,7 +99,7 @@ def test_shuffle_levels_keep_every_document(corpus, store, level):
     blocks = source.read_blocks(np.arange(source.num_blocks))
     if level == "segment":  # blocks were permuted after packing: undo it to read documents whole
         from meshbatch.checks import as_key
-        from meshbatch.preblock import PackSpec, plan_layout
+        from meshbatch.preblocked import PackSpec, plan_layout
 
         layout = plan_layout(TokenCache.open(tokens).doc_lengths(), PackSpec(BLOCK, "segment"), as_key(3))
         unshuffled = np.empty_like(blocks)
@@ -187,9 +187,9 @@ def test_public_names():
     import sys
 
     code = (
-        "import meshbatch, meshbatch.preblock.dataset\n"
+        "import meshbatch, meshbatch.preblocked.dataset\n"
         "assert callable(meshbatch.preblock) and meshbatch.BlockDataset and meshbatch.MLMMasking\n"
-        "assert meshbatch.PackSpec is meshbatch.preblock.PackSpec\n"
+        "assert meshbatch.PackSpec is meshbatch.preblocked.PackSpec\n"
         "try:\n    meshbatch.preblock('unused', [], block_size=8)\n"
         "except ValueError as e:\n    assert 'inputs' in str(e)\n"
     )

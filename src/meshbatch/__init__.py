@@ -44,10 +44,10 @@ _EXPORTS = {
     "TokenCache": "meshbatch.cache",
     "build_cache": "meshbatch.cache",
     "validate_cache": "meshbatch.cache",
-    "preblock": "meshbatch.preblock",
-    "PackSpec": "meshbatch.preblock",
-    "BlockDataset": "meshbatch.preblock",
-    "MLMMasking": "meshbatch.preblock",
+    "preblock": "meshbatch.preblocked",
+    "PackSpec": "meshbatch.preblocked",
+    "BlockDataset": "meshbatch.preblocked",
+    "MLMMasking": "meshbatch.preblocked",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -74,10 +74,10 @@ if TYPE_CHECKING:
     from .kernels import EraShuffle as EraShuffle
     from .kernels import Permutation as Permutation
     from .pipeline import Pipeline as Pipeline
-    from .preblock import BlockDataset as BlockDataset
-    from .preblock import MLMMasking as MLMMasking
-    from .preblock import PackSpec as PackSpec
-    from .preblock import preblock as preblock
+    from .preblocked import BlockDataset as BlockDataset
+    from .preblocked import MLMMasking as MLMMasking
+    from .preblocked import PackSpec as PackSpec
+    from .preblocked import preblock as preblock
     from .schedule import BatchSchedule as BatchSchedule
     from .select import DocumentSelection as DocumentSelection
     from .select import select_documents as select_documents

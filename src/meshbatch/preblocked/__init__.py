@@ -1,12 +1,7 @@
 """Preblocked document blocks: ``[DOC] ... [EOD]`` packing, shuffle levels, escaping, validation,
-``BlockDataset`` and masked-LM masking. This module only re-exports.
-
-``meshbatch.preblock`` names both this package and the writer function; importing the package
-makes ``meshbatch.preblock`` the module, so the module is made callable as the function.
+``BlockDataset`` and masked-LM masking. This module only re-exports; the writer is
+``meshbatch.preblock`` (``meshbatch.preblocked.preblock``).
 """
-
-import sys
-import types
 
 from .dataset import BlockDataset as BlockDataset
 from .escape import EscapingTokenizer as EscapingTokenizer
@@ -24,13 +19,3 @@ from .validate import BlockReport as BlockReport
 from .validate import validate_array as validate_array
 from .validate import validate_path as validate_path
 from .writer import preblock as preblock
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return preblock(*args, **kwargs)
-
-    __call__.__doc__ = preblock.__doc__
-
-
-sys.modules[__name__].__class__ = _CallableModule
