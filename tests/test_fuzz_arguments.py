@@ -207,7 +207,7 @@ def _lookup(rows):
         (lambda: _perm(np.arange(3), epoch=2**32), "epoch 4294967296", ValueError),
         (
             lambda: _perm(np.arange(3), epoch=np.arange(2)),
-            "epoch must be a scalar or one per index",
+            "epoch must be a scalar or broadcast to the indices. shape",
             ValueError,
         ),
         (
