@@ -5,6 +5,8 @@ imports kernels from here and nowhere else.
 """
 
 from .batch import Batch as Batch
+from .blocks import assemble_rows as assemble_rows
+from .blocks import block_batch as block_batch
 from .causal import causal_lm_batch as causal_lm_batch
 from .causal import gather_windows as gather_windows
 from .interleave import Counts as Counts
@@ -13,8 +15,15 @@ from .interleave import named_salts as named_salts
 from .interleave import select_scan as select_scan
 from .interleave import source_salts as source_salts
 from .interleave import tie_hash as tie_hash
+from .masking import mlm_mask as mlm_mask
+from .masking import row_keys as row_keys
 from .mixture import MixtureSchedule as MixtureSchedule
 from .mixture import mixture_locate as mixture_locate
+from .packing import MARKERS as MARKERS
+from .packing import PACKING_RULES as PACKING_RULES
+from .packing import PackingRule as PackingRule
+from .packing import Placement as Placement
+from .packing import pack_plan as pack_plan
 from .permutation import COMPATS as COMPATS
 from .permutation import INVALID as INVALID
 from .permutation import KINDS as KINDS
@@ -37,3 +46,7 @@ from .splice_pairs import pair_count as pair_count
 from .splice_schedule import LanePermutation as LanePermutation
 from .splice_schedule import SpliceSchedule as SpliceSchedule
 from .splice_schedule import lookup_rows as lookup_rows
+from .structure import ANOMALY_KINDS as ANOMALY_KINDS
+from .structure import LITERAL_KINDS as LITERAL_KINDS
+from .structure import Findings as Findings
+from .structure import validate_blocks as validate_blocks

@@ -152,6 +152,17 @@ class IndexShuffle(eqx.Module):
             check_epoch(epoch)
             if not isinstance(epoch, jax.Array):
                 epoch = np.asarray(epoch).astype(np.uint32)
+            if epoch.ndim and epoch.shape != np.shape(indices):
+                try:
+                    shape = np.broadcast_shapes(epoch.shape, np.shape(indices))
+                except ValueError:
+                    shape = None
+                if shape != np.shape(indices):
+                    raise ValueError(
+                        "epoch must be a scalar or broadcast to the indices' shape (got epoch "
+                        f"shape {epoch.shape}, indices shape {np.shape(indices)})"
+                    )
+                epoch = jnp.broadcast_to(jnp.asarray(epoch, U32), np.shape(indices))
         # An array epoch (never a Python int: eqx.filter_jit would compile once per value).
         epoch = None if epoch is None else jnp.asarray(epoch, U32)
         return _shuffle(self, jnp.asarray(indices), epoch)

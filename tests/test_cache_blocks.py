@@ -26,8 +26,8 @@ def test_lru_evicts_least_recently_used_beyond_max_bytes():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_bytes": 0}, "max_bytes must be > 0"),
-        ({"max_bytes": 8, "block_tokens": 0}, "block_tokens must be > 0"),
+        ({"max_bytes": 0}, r"max_bytes must be >= 1 \(got max_bytes=0\)"),
+        ({"max_bytes": 8, "block_tokens": 0}, r"block_tokens must be >= 1 \(got block_tokens=0\)"),
     ],
 )
 def test_lru_rejects_bad_sizes(kwargs, message):

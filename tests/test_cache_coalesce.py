@@ -127,11 +127,25 @@ def test_span_beyond_num_tokens_raises_index_error_naming_it(flat_cache):
         ([0, 1], [1, -3], r"lengths must be >= 0 \(got lengths\[1\]=-3\)"),
         ([[0, 1]], [[1, 1]], "must be 1-D"),
         ([0, 1], [1, 2, 3], "must be 1-D of equal length"),
-        ([0.5], [1], "starts must be integers"),
     ],
 )
 def test_malformed_spans_are_rejected(flat_cache, starts, lengths, message):
     with pytest.raises(ValueError, match=message):
+        flat_cache.read_spans(starts, lengths)
+
+
+@pytest.mark.parametrize(
+    "starts, lengths, message",
+    [
+        ([0.5], [1], r"starts must be integers \(got dtype float64\)"),
+        ([0], [2.0], r"lengths must be integers \(got dtype float64\)"),
+        ("0,1", [1, 1], "starts must be integers \\(got a str"),
+        ([True], [1], r"starts must be integers \(got dtype bool\)"),
+        ([None], [1], r"starts must be integers \(got dtype object\)"),
+    ],
+)
+def test_non_integer_spans_are_type_errors(flat_cache, starts, lengths, message):
+    with pytest.raises(TypeError, match=message):
         flat_cache.read_spans(starts, lengths)
 
 

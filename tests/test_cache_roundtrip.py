@@ -133,6 +133,7 @@ def test_meshbatch_written_sharded_cache_loads_in_levanter(tmp_path):
         "field_counts_by_shard",
         "layout",
         "metadata",
+        "cache_id",  # meshbatch's own key: Levanter ignores it
     }
     assert (top["layout"], top["finished_shards"], top["total_num_rows"]) == ("sharded", names, 80)
     assert top["field_counts_by_shard"]["sub/part-b"] == {"input_ids": 0}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from meshbatch.cache import CacheWriter, ShardedCacheWriter, TokenCache, validate_cache
+from meshbatch.cache import CacheIntegrityError, CacheWriter, ShardedCacheWriter, TokenCache, validate_cache
 from meshbatch.cli import main
 
 DOCS = [np.arange(n, dtype=np.int32) + 100 * n for n in (5, 3, 0, 7, 2, 4)]
@@ -93,7 +93,8 @@ def test_offsets_beyond_stored_data(tmp_path):
     _edit_ledger(path, field_counts={})  # as the installed Levanter writes it: no token count to compare
     _array(path, "input_ids", "offsets")[6].write(2**27 + 5).result()
     with pytest.raises(
-        ValueError, match=r"reach token 134217733, beyond the stored data \(its chunks cover 134217728"
+        CacheIntegrityError,
+        match=r"reach token 134217733, but the data chunk holding token 134217732 cannot be read: NOT_FOUND",
     ):
         TokenCache.open(path)
 
@@ -102,7 +103,8 @@ def test_offsets_into_deleted_data_chunks(tmp_path):
     path = _write(tmp_path)
     os.unlink(os.path.join(path, "input_ids", "data", "c", "0"))
     with pytest.raises(
-        ValueError, match=r"reach token 21, beyond the stored data \(its chunks cover 0 tokens\)"
+        CacheIntegrityError,
+        match=r"reach token 21, but the data chunk holding token 20 cannot be read: NOT_FOUND",
     ):
         TokenCache.open(path)
 

@@ -260,8 +260,9 @@ def test_carried_state_equals_reference_and_resumes(caches):
 
     fresh, _ = counting_pipeline(mesh_of(2), paths=caches)
     np.testing.assert_array_equal(np.asarray(fresh.batch(3).tokens), want[3])  # plans 0..3 in order
-    with pytest.raises(ValueError, match="the state at step 1 is not known"):
-        fresh.batch(1)  # the consumer moved on to step 4: earlier states are gone
+    np.testing.assert_array_equal(np.asarray(fresh.batch(1).tokens), want[1])  # replayed from step 0
+    with pytest.raises(ValueError, match="the state at step 2 is not known"):
+        resumed.batch(2)  # resumed at STEPS: nothing before its checkpoint is known
 
 
 def test_stateless_checkpoint_is_the_step(caches):

@@ -47,6 +47,10 @@ _EXPORTS = {
     "Mixture": "meshbatch.mixtures",
     "TokenBalancedMixture": "meshbatch.mixtures",
     "mixture_schedule": "meshbatch.mixtures",
+    "preblock": "meshbatch.preblocked",
+    "PackSpec": "meshbatch.preblocked",
+    "BlockDataset": "meshbatch.preblocked",
+    "MLMMasking": "meshbatch.preblocked",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -76,6 +80,10 @@ if TYPE_CHECKING:
     from .mixtures import TokenBalancedMixture as TokenBalancedMixture
     from .mixtures import mixture_schedule as mixture_schedule
     from .pipeline import Pipeline as Pipeline
+    from .preblocked import BlockDataset as BlockDataset
+    from .preblocked import MLMMasking as MLMMasking
+    from .preblocked import PackSpec as PackSpec
+    from .preblocked import preblock as preblock
     from .schedule import BatchSchedule as BatchSchedule
     from .select import DocumentSelection as DocumentSelection
     from .select import select_documents as select_documents

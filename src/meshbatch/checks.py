@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import get_args
 
 import jax
@@ -63,6 +63,16 @@ def check_token_id(name: str, value, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
     return check_int(name, value, low=INT32_MIN, high=INT32_MAX)
+
+
+def check_int_array(name: str, value) -> np.ndarray:
+    """``value`` as a numpy integer array (any shape); strings, floats and objects are refused."""
+    array = (
+        None if isinstance(value, str | bytes) else np.asarray(value, dtype=object if value is None else None)
+    )
+    if array is None or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must be integers (got {name}={value!r})")
+    return array
 
 
 def check_bool(name: str, value) -> bool:
@@ -114,6 +124,23 @@ def check_one_of(name: str, value, allowed: Collection) -> None:
     """``value in allowed`` for any hashable values (names of sources, ...)."""
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of {sorted(map(str, allowed))}")
+
+
+def check_step(step) -> int:
+    """A training step: a non-negative Python int (numpy ints included)."""
+    if not is_int(step):
+        raise TypeError(f"step must be a non-negative int (got step={step!r})")
+    if step < 0:
+        raise ValueError(f"step must be a non-negative int (got step={step!r})")
+    return operator.index(step)
+
+
+def check_names(name: str, value) -> tuple[str, ...]:
+    """A mesh axis name or a non-empty sequence of them, as a tuple."""
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, Sequence) or not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{name} must be a mesh axis name or a sequence of them (got {name}={value!r})")
+    return tuple(names)
 
 
 def as_key(key, name: str = "key") -> PRNGKeyArray:

@@ -1,7 +1,11 @@
 """The ``meshbatch`` command: a small dispatcher; each subcommand registers its parser and handler.
 
 meshbatch validate-cache /data/cache          # prints a report; exit 0 valid, 1 invalid
+meshbatch validate-cache /data/cache --deep   # also reads every chunk and verifies its checksum
 meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
+
+A failure prints one line, ``meshbatch <command>: error: <what went wrong>``, and exits 1; ``-v``
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -11,19 +15,31 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .preblocked.cli import add_preblock, add_validate_blocks
+
 
 def _add_validate_cache(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-cache", help="check a token cache and print a report (exit 1 if invalid)")
     p.add_argument("path", help="cache root (the directory holding shard_ledger.json)")
     p.add_argument("--field", default="input_ids", help="jagged field to check (default: input_ids)")
     p.add_argument("--allow-unfinished", action="store_true", help="accept a cache still being written")
+    p.add_argument(
+        "--deep", action="store_true", help="read every chunk: check it decodes and matches its checksum"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar with --deep")
     p.set_defaults(run=_validate_cache)
 
 
 def _validate_cache(args: argparse.Namespace) -> int:
     from .cache import validate_cache
 
-    report = validate_cache(args.path, args.field, require_finished=not args.allow_unfinished)
+    report = validate_cache(
+        args.path,
+        args.field,
+        require_finished=not args.allow_unfinished,
+        deep=args.deep,
+        progress=False if args.no_progress else None,
+    )
     print(report.format())
     return 0 if report.ok else 1
 
@@ -35,7 +51,9 @@ def _add_build_cache(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="local tokenizer.json (Hugging Face tokenizers); default: UTF-8 bytes")
     p.add_argument("--eos-token", help="with --tokenizer: token appended to every document")
     p.add_argument("--field", default="input_ids")
-    p.add_argument("--dtype", default="int32", help="token dtype on disk (default: int32)")
+    p.add_argument(
+        "--dtype", default="int32", type=_integer_dtype, help="integer token dtype on disk (default: int32)"
+    )
     p.add_argument("--text-key", default="text", help="JSONL field holding the text (default: text)")
     p.add_argument(
         "--text-docs", choices=["file", "line"], default="file", help="a .txt file is one doc or one per line"
@@ -45,11 +63,26 @@ def _add_build_cache(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_build_cache)
 
 
+def _integer_dtype(value: str) -> str:
+    """argparse ``type=`` for ``--dtype``: an integer numpy dtype name, else a usage error naming it."""
+    import numpy as np
+
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a numpy dtype (use e.g. int32 or uint16)"
+        ) from None
+    if not np.issubdtype(dtype, np.integer):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer dtype (use e.g. int32 or uint16)")
+    return dtype.name
+
+
 def _build_cache(args: argparse.Namespace) -> int:
     from .cache import ByteTokenizer, HFTokenizer, build_cache
 
     if args.eos_token and not args.tokenizer:
-        raise SystemExit("--eos-token needs --tokenizer (the byte tokenizer always ends documents with 256)")
+        raise ValueError("--eos-token needs --tokenizer (the byte tokenizer always ends documents with 256)")
     tokenizer = HFTokenizer(args.tokenizer, eos_token=args.eos_token) if args.tokenizer else ByteTokenizer()
     ledger = build_cache(
         args.output,
@@ -68,7 +101,7 @@ def _build_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = (_add_validate_cache, _add_build_cache)
+_SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,7 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         add(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except Exception as e:  # one line for the user; -v for the traceback
+        if args.verbose:
+            raise
+        message = " ".join(str(e).split())
+        print(f"meshbatch {args.command}: error: {type(e).__name__}: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

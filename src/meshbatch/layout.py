@@ -52,7 +52,10 @@ class RowLayout:
     def create(cls, mesh: Mesh, data_axes: tuple[str, ...], batch_size: int) -> RowLayout:
         for axis in data_axes:
             if axis not in mesh.axis_names:
-                raise ValueError(f"data axis {axis!r} is not a mesh axis (mesh axes: {mesh.axis_names})")
+                raise ValueError(
+                    f"data axis {axis!r} is not a mesh axis "
+                    f"(data_axes={data_axes}, mesh axes: {mesh.axis_names})"
+                )
         data_size = math.prod(mesh.shape[axis] for axis in data_axes)
         if batch_size % data_size != 0:
             raise ValueError(

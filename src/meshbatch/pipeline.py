@@ -11,7 +11,8 @@ The host splits those (unbounded) integers into 32-bit ``Rows``, then, for any `
 Datasets without sources and without state skip 1-2 on the host: plan and build run together in
 the per-shard kernel. A stateful dataset is planned over the whole global batch, in step order,
 by every process, so its state is the same everywhere; ``state_dict()`` checkpoints it. Nothing
-depends on how many processes or devices share the batch.
+depends on how many processes or devices share the batch. Over a source still being written
+(quick start), each step first waits for its rows (``Dataset.wait_for``).
 
     pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
     with pipeline.iterate_from(step) as batches:   # O(1) to resume anywhere (stateless data)
@@ -21,7 +22,7 @@ depends on how many processes or devices share the batch.
 from __future__ import annotations
 
 import logging
-import operator
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.kernels import Batch
 
-from .checks import as_key, check_int, check_optional_int
+from .checks import as_key, check_int, check_names, check_optional_int, check_step
 from .datasets.base import BuildStage, Content, Dataset, Plan, Rows
 from .fetch import fetch
 from .layout import RowLayout
@@ -79,35 +80,44 @@ class Pipeline:
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh (got mesh={mesh!r})")
         self.dataset, self.mesh = dataset, mesh
-        self.data_axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+        self.data_axes = check_names("data_axes", data_axes)
         self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
         self.max_epochs = check_optional_int("max_epochs", max_epochs, low=1)
         check_prefetch(prefetch, workers, depth_name="prefetch")
         self.prefetch, self.workers = prefetch, workers
+        if not isinstance(stages, Sequence) or isinstance(stages, str):
+            raise TypeError(f"stages must be a sequence of build stages (got stages={stages!r})")
         self.stages = tuple(stages)
         for i, stage in enumerate(self.stages):
             if not callable(stage):
                 raise TypeError(f"stages[{i}] must be a callable (batch, plan) -> Batch (got {stage!r})")
         self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
-        tables = dataset.init(as_key(key))
+        self._key = as_key(key)
         initial = dataset.init_state()
         self._planner = None if initial is None else StatePlanner(self._plan_global, 0, initial)
         self._host_plans = dataset.fetches or self._planner is not None
         if self._host_plans:  # the host plans; stateless device-resident datasets plan on their devices
             self._cpu = jax.local_devices(backend="cpu")[0]
-            self._plan_tables = jax.device_put(tables, self._cpu)
             self._plan = jax.jit(dataset.plan)
-        # Every batch size builds on the same local devices: one replicated copy of the tables.
-        local_mesh = next(iter(self._layouts.values())).local_mesh
-        build_tables = jax.device_put(tables, NamedSharding(local_mesh, PartitionSpec()))
-        del tables
-        self._build = {b: self._compile_build(layout, build_tables) for b, layout in self._layouts.items()}
+        self._place_tables()
+        self._build = {b: self._compile_build(layout) for b, layout in self._layouts.items()}
+        self._growing = threading.Lock()
+        self._final = dataset.length_is_final
         self._num_steps = self._count_steps()
         self._next_step = 0
         if state is not None:
             self.load_state_dict(state)
 
-    def _compile_build(self, layout: RowLayout, tables):
+    def _place_tables(self) -> None:
+        """The dataset's tables for the pipeline's key, on the host CPU (to plan) and replicated on
+        the local devices (to build; every batch size builds on the same devices)."""
+        tables = self.dataset.init(self._key)
+        if self._host_plans:
+            self._plan_tables = jax.device_put(tables, self._cpu)
+        local_mesh = next(iter(self._layouts.values())).local_mesh
+        self._build_tables = jax.device_put(tables, NamedSharding(local_mesh, PartitionSpec()))
+
+    def _compile_build(self, layout: RowLayout):
         dataset, stages = self.dataset, self.stages
 
         def finish(batch: Batch, plan: Plan) -> Batch:
@@ -129,7 +139,7 @@ class Pipeline:
         local = PartitionSpec("local")  # the tables replicated, every row input split by device
         in_specs = (PartitionSpec(), local, local) if self._host_plans else (PartitionSpec(), local)
         kernel = jax.jit(jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local))
-        return lambda *args: kernel(tables, *args)
+        return lambda *args: kernel(self._build_tables, *args)
 
     # -- host arithmetic ----------------------------------------------------------------------
 
@@ -138,30 +148,12 @@ class Pipeline:
         return self._num_steps
 
     def _count_steps(self) -> int | None:
-        if self.max_epochs is None:
+        if self.max_epochs is None or not self.dataset.length_is_final:
             return None
-        total = self.max_epochs * self.dataset.num_examples
-        low, high = 0, 1
-        while self.schedule.offset(high) + self.schedule.batch_size(high) <= total:
-            high *= 2
-        while low < high:  # first step whose batch does not fit
-            mid = (low + high) // 2
-            if self.schedule.offset(mid) + self.schedule.batch_size(mid) <= total:
-                low = mid + 1
-            else:
-                high = mid
-        return low
+        return self.schedule.steps_within(self.max_epochs * self.dataset.num_examples)
 
     def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """32-bit (position, epoch) of each batch row of ``step``; the big integers stay here."""
-        n = self.dataset.num_examples
-        epoch0, position0 = divmod(self.schedule.offset(step), n)  # Python ints: never wrap
-        last_epoch = epoch0 + (position0 + self.schedule.batch_size(step) - 1) // n
-        if last_epoch > 2**32 - 1:
-            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
-        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
-        epoch = np.uint32(epoch0) + (position // n).astype(np.uint32)
-        return (position % n).astype(np.uint32), epoch
+        return self.schedule.rows(step, rows, self.dataset.num_examples)
 
     def _plan_rows(self, step: int, rows: np.ndarray, state=None):
         position, epoch = (jax.device_put(a, self._cpu) for a in self._rows(step, rows))
@@ -180,12 +172,25 @@ class Pipeline:
 
         Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
         """
-        step = _as_step(step)
+        step = check_step(step)
         batch = self._make(step)
         self._took(step)
         return batch
 
+    def _grow(self, step: int) -> None:
+        """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
+        final, make its tables again (same key) and count the steps ``max_epochs`` allows."""
+        with self._growing:
+            if self._final:
+                return
+            if self.dataset.wait_for(self.schedule.offset(step) + self.schedule.batch_size(step)):
+                self._place_tables()
+                self._num_steps = self._count_steps()
+                self._final = True  # only now: a step of the last era must see the final tables
+
     def _make(self, step: int) -> Batch:
+        if not self._final:
+            self._grow(step)
         steps = self.num_steps()
         if steps is not None and step >= steps:
             raise IndexError(
@@ -266,10 +271,10 @@ class Pipeline:
         """
         if state is not None:
             self.load_state_dict(state)
-            if step is not None and _as_step(step) != state["step"]:
+            if step is not None and check_step(step) != state["step"]:
                 raise ValueError(f"step={step} differs from the state's step={state['step']}")
             step = state["step"]
-        start = 0 if step is None else _as_step(step)
+        start = 0 if step is None else check_step(step)
         return Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
@@ -284,16 +289,3 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
-
-
-def _as_step(step) -> int:
-    """``step`` as a Python int (numpy ints included), refusing anything else or a negative."""
-    if isinstance(step, bool | np.bool_):
-        raise TypeError(f"step must be a non-negative int (got step={step!r})")
-    try:
-        value = operator.index(step)
-    except TypeError:
-        raise TypeError(f"step must be a non-negative int (got step={step!r})") from None
-    if value < 0:
-        raise ValueError(f"step must be a non-negative int (got step={step!r})")
-    return value

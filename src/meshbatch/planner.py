@@ -9,7 +9,8 @@ its own, in order, and keeps the plans and states the others will ask for:
     B plans step 0 (keeps plan0, s1) then step 1 (keeps s2) -> A takes plan0 without planning
 
 A state is known from the start (``init_state``), from a checkpoint, or by planning forward from
-an earlier known state; nothing is ever planned backwards.
+an earlier known state; nothing is ever planned backwards. The state the planner started from
+(step 0's, or a loaded checkpoint's) is always kept, so a stream can restart there.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ class StatePlanner:
     def __init__(self, plan_step: Callable[[int, State], tuple[Plan, State]], step: int, state: State):
         self._plan_step = plan_step
         self._lock = threading.Lock()
+        self._anchor = (step, state)
         self._states: dict[int, State] = {step: state}
         self._made: dict[int, Plan] = {}
 
     def reset(self, step: int, state: State) -> None:
         """Forget everything; ``state`` is the state at the start of ``step``."""
         with self._lock:
+            self._anchor = (step, state)
             self._states = {step: state}
             self._made = {}
 
@@ -66,6 +69,7 @@ class StatePlanner:
         with self._lock:
             if step in self._states:
                 self._states = {s: state for s, state in self._states.items() if s >= step}
+                self._states.setdefault(*self._anchor)
             self._made = {s: plan for s, plan in self._made.items() if s >= step}
 
     def _advance(self, step: int, *, keep_plans: bool) -> Plan:

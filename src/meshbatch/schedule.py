@@ -17,7 +17,11 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
 from .checks import check_int, is_int
+
+MAX_BATCH = 2**31 - 1  # rows of one global batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +54,7 @@ class BatchSchedule:
 
     def _segments(self) -> list[tuple[int, int]]:
         if is_int(self.schedule):
-            return [(0, check_int("batch_size", self.schedule))]
+            return [(0, check_int("batch_size", self.schedule, high=MAX_BATCH))]
         if isinstance(self.schedule, Sequence) and not isinstance(self.schedule, str) and self.schedule:
             out = []
             for item in self.schedule:
@@ -59,11 +63,13 @@ class BatchSchedule:
                 elif isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2:
                     start, size = item
                 else:
-                    raise TypeError(f"a batch-size segment must be (start_step, batch_size) (got {item!r})")
-                out.append((check_int("start_step", start), check_int("batch_size", size)))
+                    raise TypeError(
+                        f"batch_size segments must be (start_step, batch_size) pairs (got {item!r})"
+                    )
+                out.append((check_int("start_step", start), check_int("batch_size", size, high=MAX_BATCH)))
             return out
         raise TypeError(
-            f"schedule must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
+            f"batch_size must be a positive int or (start_step, batch_size) pairs (got {self.schedule!r})"
         )
 
     def _segment(self, step: int) -> int:
@@ -78,6 +84,35 @@ class BatchSchedule:
         step = check_int("step", step, low=0)  # a Python int: offsets never wrap
         i = self._segment(step)
         return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
+
+    def steps_within(self, total: int) -> int:
+        """Steps whose batches all fit in the first ``total`` examples: the first step that does
+        not fit. O(log steps)."""
+        low, high = 0, 1
+        while self.offset(high) + self.batch_size(high) <= total:
+            high *= 2
+        while low < high:
+            mid = (low + high) // 2
+            if self.offset(mid) + self.batch_size(mid) <= total:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def rows(self, step: int, rows: np.ndarray, num_examples: int) -> tuple[np.ndarray, np.ndarray]:
+        """The uint32 ``(position, epoch)`` of batch rows ``rows`` of ``step`` in a stream of epochs of
+        ``num_examples``; the unbounded integers stay in Python.
+
+        Raises:
+            OverflowError: the step reaches epoch ``2**32``.
+        """
+        epoch0, position0 = divmod(self.offset(step), num_examples)  # Python ints: never wrap
+        last_epoch = epoch0 + (position0 + self.batch_size(step) - 1) // num_examples
+        if last_epoch > 2**32 - 1:
+            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
+        position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
+        epoch = np.uint32(epoch0) + (position // num_examples).astype(np.uint32)
+        return (position % num_examples).astype(np.uint32), epoch
 
     def unique_sizes(self) -> list[int]:
         """Every batch size the schedule uses."""

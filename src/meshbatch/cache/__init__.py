@@ -5,6 +5,8 @@ from .arrays import shared_context as shared_context
 from .blocks import BlockCache as BlockCache
 from .build import build_cache as build_cache
 from .build import iter_documents as iter_documents
+from .checks import CacheChangedError as CacheChangedError
+from .checks import CacheIntegrityError as CacheIntegrityError
 from .coalesce import Coalesced as Coalesced
 from .coalesce import ReadCounters as ReadCounters
 from .coalesce import RunRead as RunRead
@@ -15,10 +17,10 @@ from .fetch import run_reads as run_reads
 from .ledger import Ledger as Ledger
 from .ledger import read_ledger as read_ledger
 from .reader import TokenCache as TokenCache
+from .sharded import ShardedCacheWriter as ShardedCacheWriter
 from .tokenizers import ByteTokenizer as ByteTokenizer
 from .tokenizers import HFTokenizer as HFTokenizer
 from .tokenizers import Tokenizer as Tokenizer
 from .validate import ValidationReport as ValidationReport
 from .validate import validate_cache as validate_cache
 from .writer import CacheWriter as CacheWriter
-from .writer import ShardedCacheWriter as ShardedCacheWriter

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 import tensorstore as ts
+
+from .checks import CacheIntegrityError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,6 @@ DEFAULT_CACHE_POOL_BYTES = 1 << 30  # as Levanter's CACHE_BYTES_LIMIT default
 
 _context_lock = threading.Lock()
 _shared_context: ts.Context | None = None
-_CHUNK_KEY = re.compile(r"^(?:c[/.])?(\d+)$")
 
 
 def shared_context() -> ts.Context:
@@ -76,9 +76,13 @@ def open_field(
 ) -> FieldArrays:
     """Opens the existing ``<root>/<field>/{offsets,data}``; read-only unless ``writable``.
 
+    Reads never fill in missing chunks: a chunk that is not stored fails the read
+    (``fill_missing_data_reads: false``) instead of reading as zeros.
+
     Raises:
         FileNotFoundError: either array has no ``zarr.json``.
-        ValueError: the offsets are not int64 or the data is not an integer array.
+        CacheIntegrityError: an array is not what Levanter writes: offsets not int64, data not
+            integers, not 1-D of shape ``[2**54]``, or metadata TensorStore cannot parse.
     """
     field_root = posixpath.join(root, field)
     context = context or shared_context()
@@ -89,12 +93,17 @@ def open_field(
     }
     stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
     offsets, data = stores["offsets"], stores["data"]
-    if offsets.dtype.numpy_dtype != np.int64:
-        raise ValueError(
-            f"{field_root}/offsets has dtype {offsets.dtype.numpy_dtype}; Levanter caches use int64"
-        )
-    if not np.issubdtype(data.dtype.numpy_dtype, np.integer):
-        raise ValueError(f"{field_root}/data has dtype {data.dtype.numpy_dtype}; token data must be integers")
+    for name, store in stores.items():
+        where = posixpath.join(field_root, name)
+        dtype = np.dtype(store.dtype.numpy_dtype)
+        if name == "offsets" and dtype != np.int64:
+            raise CacheIntegrityError(f"{where} has dtype {dtype}; Levanter caches use int64")
+        if name == "data" and not np.issubdtype(dtype, np.integer):
+            raise CacheIntegrityError(f"{where} has dtype {dtype}; token data must be integers")
+        if list(store.domain.shape) != [ARRAY_SHAPE]:
+            raise CacheIntegrityError(
+                f"{where} has shape {list(store.domain.shape)}; Levanter writes [{ARRAY_SHAPE}]"
+            )
     return FieldArrays(field_root, offsets, data)
 
 
@@ -110,20 +119,10 @@ def create_field(root: str, field: str, dtype: np.dtype) -> FieldArrays:
     return FieldArrays(field_root, stores["offsets"], stores["data"])
 
 
-def stored_extent(data: ts.TensorStore) -> int:
-    """Elements covered by the stored chunks of ``data``: (last stored write chunk + 1) x chunk length.
-
-    Reads past this extent would silently return the fill value, so offsets must not reach beyond it.
-    """
-    keys = data.kvstore.list().result()
-    indices = [int(m.group(1)) for key in keys if (m := _CHUNK_KEY.match(key.decode(errors="replace")))]
-    if not indices:
-        return 0
-    return (max(indices) + 1) * int(data.chunk_layout.write_chunk.shape[0])
-
-
 def _spec(path: str, writable: bool) -> dict:
+    # a chunk deleted or rewritten after the open is noticed on the next read, not served from cache
     spec = {"driver": "zarr3", "kvstore": kvstore_spec(path), "recheck_cached_data": True}
+    spec["fill_missing_data_reads"] = False  # a missing chunk is an error, never zeros
     if writable:
         # store every written chunk, even all-zero ones, so a missing chunk always means missing data
         spec["store_data_equal_to_fill_value"] = True
@@ -136,7 +135,7 @@ def _result(future: ts.Future, path: str) -> ts.TensorStore:
     except ValueError as e:
         if "NOT_FOUND" in str(e):
             raise FileNotFoundError(f"missing zarr metadata {path}/zarr.json") from e
-        raise ValueError(f"cannot open zarr array {path}: {e}") from e
+        raise CacheIntegrityError(f"cannot open zarr array {path}: {e}") from e
 
 
 def _levanter_metadata(dtype: np.dtype) -> dict:

@@ -21,6 +21,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from ..checks import check_int
 from .arrays import DEFAULT_CHUNK_SIZE
 
 
@@ -34,12 +35,8 @@ class BlockCache:
     """
 
     def __init__(self, max_bytes: int, *, block_tokens: int = DEFAULT_CHUNK_SIZE):
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be > 0 (got {max_bytes=})")
-        if block_tokens <= 0:
-            raise ValueError(f"block_tokens must be > 0 (got {block_tokens=})")
-        self.max_bytes = int(max_bytes)
-        self.block_tokens = int(block_tokens)
+        self.max_bytes = check_int("max_bytes", max_bytes, low=1)
+        self.block_tokens = check_int("block_tokens", block_tokens, low=1)
         self._blocks: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()

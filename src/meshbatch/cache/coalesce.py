@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import as_index_array
+
 
 @dataclass(frozen=True)
 class Coalesced:
@@ -42,25 +44,42 @@ class Coalesced:
 
 
 def as_spans(starts, lengths) -> tuple[np.ndarray, np.ndarray]:
-    """Validates and converts span arrays to int64 ``[n]``.
+    """Validates and converts span arrays to int64 ``[n]`` (a scalar ``lengths`` applies to every span).
 
     Raises:
-        ValueError: shapes differ or are not 1-D, values are not integers, or any is negative.
+        TypeError: values that are not integers (floats, strings, bools, objects).
+        ValueError: shapes differ or are not 1-D, a value outside int64, or any is negative.
     """
-    starts_arr, lengths_arr = np.asarray(starts), np.asarray(lengths)
-    if lengths_arr.ndim == 0:
+    starts_arr, lengths_arr = as_index_array("starts", starts), as_index_array("lengths", lengths)
+    if np.ndim(starts) != 1:
+        raise ValueError(f"starts must be 1-D (got starts={starts!r:.80})")
+    if np.ndim(lengths) == 0:
         lengths_arr = np.broadcast_to(lengths_arr, starts_arr.shape)
-    if starts_arr.ndim != 1 or starts_arr.shape != lengths_arr.shape:
+    if starts_arr.shape != lengths_arr.shape:
         raise ValueError(
             f"starts and lengths must be 1-D of equal length (got {starts_arr.shape=}, {lengths_arr.shape=})"
         )
     for name, arr in (("starts", starts_arr), ("lengths", lengths_arr)):
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{name} must be integers (got dtype {arr.dtype})")
         if arr.size and arr.min() < 0:
             i = int(np.argmin(arr))
             raise ValueError(f"{name} must be >= 0 (got {name}[{i}]={int(arr[i])})")
-    return starts_arr.astype(np.int64), lengths_arr.astype(np.int64)
+    return starts_arr, lengths_arr
+
+
+def check_span_bounds(starts: np.ndarray, lengths: np.ndarray, num_tokens: int, *, where: str) -> None:
+    """Raise ``IndexError`` for a span that reaches past ``num_tokens`` (checked spans: int64, >= 0)."""
+    # starts and lengths are each checked first, so their sum cannot overflow int64
+    for name, values in (("start", starts), ("length", lengths)):
+        if values.size and values.max() > num_tokens:
+            i = int(np.argmax(values))
+            raise IndexError(f"span {i} has {name}={values[i]} > num_tokens={num_tokens} of {where}")
+    ends = starts + lengths
+    if ends.size and ends.max() > num_tokens:
+        i = int(np.argmax(ends))
+        raise IndexError(
+            f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
+            f"> num_tokens={num_tokens} of {where}"
+        )
 
 
 def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:

@@ -13,17 +13,24 @@ Reads are planned first (``plan_runs``: which slice of which array goes where) a
 decodes each read straight into its place in the output buffer.
 With a ``BlockCache``, reads cover whole aligned blocks instead, missing blocks that are consecutive
 in a segment share one read, and cached blocks cost no read.
+
+Nothing damaged or replaced is served: a read that fails (a chunk missing, since the arrays never
+fill missing chunks, or one that does not decode) raises ``CacheIntegrityError`` naming the cache,
+the array and the token range; and after the reads, each cache read checks that its ledger is the
+one it loaded (one conditional read per cache per batch), raising ``CacheChangedError`` otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import tensorstore as ts
 
 from .blocks import BlockCache
+from .checks import CacheIntegrityError
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,30 @@ class Segment:
         token_start: global offset of the array's first token.
         tokens: committed tokens in the array.
         data: the open array.
+        cache: the root of the cache it belongs to, for messages.
     """
 
     key: str
     token_start: int
     tokens: int
     data: ts.TensorStore
+    cache: str = ""
+
+
+class Target(NamedTuple):
+    """One TensorStore read: ``source`` (``segment.data[start : start + len(dest)]``) into ``dest``."""
+
+    dest: np.ndarray
+    source: ts.TensorStore
+    segment: Segment
+    start: int
+
+    def describe(self) -> str:
+        seg, end = self.segment, self.start + self.dest.shape[0]
+        return (
+            f"cache {seg.cache}: array {seg.key}, tokens [{self.start}, {end}) "
+            f"(global tokens [{seg.token_start + self.start}, {seg.token_start + end}))"
+        )
 
 
 @dataclass
@@ -50,14 +75,17 @@ class PendingRead:
     Attributes:
         span_starts: int64 ``[m]``, where each requested span begins in the output buffer.
         end: the output buffer position just past this read's tokens.
-        targets: ``(destination view, TensorStore slice)`` pairs to read, in any order.
+        targets: the TensorStore reads, in any order.
         finish: called after every target is read (block-cache copies, dtype checks), or ``None``.
+        check: starts checking that the cache read is unchanged and returns the function that
+            completes the check (raising ``CacheChangedError``); reads of one cache share one check.
     """
 
     span_starts: np.ndarray
     end: int
-    targets: list[tuple[np.ndarray, ts.TensorStore]]
+    targets: list[Target]
     finish: Callable[[], None] | None
+    check: Callable[[], Callable[[], None]] | None = None
 
 
 def plan_runs(
@@ -67,7 +95,7 @@ def plan_runs(
     dest: np.ndarray,
     *,
     block_cache: BlockCache | None = None,
-) -> tuple[list[tuple[np.ndarray, ts.TensorStore]], Callable[[], None] | None, int]:
+) -> tuple[list[Target], Callable[[], None] | None, int]:
     """Plans reading runs ``[run_starts[r], run_starts[r] + run_offsets[r+1] - run_offsets[r])``.
 
     Args:
@@ -85,17 +113,64 @@ def plan_runs(
     if not pieces:
         return [], None, 0
     if block_cache is None:
-        targets = [(dest[at : at + hi - lo], seg.data[lo:hi]) for at, seg, lo, hi in pieces]
+        targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
         return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
     return _plan_blocks(pieces, dest, block_cache)
 
 
+def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
+    """``read`` (planned into ``aside``) that, once run, also copies ``aside`` into ``view`` in
+    ``view``'s dtype, refusing any token that does not fit it."""
+    finish = read.finish
+
+    def convert() -> None:
+        if finish is not None:
+            finish()
+        view[:] = checked_cast(aside, view.dtype, where=where)
+
+    read.finish = convert
+    return read
+
+
 def run_reads(reads: Sequence[PendingRead]) -> None:
-    """Issues every planned read of ``reads`` in one ``ts.Batch``, then finishes each."""
-    _read_into([target for read in reads for target in read.targets])
+    """Issues every planned read of ``reads`` in one ``ts.Batch``, checks the caches, then finishes each.
+
+    Raises:
+        CacheChangedError: a cache read was replaced or changed since it was opened (checked after
+            the reads, so no token of a replaced cache is returned).
+        CacheIntegrityError: a read failed: a chunk is missing or does not decode.
+    """
+    checks = list(dict.fromkeys(read.check for read in reads if read.check is not None))
+    try:
+        _read_into([target for read in reads for target in read.targets])
+    except CacheIntegrityError:
+        _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
+        raise
+    _run_checks(checks)
     for read in reads:
         if read.finish is not None:
             read.finish()
+
+
+def _run_checks(checks: list[Callable[[], Callable[[], None]]]) -> None:
+    for complete in [start() for start in checks]:  # all started before any is awaited
+        complete()
+
+
+def widens_exactly(found: np.dtype, target: np.dtype) -> bool:
+    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
+    return np.can_cast(found, target, casting="safe")
+
+
+def checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
+    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
+    if values.size:
+        info = np.iinfo(dtype)
+        low, high = int(values.min()), int(values.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
+    return values.astype(dtype, copy=False)
 
 
 def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.ndarray):
@@ -111,18 +186,27 @@ def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.nda
             dest, start, i = dest + hi - start, hi, i + 1
 
 
-def _read_into(targets: list[tuple[np.ndarray, ts.TensorStore]]) -> None:
+def _read_into(targets: list[Target]) -> None:
     """Reads each source into its destination array, all in one ``ts.Batch``.
 
     TensorStore decodes straight into the destination (a ``ts.array`` view of it): no intermediate
-    array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads).
+    array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads). Every read is
+    awaited before the first failure is raised, so nothing writes into a buffer after this returns.
     """
     with ts.Batch() as batch:
         futures = [
-            ts.array(dest, copy=False, write=True).write(source, batch=batch) for dest, source in targets
+            ts.array(target.dest, copy=False, write=True).write(target.source, batch=batch)
+            for target in targets
         ]
-    for future in futures:
-        future.result()
+    failed = None
+    for target, future in zip(targets, futures, strict=True):
+        try:
+            future.result()
+        except Exception as e:  # TensorStore reports I/O and decode failures as ValueError and others
+            failed = failed or (target, e)
+    if failed is not None:
+        target, e = failed
+        raise CacheIntegrityError(f"{target.describe()}: read failed: {e}") from e
 
 
 def _block_key(seg: Segment, k: int, size: int) -> tuple:
@@ -159,10 +243,11 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     for group in groups:
         seg, k0 = missing[group[0]]
         lo, hi = k0 * size, min((k0 + len(group)) * size, seg.tokens)
-        targets.append((np.empty(hi - lo, dtype=dtype), seg.data[lo:hi]))
+        targets.append(Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo))
 
     def finish() -> None:
-        for group, (array, _) in zip(groups, targets, strict=True):
+        for group, target in zip(groups, targets, strict=True):
+            array = target.dest
             for j, key in enumerate(group):
                 block = array if len(group) == 1 else array[j * size : (j + 1) * size].copy()
                 blocks[key] = block
@@ -176,4 +261,4 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
                 dest[at : at + take] = block[pos - k * size : pos - k * size + take]
                 at, pos = at + take, pos + take
 
-    return targets, finish, sum(array.nbytes for array, _ in targets)
+    return targets, finish, sum(target.dest.nbytes for target in targets)

@@ -15,6 +15,8 @@ A Levanter cache is committed by its ledger. Two layouts exist:
 
 Ledgers are read through TensorStore's kvstore (so any TensorStore URL works) and written locally
 by an atomic temp-file + fsync + rename, so a reader sees either the old ledger or the new one.
+Every value is type-checked on read: ``"total_num_rows": null`` or ``"is_finished": "yes"`` is a
+``CacheIntegrityError`` naming the file and key, never a crash or a truthy guess.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ import json
 import logging
 import os
 import posixpath
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import tensorstore as ts
 
 from .arrays import kvstore_spec, shared_context
+from .checks import CacheIntegrityError
+from .files import remove_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,12 @@ Layout = Literal["consolidated", "sharded"]
 
 @dataclass(frozen=True)
 class Ledger:
-    """The parsed ``shard_ledger.json``; field names and JSON keys are Levanter's ``CacheLedger``'s."""
+    """The parsed ``shard_ledger.json``; field names and JSON keys are Levanter's ``CacheLedger``'s.
+
+    ``cache_id`` is meshbatch's own key (Levanter ignores it): a random id a writer draws when it
+    creates a cache and keeps when it resumes one, so a reader can tell a cache that grew from one
+    that was replaced. Caches written by Levanter have none.
+    """
 
     total_num_rows: int
     shard_rows: Mapping[str, int]
@@ -53,46 +61,159 @@ class Ledger:
     field_counts_by_shard: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     layout: Layout = CONSOLIDATED
     metadata: Mapping[str, Any] = field(default_factory=lambda: {"preprocessor_metadata": None})
+    cache_id: str | None = None
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any], *, where: str) -> Ledger:
-        """Parses a ledger dict, rejecting missing keys and unknown layouts; ``where`` names the file."""
+        """Parses a ledger dict, refusing missing keys, wrong JSON types and unknown layouts.
+
+        Raises:
+            CacheIntegrityError: naming ``where`` (the file), the key and the value found.
+        """
         for key in ("total_num_rows", "shard_rows"):
             if key not in raw:
-                raise ValueError(f"ledger {where} has no {key!r} key (keys: {sorted(raw)})")
+                raise CacheIntegrityError(f"ledger {where} has no {key!r} key (keys: {sorted(raw)})")
         layout = raw.get("layout", CONSOLIDATED)
         if layout not in (CONSOLIDATED, SHARDED):
-            raise ValueError(
+            raise CacheIntegrityError(
                 f"ledger {where} has layout={layout!r}; expected {CONSOLIDATED!r} or {SHARDED!r}"
             )
+        is_finished = raw.get("is_finished", False)
+        if not isinstance(is_finished, bool):
+            raise CacheIntegrityError(
+                f"ledger {where}: is_finished must be true or false (got {is_finished!r})"
+            )
+        metadata = raw.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise CacheIntegrityError(f"ledger {where}: metadata must be an object (got {metadata!r})")
+        cache_id = raw.get("cache_id")
+        if cache_id is not None and not isinstance(cache_id, str):
+            raise CacheIntegrityError(f"ledger {where}: cache_id must be a string (got {cache_id!r})")
+        shards = raw.get("finished_shards", [])
+        if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
+            raise CacheIntegrityError(
+                f"ledger {where}: finished_shards must be a list of strings (got {shards!r})"
+            )
+        by_shard = _json_object(raw.get("field_counts_by_shard", {}), "field_counts_by_shard", where)
         return Ledger(
-            total_num_rows=int(raw["total_num_rows"]),
-            shard_rows={str(k): int(v) for k, v in raw["shard_rows"].items()},
-            is_finished=bool(raw.get("is_finished", False)),
-            finished_shards=tuple(str(s) for s in raw.get("finished_shards", ())),
-            field_counts={str(k): int(v) for k, v in raw.get("field_counts", {}).items()},
+            total_num_rows=_count(raw["total_num_rows"], "total_num_rows", where),
+            shard_rows=_counts(raw["shard_rows"], "shard_rows", where),
+            is_finished=is_finished,
+            finished_shards=tuple(shards),
+            field_counts=_counts(raw.get("field_counts", {}), "field_counts", where),
             field_counts_by_shard={
-                str(s): {str(k): int(v) for k, v in counts.items()}
-                for s, counts in raw.get("field_counts_by_shard", {}).items()
+                s: _counts(counts, f"field_counts_by_shard[{s!r}]", where) for s, counts in by_shard.items()
             },
             layout=layout,
-            metadata=raw.get("metadata") or {"preprocessor_metadata": None},
+            metadata=metadata or {"preprocessor_metadata": None},
+            cache_id=cache_id,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form, in Levanter's key order."""
+        """The JSON form, in Levanter's key order (``cache_id`` only when there is one)."""
         out = dataclasses.asdict(self)
         out["finished_shards"] = list(self.finished_shards)
+        if self.cache_id is None:
+            del out["cache_id"]
         return out
 
 
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard of a sharded ledger: its relative directory, rows and tokens of the read field."""
+def _json_object(value, key: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise CacheIntegrityError(f"ledger {where}: {key} must be an object (got {key}={value!r})")
+    return value
 
-    name: str
-    rows: int
-    tokens: int
+
+def _count(value, key: str, where: str) -> int:
+    """A JSON count: an integer >= 0 (not a bool, a float, a string or null)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CacheIntegrityError(f"ledger {where}: {key} must be an integer >= 0 (got {key}={value!r})")
+    return value
+
+
+def _counts(value, key: str, where: str) -> dict[str, int]:
+    return {name: _count(v, f"{key}[{name!r}]", where) for name, v in _json_object(value, key, where).items()}
+
+
+class LedgerFile:
+    """The ledger file of one cache, read with a *stamp* that changes whenever the file does.
+
+    On a local disk the stamp is the file's ``stat`` (device, inode, size, mtime in ns), taken just
+    before the read, so it is never newer than the content read; elsewhere it is TensorStore's
+    storage generation. ``changed(stamp)`` costs a ``stat`` (about 3 us) locally and a conditional
+    read that transfers nothing while the file is unchanged on an object store: how an open
+    ``TokenCache`` notices, after every batch of reads, that its cache was replaced.
+    """
+
+    def __init__(self, root: str, *, context: ts.Context | None = None):
+        self.root = root
+        self.where = posixpath.join(root, LEDGER_FILE_NAME)
+        self._kvstore = ts.KvStore.open(kvstore_spec(root), context=context or shared_context()).result()
+        local = root.removeprefix("file://")
+        self._local = None if "://" in local else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
+
+    def read(self) -> tuple[Ledger, object]:
+        """The ledger and its stamp.
+
+        Raises:
+            FileNotFoundError: no ledger at ``root``.
+            CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
+        """
+        stamp = self._stat()
+        found = self._kvstore.read(LEDGER_FILE_NAME).result()
+        if found.state != "value":
+            raise FileNotFoundError(
+                f"no ledger at {self.where}: not a token cache, or its writer never committed a row"
+            )
+        return self.parse(bytes(found.value)), found.stamp.generation if stamp is None else stamp
+
+    def changed(self, stamp) -> Callable[[], tuple[bool, Ledger | None, object]]:
+        """Starts finding out whether the file still has ``stamp``; the returned function answers.
+
+        The answer is ``(changed, ledger, stamp)``: ``(False, None, stamp)`` while unchanged,
+        ``(True, None, None)`` when the file is gone, else the current ledger and its stamp.
+        """
+        if self._local is None:
+            future = self._kvstore.read(LEDGER_FILE_NAME, if_not_equal=stamp)
+
+            def answer():
+                found = future.result()
+                if found.state == "unspecified":
+                    return False, None, stamp
+                if found.state == "missing":
+                    return True, None, None
+                return True, self.parse(bytes(found.value)), found.stamp.generation
+
+            return answer
+        now = self._stat()
+
+        def answer_local():
+            if now == stamp:
+                return False, None, stamp
+            try:
+                return (True, *self.read())
+            except FileNotFoundError:
+                return True, None, None
+
+        return answer_local
+
+    def parse(self, raw_bytes: bytes) -> Ledger:
+        try:
+            raw = json.loads(raw_bytes)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CacheIntegrityError(f"ledger {self.where} is not valid JSON: {e}") from e
+        if not isinstance(raw, dict):
+            raise CacheIntegrityError(f"ledger {self.where} holds a JSON {type(raw).__name__}, not an object")
+        return Ledger.from_dict(raw, where=self.where)
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        if self._local is None:
+            return None
+        try:
+            st = os.stat(self._local)
+        except FileNotFoundError:
+            return (0, 0, -1, 0)  # no file: differs from every file's stamp
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_ledger(root: str, *, context: ts.Context | None = None) -> Ledger:
@@ -100,22 +221,9 @@ def read_ledger(root: str, *, context: ts.Context | None = None) -> Ledger:
 
     Raises:
         FileNotFoundError: no ledger at ``root``.
-        ValueError: the ledger is not valid JSON or lacks required keys.
+        CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
     """
-    kvstore = ts.KvStore.open(kvstore_spec(root), context=context or shared_context()).result()
-    found = kvstore.read(LEDGER_FILE_NAME).result()
-    where = posixpath.join(root, LEDGER_FILE_NAME)
-    if found.state != "value":
-        raise FileNotFoundError(
-            f"no ledger at {where}: not a token cache, or its writer never committed a row"
-        )
-    try:
-        raw = json.loads(bytes(found.value))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"ledger {where} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"ledger {where} holds a JSON {type(raw).__name__}, not an object")
-    return Ledger.from_dict(raw, where=where)
+    return LedgerFile(root, context=context).read()[0]
 
 
 def try_read_ledger(root: str) -> Ledger | None:
@@ -127,97 +235,16 @@ def try_read_ledger(root: str) -> Ledger | None:
 
 
 def write_ledger(root: str, ledger: Ledger) -> None:
-    """Commits ``ledger`` to ``<root>/shard_ledger.json`` atomically and durably (local paths only).
-
-    The JSON goes to a unique temp file that is fsynced, renamed over the ledger, and the directory is
-    fsynced, so a crash leaves either the previous ledger or this one, never a torn file.
-    """
-    if "://" in root:
-        raise ValueError(f"ledgers are written to local paths only (got root={root!r})")
-    os.makedirs(root, exist_ok=True)
-    path = os.path.join(root, LEDGER_FILE_NAME)
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(ledger.to_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(root)
+    """Commits ``ledger`` to ``<root>/shard_ledger.json`` atomically and durably (local paths only)."""
+    write_json_atomic(os.path.join(root, LEDGER_FILE_NAME), ledger.to_dict())
 
 
 def remove_ledger(root: str) -> None:
     """Deletes ``<root>/shard_ledger.json`` (durably) so the cache no longer reads as committed."""
-    path = os.path.join(root, LEDGER_FILE_NAME)
-    if os.path.exists(path):
-        os.unlink(path)
-        _fsync_dir(root)
+    remove_file(os.path.join(root, LEDGER_FILE_NAME))
 
 
 def ledger_metadata(preprocessor_metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """Levanter's ledger ``metadata`` dict, normalised through JSON so it compares equal after a reload."""
     meta = dict(preprocessor_metadata) if preprocessor_metadata is not None else None
     return json.loads(json.dumps({"preprocessor_metadata": meta}))
-
-
-def shard_table(ledger: Ledger, field_name: str) -> list[ShardEntry]:
-    """Validates a sharded ledger and returns its finished shards in global row order.
-
-    Raises:
-        ValueError: a shard path that is absolute, a URL, empty, escapes with ``..`` or repeats; a
-            missing or negative row count; rows not summing to ``total_num_rows``; a non-empty shard
-            without a ``field_name`` count; counts for unknown shards; aggregate counts that disagree.
-    """
-    entries: list[ShardEntry] = []
-    seen: set[str] = set()
-    for name in ledger.finished_shards:
-        if not name or "://" in name or posixpath.isabs(name) or ".." in name.split("/"):
-            raise ValueError(f"sharded ledger shard path must be a relative subdirectory (got {name!r})")
-        if name in seen:
-            raise ValueError(f"sharded ledger lists shard {name!r} twice in finished_shards")
-        seen.add(name)
-        if name not in ledger.shard_rows:
-            raise ValueError(f"sharded ledger has no shard_rows entry (row count) for shard {name!r}")
-        rows = ledger.shard_rows[name]
-        if rows < 0:
-            raise ValueError(f"sharded ledger has negative row count for shard {name!r}: {rows}")
-        tokens = ledger.field_counts_by_shard.get(name, {}).get(field_name)
-        if tokens is None:
-            if rows:
-                raise ValueError(
-                    f"sharded ledger has no field_counts_by_shard[{name!r}][{field_name!r}] "
-                    f"for non-empty shard {name!r} ({rows} rows)"
-                )
-            tokens = 0
-        if tokens < 0:
-            raise ValueError(f"sharded ledger has negative {field_name} count for shard {name!r}: {tokens}")
-        entries.append(ShardEntry(name, rows, tokens))
-
-    row_sum = sum(e.rows for e in entries)
-    if row_sum != ledger.total_num_rows:
-        raise ValueError(
-            f"sharded ledger row count mismatch: sum of finished shard rows = {row_sum}, "
-            f"total_num_rows = {ledger.total_num_rows}"
-        )
-    unknown = sorted(set(ledger.field_counts_by_shard) - seen)
-    if unknown:
-        raise ValueError(f"sharded ledger has field_counts_by_shard for unknown shards {unknown}")
-    token_sum = sum(e.tokens for e in entries)
-    recorded = ledger.field_counts.get(field_name)
-    if recorded is not None and recorded != token_sum:
-        raise ValueError(
-            f"sharded ledger {field_name} count mismatch: sum over shards = {token_sum}, "
-            f"field_counts[{field_name!r}] = {recorded}"
-        )
-    return entries
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

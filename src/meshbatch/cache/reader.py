@@ -11,24 +11,29 @@ global token offsets, so they may cross rows and, in the sharded layout, shards:
 
 Quick start: ``open(..., require_finished=False)`` reads a cache still being written; it sees the rows
 its ledger commits, and ``refresh()`` / ``wait_for_rows(n)`` pick up rows committed since.
+
+What a reader returns is what its writer committed, or an error: a missing or undecodable chunk is a
+``CacheIntegrityError`` naming the cache, array and token range (never zeros), and a cache replaced
+or rewritten under the reader is a ``CacheChangedError`` on the next read (see ``watch.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import posixpath
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorstore as ts
 
-from .arrays import FieldArrays, open_field, shared_context
+from ..checks import check_bool, check_float, check_int
+from .arrays import shared_context
 from .blocks import BlockCache
-from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, coalesce_spans
-from .fetch import PendingRead, Segment, plan_runs, run_reads
-from .ledger import CONSOLIDATED, Ledger, read_ledger, shard_table
-from .validate import check_dtype, check_extent, check_offsets
+from .checks import as_index_array, as_token_dtype, check_name, check_path
+from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
+from .contents import Contents, load_contents
+from .fetch import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
+from .ledger import CONSOLIDATED, Ledger, LedgerFile
+from .watch import LedgerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +47,9 @@ class TokenCache:
         self.block_cache = block_cache
         self.counters = ReadCounters()
         self._context = context
-        self._ledger: Ledger | None = None
-        self._segments: list[Segment] = []
-        self._offsets = np.zeros(1, dtype=np.int64)
-        self._dtype: np.dtype | None = None
+        self._contents = Contents()
         self._expected_dtype: np.dtype | None = None
-        self._parts: list[str] = []  # shard names loaded so far ("" for a consolidated cache)
-        self._arrays: FieldArrays | None = None  # the consolidated layout's arrays, once opened
+        self._watch: LedgerWatch | None = None
 
     @classmethod
     def open(
@@ -73,37 +74,59 @@ class TokenCache:
             context: TensorStore context; defaults to the process-wide shared one.
 
         Raises:
+            TypeError, ValueError: a bad argument, named.
             FileNotFoundError: no ledger, or missing zarr metadata.
-            ValueError: unfinished ledger (with ``require_finished``), inconsistent ledger, offsets not
-                monotone or beyond the data, dtype mismatch.
+            ValueError: unfinished ledger (with ``require_finished``).
+            CacheIntegrityError: inconsistent ledger, offsets not monotone or beyond the data, arrays
+                not in Levanter's layout, dtype mismatch.
         """
-        cache = cls(path, field, block_cache=block_cache, context=context or shared_context())
-        cache._expected_dtype = None if dtype is None else np.dtype(dtype)
-        ledger = read_ledger(path, context=cache._context)
+        path = check_path("path", path)
+        check_bool("require_finished", require_finished)
+        if block_cache is not None and not isinstance(block_cache, BlockCache):
+            raise TypeError(f"block_cache must be a BlockCache or None (got block_cache={block_cache!r})")
+        if context is not None and not isinstance(context, ts.Context):
+            raise TypeError(f"context must be a tensorstore.Context or None (got context={context!r})")
+        cache = cls(
+            path, check_name("field", field), block_cache=block_cache, context=context or shared_context()
+        )
+        cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
+        file = LedgerFile(path, context=cache._context)
+        ledger, stamp = file.read()
         if require_finished and not ledger.is_finished:
             raise ValueError(
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
         cache._load(ledger)
+        cache._watch = LedgerWatch(file, ledger, stamp)
         return cache
 
     @property
     def num_rows(self) -> int:
-        return self._offsets.shape[0] - 1
+        return self._contents.offsets.shape[0] - 1
 
     @property
     def num_tokens(self) -> int:
-        return int(self._offsets[-1])
+        return int(self._contents.offsets[-1])
 
     @property
     def dtype(self) -> np.dtype:
         """The on-disk token dtype (int32 for a cache with no rows and no data array opened)."""
-        return self._dtype if self._dtype is not None else np.dtype(np.int32)
+        dtype = self._contents.dtype
+        return dtype if dtype is not None else np.dtype(np.int32)
 
     @property
     def is_finished(self) -> bool:
         return self._ledger is not None and self._ledger.is_finished
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger whose rows this reader has loaded."""
+        return self._ledger
+
+    @property
+    def _ledger(self) -> Ledger | None:
+        return self._contents.ledger
 
     @property
     def layout(self) -> str:
@@ -116,23 +139,29 @@ class TokenCache:
 
     @property
     def num_shards(self) -> int:
-        return len(self._parts)
+        return len(self._contents.parts)
 
     def doc_offsets(self) -> np.ndarray:
         """int64 ``[num_rows + 1]`` global token offsets, starting at 0 (a read-only view)."""
-        view = self._offsets.view()
+        view = self._contents.offsets.view()
         view.flags.writeable = False
         return view
 
     def doc_lengths(self) -> np.ndarray:
         """int64 ``[num_rows]`` tokens per row, from offsets alone."""
-        return np.diff(self._offsets)
+        return np.diff(self._contents.offsets)
 
     def refresh(self) -> int:
-        """Re-reads the ledger and loads rows committed since; returns ``num_rows``."""
-        ledger = read_ledger(self.path, context=self._context)
+        """Re-reads the ledger and loads rows committed since; returns ``num_rows``.
+
+        Raises:
+            CacheChangedError: the cache was replaced or rewritten rather than grown.
+        """
+        ledger, stamp = self._watch.file.read()
         if ledger != self._ledger:
+            self._watch.raise_if_replaced(ledger)
             self._load(ledger)
+        self._watch.update(ledger, stamp)
         return self.num_rows
 
     def wait_for_rows(self, n: int, timeout: float | None = None) -> int:
@@ -142,6 +171,9 @@ class TokenCache:
             IndexError: the cache finished with fewer than ``n`` rows.
             TimeoutError: ``timeout`` seconds passed first.
         """
+        check_int("n", n, low=0)
+        if timeout is not None:
+            check_float("timeout", timeout, low=0)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
         while self.refresh() < n:
@@ -164,8 +196,10 @@ class TokenCache:
             The unique runs in one buffer (on-disk dtype) and each span's place in it.
 
         Raises:
+            TypeError: spans that are not integers (floats, strings, bools).
             ValueError: malformed or negative spans.
             IndexError: a span ends beyond ``num_tokens``.
+            CacheIntegrityError, CacheChangedError: see the module docstring.
         """
         starts, lengths = as_spans(starts, lengths)
         runs = self._coalesce(starts, lengths)
@@ -190,42 +224,36 @@ class TokenCache:
             A ``PendingRead`` whose ``span_starts`` say where each span will lie in ``out``.
 
         Raises:
+            TypeError: spans that are not integers, ``out`` not an integer numpy array, ``at`` not an int.
             ValueError: malformed or negative spans, or ``out`` too small.
             IndexError: a span ends beyond ``num_tokens``.
         """
+        if not isinstance(out, np.ndarray) or out.ndim != 1 or not np.issubdtype(out.dtype, np.integer):
+            got = f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}"
+            raise TypeError(f"out must be a 1-D integer numpy array (got {got})")
+        check_int("at", at, low=0)
         starts, lengths = as_spans(starts, lengths)
         runs = self._coalesce(starts, lengths)
         total = int(runs.run_offsets[-1])
-        if at < 0 or at + total > out.shape[0]:
+        if at + total > out.shape[0]:
             raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         view = out[at : at + total]
-        if _widens_exactly(self.dtype, out.dtype):
+        if widens_exactly(self.dtype, out.dtype):
             return self._plan(runs, starts.shape[0], view, at)
         aside = np.empty(total, dtype=self.dtype)
-        read = self._plan(runs, starts.shape[0], aside, at)
-        finish = read.finish
-
-        def convert() -> None:
-            if finish is not None:
-                finish()
-            view[:] = _checked_cast(aside, out.dtype, where=self.path)
-
-        read.finish = convert
-        return read
+        return convert_after(self._plan(runs, starts.shape[0], aside, at), aside, view, where=self.path)
 
     def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
-        ends = starts + lengths
-        if ends.size and ends.max() > self.num_tokens:
-            i = int(np.argmax(ends))
-            raise IndexError(
-                f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
-                f"> num_tokens={self.num_tokens} of cache {self.path}"
-            )
+        check_span_bounds(starts, lengths, self.num_tokens, where=f"cache {self.path}")
         return coalesce_spans(starts, lengths)
 
     def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
         targets, finish, nbytes = plan_runs(
-            self._segments, runs.run_starts, runs.run_offsets, dest, block_cache=self.block_cache
+            list(self._contents.segments),
+            runs.run_starts,
+            runs.run_offsets,
+            dest,
+            block_cache=self.block_cache,
         )
         self.counters.add(
             spans_requested=spans,
@@ -234,7 +262,8 @@ class TokenCache:
             reads_issued=len(targets),
             bytes_read=nbytes,
         )
-        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish)
+        check = self._watch.start if self._watch is not None else None
+        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish, check)
 
     def read_spans(self, starts, lengths) -> SpanRead:
         """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""
@@ -244,15 +273,17 @@ class TokenCache:
         """Reads whole rows (documents) by index, in the order given.
 
         Raises:
+            TypeError: rows that are not integers (floats, strings, bools).
             IndexError: a row is out of range.
         """
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        rows = as_index_array("rows", rows)
         bad = np.flatnonzero((rows < 0) | (rows >= self.num_rows))
         if bad.size:
             raise IndexError(
                 f"row {int(rows[bad[0]])} out of range for cache {self.path} of {self.num_rows} rows"
             )
-        got = self.read_spans(self._offsets[rows], self._offsets[rows + 1] - self._offsets[rows])
+        offsets = self._contents.offsets
+        got = self.read_spans(offsets[rows], offsets[rows + 1] - offsets[rows])
         return [got[i] for i in range(len(got))]
 
     def __repr__(self) -> str:
@@ -262,89 +293,12 @@ class TokenCache:
         )
 
     def _load(self, ledger: Ledger) -> None:
-        """Brings segments and offsets up to ``ledger``; only new rows and new shards are read."""
-        if self._ledger is not None and ledger.layout != self._ledger.layout:
-            raise ValueError(
-                f"cache at {self.path} changed layout {self._ledger.layout!r} -> {ledger.layout!r}"
-            )
-        if ledger.layout == CONSOLIDATED:
-            self._load_consolidated(ledger)
-        else:
-            self._load_shards(ledger)
-        self._ledger = ledger
-
-    def _load_consolidated(self, ledger: Ledger) -> None:
-        rows = ledger.total_num_rows
-        if rows < self.num_rows:
-            raise ValueError(f"cache at {self.path} went backwards: {rows} rows < {self.num_rows} loaded")
-        arrays = self._arrays or open_field(self.path, self.field, context=self._context)
-        where = posixpath.join(arrays.root, "offsets")
-        with ts.Batch() as batch:  # the on-disk row count, and only the offsets not loaded yet
-            count = arrays.offsets[0:1].read(batch=batch)
-            tail = arrays.offsets[self.num_rows + 1 : rows + 1].read(batch=batch)
-        raw = np.concatenate([count.result(), self._offsets[1:], tail.result()])
-        offsets = check_offsets(raw, rows=rows, finished=ledger.is_finished, where=where)
-        recorded = ledger.field_counts.get(self.field)
-        if offsets[-1] > self.num_tokens or ledger.is_finished:
-            check_extent(int(offsets[-1]), data=arrays.data, recorded=recorded, where=where)
-        self._set_dtype(arrays.data, where=arrays.data_path)
-        self._arrays = arrays
-        self._offsets = offsets
-        self._segments = [Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data)]
-        self._parts = [""]
-
-    def _load_shards(self, ledger: Ledger) -> None:
-        entries = shard_table(ledger, self.field)
-        loaded = len(self._parts)
-        if [e.name for e in entries[:loaded]] != self._parts:
-            raise ValueError(
-                f"sharded cache at {self.path} rewrote its finished shards: had {self._parts}, "
-                f"ledger now lists {[e.name for e in entries]}"
-            )
-        with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
-            loaded_parts = list(pool.map(self._load_shard, entries[loaded:]))
-        offsets, segments, start = [self._offsets], list(self._segments), self.num_tokens
-        for entry, (data, shard_offsets) in zip(entries[loaded:], loaded_parts, strict=True):
-            self._set_dtype(data, where=posixpath.join(self.path, entry.name, self.field, "data"))
-            offsets.append(shard_offsets[1:] + start)
-            if entry.tokens:
-                segments.append(
-                    Segment(
-                        posixpath.join(self.path, entry.name, self.field, "data"), start, entry.tokens, data
-                    )
-                )
-            start += entry.tokens
-        self._offsets = np.concatenate(offsets)
-        self._segments = segments
-        self._parts = [e.name for e in entries]
-
-    def _load_shard(self, entry) -> tuple[ts.TensorStore, np.ndarray]:
-        root = posixpath.join(self.path, entry.name)
-        arrays = open_field(root, self.field, context=self._context)
-        where = posixpath.join(root, self.field, "offsets")
-        raw = arrays.offsets[0 : entry.rows + 1].read().result()
-        offsets = check_offsets(raw, rows=entry.rows, finished=True, where=where)
-        check_extent(int(offsets[-1]), data=arrays.data, recorded=entry.tokens, where=where)
-        return arrays.data, offsets
-
-    def _set_dtype(self, data: ts.TensorStore, *, where: str) -> None:
-        found = np.dtype(data.dtype.numpy_dtype)
-        check_dtype(found, self._expected_dtype, where=where)
-        check_dtype(found, self._dtype, where=where)  # every shard must agree with the first
-        self._dtype = found
-
-
-def _widens_exactly(found: np.dtype, target: np.dtype) -> bool:
-    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
-    return np.can_cast(found, target, casting="safe")
-
-
-def _checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
-    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
-    if values.size:
-        info = np.iinfo(dtype)
-        low, high = int(values.min()), int(values.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
-    return values.astype(dtype, copy=False)
+        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``)."""
+        self._contents = load_contents(
+            self.path,
+            self.field,
+            ledger,
+            self._contents,
+            context=self._context,
+            expected=self._expected_dtype,
+        )

@@ -1,79 +1,34 @@
-"""Checks that make a token cache trustworthy, and the report ``meshbatch validate-cache`` prints.
+"""``validate_cache`` and the report ``meshbatch validate-cache`` prints: valid, or the first problem.
 
-``TokenCache.open`` runs every check; each failure is an error naming the file and the bad value:
+Two depths (what each catches and costs is tabled in ``docs/cache.md``):
 
-    missing ledger          FileNotFoundError  no ledger at /c/shard_ledger.json ...
-    unfinished ledger       ValueError         cache at /c is not finished (ledger is_finished=false ...)
-    missing zarr metadata   FileNotFoundError  missing zarr metadata /c/input_ids/data/zarr.json
-    offsets not monotone    ValueError         /c/input_ids/offsets not monotone: row 2 spans [9, 4)
-    offsets beyond data     ValueError         /c/input_ids/offsets reach token 99, beyond the stored data ...
-    dtype mismatch          ValueError         /c/input_ids/data has dtype uint16, expected int32
+- default (metadata only, milliseconds): everything ``TokenCache.open`` checks (ledger types and
+  counts, ``offsets[0]``, offsets monotone and ending where the ledger says, the data chunk holding
+  the last token present, arrays in Levanter's layout) plus the checksum sidecar's dtype and counts;
+- ``deep=True``: also reads every chunk of both arrays, checks it decodes and, for caches meshbatch
+  wrote, that it matches the CRC-32 its writer recorded (``deep.py``)::
+
+    validate_cache("/c")              -> OK, checksums "present (verify with --deep)"
+    validate_cache("/c", deep=True)   -> INVALID: /c/input_ids/data: chunk 0 (elements [0, 262144))
+                                         fails its checksum: the writer recorded crc32 0x1c291ca3, ...
+
+Whatever is wrong, the report names it; nothing raises out of ``validate_cache``.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 from dataclasses import dataclass
 
-import numpy as np
-import tensorstore as ts
-
-from .arrays import stored_extent
+from ..checks import check_bool
+from .checks import check_name, check_path
+from .deep import Part, part_sidecar, verify_parts
+from .ledger import CONSOLIDATED
+from .reader import TokenCache
+from .shards import shard_table
 
 logger = logging.getLogger(__name__)
-
-
-def check_offsets(raw: np.ndarray, *, rows: int, finished: bool, where: str) -> np.ndarray:
-    """Checks ``offsets[0 : rows + 1]`` as read from disk and returns them normalised to start at 0.
-
-    Args:
-        raw: int64 ``[rows + 1]``; ``raw[0]`` is the row count written on disk.
-        rows: rows the ledger commits.
-        finished: the ledger is finished, so the on-disk count must equal ``rows`` exactly (a writer
-            may have written offsets for rows it has not committed yet otherwise).
-        where: the offsets array's path, for messages.
-
-    Returns:
-        int64 ``[rows + 1]``: row ``i`` spans tokens ``[out[i], out[i + 1])``.
-    """
-    on_disk = int(raw[0])
-    if on_disk < rows or (finished and on_disk != rows):
-        raise ValueError(f"{where}: offsets[0] = {on_disk} rows on disk, but the ledger commits {rows} rows")
-    offsets = np.array(raw, dtype=np.int64)
-    offsets[0] = 0
-    bad = np.flatnonzero(offsets[1:] < offsets[:-1])
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"{where} not monotone: row {i} spans [{offsets[i]}, {offsets[i + 1]})")
-    return offsets
-
-
-def check_extent(end: int, *, data: ts.TensorStore, recorded: int | None, where: str) -> None:
-    """Checks that offsets ending at token ``end`` stay within what the data array holds.
-
-    Args:
-        end: the last offset (tokens in the field).
-        data: the data array; its stored chunks and domain bound the tokens it holds.
-        recorded: the token count the ledger records, if any; must equal ``end``.
-        where: the offsets array's path, for messages.
-    """
-    if recorded is not None and recorded != end:
-        raise ValueError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
-    if end == 0:
-        return
-    if not data.domain.implicit_upper_bounds[0] and end > data.domain.exclusive_max[0]:
-        raise ValueError(f"{where} reach token {end}, beyond the data array's shape {data.domain.shape[0]}")
-    extent = stored_extent(data)
-    if end > extent:
-        raise ValueError(
-            f"{where} reach token {end}, beyond the stored data (its chunks cover {extent} tokens)"
-        )
-
-
-def check_dtype(found: np.dtype, expected: np.dtype | None, *, where: str) -> None:
-    """Raises when ``expected`` is given and differs from the on-disk ``found``."""
-    if expected is not None and np.dtype(found) != np.dtype(expected):
-        raise ValueError(f"{where} has dtype {np.dtype(found)}, expected {np.dtype(expected)}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +44,11 @@ class ValidationReport:
     num_tokens: int | None = None
     dtype: str | None = None
     num_shards: int | None = None
+    deep: bool = False
+    checksums: str | None = None
+    chunks_read: int | None = None
+    bytes_read: int | None = None
+    seconds: float | None = None
 
     def format(self) -> str:
         """Human-readable lines for the CLI."""
@@ -102,17 +62,47 @@ class ValidationReport:
             f"  tokens      {self.num_tokens}",
             f"  dtype       {self.dtype}",
         ]
+        if self.deep:
+            rate = self.bytes_read / max(self.seconds, 1e-9) / 1e6
+            lines.append(
+                f"  checked     every chunk decoded: {self.chunks_read} chunks, "
+                f"{self.bytes_read / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.0f} MB/s)"
+            )
+        else:
+            lines.append("  checked     metadata only (--deep reads every chunk)")
+        lines.append(f"  checksums   {self.checksums}")
         return "\n".join(lines)
 
 
-def validate_cache(path: str, field: str = "input_ids", *, require_finished: bool = True) -> ValidationReport:
-    """Opens the cache at ``path`` with every check and reports the result instead of raising."""
-    from .reader import TokenCache  # the reader runs the checks above; imported here to avoid a cycle
+def validate_cache(
+    path: str,
+    field: str = "input_ids",
+    *,
+    require_finished: bool = True,
+    deep: bool = False,
+    progress: bool | None = None,
+) -> ValidationReport:
+    """Checks the cache at ``path`` and reports the result instead of raising.
 
+    Args:
+        path: cache root (local path or TensorStore URL).
+        field: the jagged field to check.
+        require_finished: an unfinished cache is invalid; pass False to check its committed rows.
+        deep: also read every chunk (see the module docstring).
+        progress: with ``deep``, show a progress bar; ``None`` shows it only on a terminal.
+
+    Raises:
+        TypeError, ValueError: a bad argument (the cache itself never raises; it is reported).
+    """
+    path, field = check_path("path", path), check_name("field", field)
+    check_bool("require_finished", require_finished)
+    check_bool("deep", deep)
     try:
         cache = TokenCache.open(path, field, require_finished=require_finished)
-    except (FileNotFoundError, ValueError) as e:
-        logger.info("cache %s failed validation: %s", path, e)
+        parts = [(part, part_sidecar(part, field, cache.dtype)) for part in _parts(cache)]
+        result = verify_parts(parts, field, progress=progress) if deep else None
+    except Exception as e:  # a validator reports every failure, expected or not, instead of raising
+        logger.info("cache %s failed validation", path, exc_info=True)
         return ValidationReport(path, ok=False, error=f"{type(e).__name__}: {e}")
     return ValidationReport(
         path,
@@ -123,4 +113,31 @@ def validate_cache(path: str, field: str = "input_ids", *, require_finished: boo
         num_tokens=cache.num_tokens,
         dtype=str(cache.dtype),
         num_shards=cache.num_shards,
+        deep=deep,
+        checksums=_checksums_line([sums for _, sums in parts], result),
+        chunks_read=result.chunks if result else None,
+        bytes_read=result.nbytes if result else None,
+        seconds=result.seconds if result else None,
     )
+
+
+def _parts(cache: TokenCache) -> list[Part]:
+    ledger = cache.ledger
+    if ledger.layout == CONSOLIDATED:
+        return [Part(cache.path, cache.num_rows, cache.num_tokens, ledger.is_finished)]
+    return [
+        Part(posixpath.join(cache.path, e.name), e.rows, e.tokens, True)
+        for e in shard_table(ledger, cache.field)
+    ]
+
+
+def _checksums_line(sidecars, result) -> str:
+    present = sum(s is not None for s in sidecars)
+    if present == 0:
+        return "absent (no meshbatch checksum sidecar, e.g. written by Levanter)"
+    which = "present" if present == len(sidecars) else f"present for {present} of {len(sidecars)} shards"
+    if result is None:
+        return f"{which} (verify with --deep)"
+    if result.checksummed_chunks == 0:
+        return f"{which}, not verified: the writer is between commits"
+    return f"{which}, {result.checksummed_chunks} chunks verified"

@@ -4,7 +4,8 @@ A commit makes buffered rows visible, in an order that keeps every reader consis
 
     1. data[tokens : tokens + new]  and  offsets[rows + 1 : rows + k + 1]   (durable: fsync'd files)
     2. offsets[0] = rows + k                                               (Levanter's row count)
-    3. shard_ledger.json {total_num_rows: rows + k, is_finished: false}    (atomic rename: the commit)
+    3. <field>/meshbatch_checksums.json   per-chunk CRC-32s of both arrays (atomic rename)
+    4. shard_ledger.json {total_num_rows: rows + k, is_finished: false}    (atomic rename: the commit)
     ...
     finish: shard_ledger.json {is_finished: true, field_counts: {...}}
 
@@ -12,37 +13,39 @@ A writer killed at any point leaves a ledger that commits only complete rows (or
 ``if_exists="resume"`` reopens it at the ledger's row count, truncates rows written beyond it (those
 counted by ``offsets[0]``: their offsets and tokens are zeroed; tokens of a step 1 cut short lie past
 every offset and are overwritten as writing goes on), and continues; ``build_cache`` and
-``ShardedCacheWriter.write_shard`` skip the inputs already committed.
+``ShardedCacheWriter.write_shard`` skip the inputs already committed. Every ledger carries the
+``cache_id`` the cache was created with (a resume keeps it, an overwrite draws a new one), which is
+how an open ``TokenCache`` tells a grown cache from a replaced one.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import os
 import posixpath
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
 
-from .arrays import create_field, open_field
-from .ledger import (
-    SHARDED,
-    Ledger,
-    ledger_metadata,
-    remove_ledger,
-    shard_table,
-    try_read_ledger,
-    write_ledger,
-)
-from .validate import check_dtype
+from ..checks import check_choice, check_int
+from .arrays import DEFAULT_CHUNK_SIZE, FieldArrays, create_field, open_field
+from .checks import CacheIntegrityError, as_token_dtype, check_dtype, check_name, check_path
+from .checksums import Checksums, OffsetsChecksums, RunningChecksums, chunk_crc, read_checksums, sidecar_path
+from .files import remove_file, remove_stale_temp_files, write_json_atomic
+from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 
 logger = logging.getLogger(__name__)
 
 IfExists = Literal["error", "resume", "overwrite"]
 DEFAULT_FLUSH_TOKENS = 1 << 25  # 32Mi tokens per commit: each commit rewrites the open zarr shard file
+
+
+def check_metadata(value) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"metadata must be a mapping or None (got metadata={value!r})")
+    return value
 
 
 class CacheWriter:
@@ -59,6 +62,10 @@ class CacheWriter:
 
     Use as a context manager: leaving the block without an exception finishes the cache; an
     exception leaves the committed rows for a later resume and drops the buffered ones.
+
+    Raises:
+        TypeError, ValueError: a bad argument, named.
+        FileExistsError: a cache exists and ``if_exists="error"``.
     """
 
     def __init__(
@@ -71,31 +78,38 @@ class CacheWriter:
         metadata: Mapping[str, Any] | None = None,
         flush_tokens: int = DEFAULT_FLUSH_TOKENS,
     ):
-        if if_exists not in ("error", "resume", "overwrite"):
-            raise ValueError(f"if_exists must be 'error', 'resume' or 'overwrite' (got {if_exists=})")
+        path = check_path("path", path)
+        check_choice("if_exists", if_exists, IfExists)
         if "://" in path:
             raise ValueError(f"CacheWriter writes local paths only (got {path=})")
-        if flush_tokens <= 0:
-            raise ValueError(f"flush_tokens must be > 0 (got {flush_tokens=})")
-        self.path, self.field, self.flush_tokens = path, field, flush_tokens
-        self.dtype = np.dtype(dtype)
-        if not np.issubdtype(self.dtype, np.integer):
-            raise ValueError(f"token dtype must be an integer type (got dtype={self.dtype})")
-        self._metadata = ledger_metadata(metadata)
+        self.path, self.field = path, check_name("field", field)
+        self.flush_tokens = check_int("flush_tokens", flush_tokens, low=1)
+        self.dtype = as_token_dtype("dtype", dtype)
+        self._metadata = ledger_metadata(check_metadata(metadata))
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._finished = False
+        self._field_root = os.path.join(path, field)
+        remove_stale_temp_files(path)
+        remove_stale_temp_files(self._field_root)
 
         existing = try_read_ledger(path)
-        field_dir = os.path.join(path, field)
         if existing is not None and if_exists == "resume":
             self._resume(existing)
             return
-        if (existing is not None or os.path.exists(field_dir)) and if_exists == "error":
+        if (existing is not None or os.path.exists(self._field_root)) and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {path}; pass if_exists='resume' or 'overwrite'")
         remove_ledger(path)  # before touching arrays: an old finished ledger must not outlive its data
+        remove_file(sidecar_path(self._field_root))
+        self.cache_id = uuid.uuid4().hex
         self._arrays = create_field(path, field, self.dtype)
         self.rows = self.tokens = 0
+        self._data_sums = RunningChecksums(DEFAULT_CHUNK_SIZE, self.dtype, [], np.zeros(0, self.dtype))
+        self._offsets_sums = OffsetsChecksums(
+            DEFAULT_CHUNK_SIZE,
+            np.zeros(0, np.int64),
+            RunningChecksums(DEFAULT_CHUNK_SIZE, np.int64, [], np.zeros(0, np.int64)),
+        )
         self._arrays.offsets[0].write(0).result()
         self._commit(finished=False)
 
@@ -106,6 +120,8 @@ class CacheWriter:
 
     def write(self, docs: Iterable) -> None:
         """Appends rows; each is a 1-D integer array-like whose values fit the cache dtype."""
+        if isinstance(docs, str | bytes) or not isinstance(docs, Iterable):
+            raise TypeError(f"docs must be an iterable of token arrays (got docs={docs!r:.80})")
         info = np.iinfo(self.dtype)
         for doc in docs:
             arr = np.asarray(doc)
@@ -137,6 +153,8 @@ class CacheWriter:
         data_write.result()
         offsets_write.result()
         self._arrays.offsets[0].write(self.rows + k).result()
+        self._data_sums.append(data)
+        self._offsets_sums.append(ends)
         self.rows, self.tokens = self.rows + k, self.tokens + int(data.size)
         self._pending, self._pending_tokens = [], 0
         self._commit(finished=False)
@@ -158,6 +176,15 @@ class CacheWriter:
             self.finish()
 
     def _commit(self, *, finished: bool) -> Ledger:
+        sums = Checksums(
+            DEFAULT_CHUNK_SIZE,
+            self.dtype,
+            self.rows,
+            self.tokens,
+            tuple(self._data_sums.digests()),
+            tuple(self._offsets_sums.digests(self.rows)),
+        )
+        write_json_atomic(sidecar_path(self._field_root), sums.to_dict())
         ledger = Ledger(
             total_num_rows=self.rows,
             shard_rows={"": self.rows},
@@ -165,6 +192,7 @@ class CacheWriter:
             finished_shards=("",) if finished else (),
             field_counts={self.field: self.tokens},
             metadata=self._metadata,
+            cache_id=self.cache_id,
         )
         write_ledger(self.path, ledger)
         return ledger
@@ -185,15 +213,16 @@ class CacheWriter:
             self.dtype,
             where=posixpath.join(self.path, self.field, "data"),
         )
+        self.cache_id = ledger.cache_id or uuid.uuid4().hex
         self.rows = ledger.total_num_rows
         on_disk = int(self._arrays.offsets[0].read().result())
         if on_disk < self.rows:
-            raise ValueError(
+            raise CacheIntegrityError(
                 f"cannot resume {self.path}: offsets[0]={on_disk} < {self.rows} rows the ledger commits"
             )
         self.tokens = int(self._arrays.offsets[self.rows].read().result()) if self.rows else 0
         if ledger.field_counts.get(self.field, self.tokens) != self.tokens:
-            raise ValueError(
+            raise CacheIntegrityError(
                 f"cannot resume {self.path}: offsets[{self.rows}]={self.tokens} but the ledger records "
                 f"{ledger.field_counts[self.field]} tokens"
             )
@@ -205,89 +234,41 @@ class CacheWriter:
                 self._arrays.data[self.tokens : stale_end].write(0).result()
             zero_offsets.result()
             logger.info("truncated %s from %d uncommitted rows back to %d", self.path, on_disk, self.rows)
+        self._data_sums, self._offsets_sums = _resume_checksums(
+            self._arrays, self._field_root, rows=self.rows, tokens=self.tokens, dtype=self.dtype
+        )
         logger.info("resuming %s at row %d (token %d)", self.path, self.rows, self.tokens)
 
 
-class ShardedCacheWriter:
-    """Writes a ``layout: "sharded"`` cache: each shard a consolidated cache in ``<root>/<name>/``.
+def _resume_checksums(
+    arrays: FieldArrays, field_root: str, *, rows: int, tokens: int, dtype: np.dtype
+) -> tuple[RunningChecksums, OffsetsChecksums]:
+    """The checksum trackers at the committed ``rows``/``tokens``.
 
-    The top-level ledger lists shards as they finish (so readers can start early), in write order, which
-    is the global row order. Resuming skips finished shards and resumes the interrupted one.
+    Full chunks below the commit keep the sidecar's sums (it is written before each ledger, so it
+    covers at least the committed rows); partial chunks, and every chunk when the sidecar is missing
+    or does not match, are summed from disk.
     """
+    size = DEFAULT_CHUNK_SIZE
+    try:
+        found = read_checksums(field_root)
+    except CacheIntegrityError as e:
+        logger.warning("ignoring a damaged checksum sidecar; re-summing from disk: %s", e)
+        found = None
+    usable = found is not None and found.chunk_elements == size and found.dtype == dtype
+    full_data, full_offsets = tokens // size, (rows + 1) // size
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        field: str = "input_ids",
-        dtype: np.dtype | str = "int32",
-        if_exists: IfExists = "error",
-        metadata: Mapping[str, Any] | None = None,
-    ):
-        self.root, self.field, self.dtype = root, field, np.dtype(dtype)
-        self._metadata = ledger_metadata(metadata)
-        existing = try_read_ledger(root)
-        if existing is not None and if_exists == "error":
-            raise FileExistsError(f"a cache already exists at {root}; pass if_exists='resume' or 'overwrite'")
-        self._resumed = existing is not None and if_exists == "resume"
-        if self._resumed:
-            if existing.layout != SHARDED or existing.is_finished:
-                raise ValueError(
-                    f"cannot resume {root}: layout={existing.layout!r}, is_finished={existing.is_finished}"
-                )
-            self._ledger = existing
-        else:
-            remove_ledger(root)
-            self._ledger = Ledger(0, {}, layout=SHARDED, metadata=self._metadata)
-            write_ledger(root, self._ledger)
-        self._shard_if_exists: IfExists = "resume" if self._resumed else if_exists
+    def sums(array, stop: int, recorded: tuple[int, ...] | None, first: int = 0) -> list[int]:
+        if recorded is not None and len(recorded) >= stop:
+            return list(recorded[first:stop])
+        logger.info("summing chunks %d..%d of %s from disk", first, stop, field_root)
+        return [chunk_crc(array[k * size : (k + 1) * size].read().result()) for k in range(first, stop)]
 
-    @property
-    def finished_shards(self) -> tuple[str, ...]:
-        return self._ledger.finished_shards
-
-    def write_shard(self, name: str, docs: Iterable, *, flush_tokens: int = DEFAULT_FLUSH_TOKENS) -> int:
-        """Writes shard ``name`` from ``docs`` (rows already committed by an earlier run are skipped).
-
-        Returns:
-            The shard's row count.
-        """
-        if name in self._ledger.finished_shards:
-            logger.info("shard %s of %s already finished; skipping", name, self.root)
-            return self._ledger.shard_rows[name]
-        shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
-        shard_root = posixpath.join(self.root, name)
-        done = try_read_ledger(shard_root) if self._resumed else None
-        if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
-            if dict(done.metadata) != self._metadata or self.field not in done.field_counts:
-                raise ValueError(f"cannot adopt finished shard {shard_root}: ledger {done.to_dict()}")
-            rows, tokens = done.total_num_rows, done.field_counts[self.field]
-        else:
-            with CacheWriter(
-                shard_root,
-                field=self.field,
-                dtype=self.dtype,
-                if_exists=self._shard_if_exists,
-                metadata=self._metadata["preprocessor_metadata"],
-                flush_tokens=flush_tokens,
-            ) as writer:
-                writer.write(itertools.islice(docs, writer.num_rows, None))
-            rows, tokens = writer.rows, writer.tokens
-        old = self._ledger
-        self._ledger = Ledger(
-            total_num_rows=old.total_num_rows + rows,
-            shard_rows={**old.shard_rows, name: rows},
-            finished_shards=(*old.finished_shards, name),
-            field_counts={self.field: old.field_counts.get(self.field, 0) + tokens},
-            field_counts_by_shard={**old.field_counts_by_shard, name: {self.field: tokens}},
-            layout=SHARDED,
-            metadata=old.metadata,
-        )
-        write_ledger(self.root, self._ledger)
-        return rows
-
-    def finish(self) -> Ledger:
-        """Marks the sharded cache finished; returns its ledger."""
-        self._ledger = dataclasses.replace(self._ledger, is_finished=True)
-        write_ledger(self.root, self._ledger)
-        return self._ledger
+    data_done = sums(arrays.data, full_data, found.data if usable else None)
+    data_tail = arrays.data[full_data * size : tokens].read().result()
+    head = arrays.offsets[1 : min(size, rows + 1)].read().result()
+    rest_done = sums(arrays.offsets, full_offsets, found.offsets if usable else None, first=1)
+    tail_start = max(size, full_offsets * size)
+    rest_tail = arrays.offsets[tail_start : rows + 1].read().result() if rows + 1 > tail_start else []
+    offsets = OffsetsChecksums(size, head, RunningChecksums(size, np.int64, rest_done, rest_tail))
+    return RunningChecksums(size, dtype, data_done, data_tail), offsets

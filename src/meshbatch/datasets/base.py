@@ -141,6 +141,9 @@ class Dataset(abc.ABC):
         spans_per_row: span slots per row in ``spans``.
         content_margin: zeros fetch leaves before and after the tokens (lets ``build`` slice
             windows that reach past either end without padding on device).
+        length_is_final: ``False`` while a source is still being written (quick start):
+            ``num_examples`` is then an upper bound, every row is in epoch 0, and the pipeline
+            calls ``wait_for`` before planning a step.
     """
 
     num_examples: int
@@ -149,6 +152,7 @@ class Dataset(abc.ABC):
     max_row_tokens: int = 0
     spans_per_row: int = 1
     content_margin: int = 0
+    length_is_final: bool = True
 
     @property
     def fetches(self) -> bool:
@@ -196,6 +200,15 @@ class Dataset(abc.ABC):
         """``int32[n]``: the non-padding tokens each planned row trains on (what a token-balanced
         mixture counts); jitted. Defaults to ``seq_len`` per row."""
         return jnp.full(plan.example.shape, self.seq_len, jnp.int32)
+
+    def wait_for(self, examples: int) -> bool:
+        """Blocks until stream rows ``[0, examples)`` can be planned and read (quick start).
+
+        Returns ``True`` once, when the length has just become final: ``num_examples`` is then
+        the real length and the pipeline makes the tables again from the same key. A dataset
+        whose sources are finished has every row: the default returns ``False`` at once.
+        """
+        return False
 
     def state_dict(self, state: State | None) -> dict[str, Any]:
         """A JSON-able checkpoint of ``state`` (empty when stateless)."""

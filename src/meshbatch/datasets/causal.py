@@ -8,9 +8,19 @@ EOS-derived segment ids.
 
     cache tokens = [0 .. 9], seq_len = 4:  examples [0 1 2 3], [4 5 6 7]   (8, 9 dropped)
     rows position = [1, 0]  ->  example = [1, 0]  ->  spans (4, 4), (0, 4)  ->  one read [0, 8)
+
+Quick start: over a cache still being written (``TokenCache.open(..., require_finished=False)``)
+the dataset serves the windows already committed and waits (Levanter's
+``wait_until_len_at_least``) for the ones a step needs. Cache order needs only those windows; an
+era shuffle needs their whole eras (era ``e`` is permuted as soon as windows up to ``(e + 1) *
+era_length`` are committed: the same order the finished cache gives). A full or block shuffle
+needs the final length, and is refused until the cache is finished.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +33,10 @@ from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
 from ..shuffle import ShuffleSpec
 from .base import Content, Dataset, Plan, Rows, Spans
 
+logger = logging.getLogger(__name__)
 MAX_EXAMPLES = 2**32 - 1
 FULL_SHUFFLE = ShuffleSpec()
+GROWING_ORDERS = ("none", "era")  # orders defined before the final length is known
 
 
 class CausalLMDataset(Dataset):
@@ -40,7 +52,8 @@ class CausalLMDataset(Dataset):
 
     Raises:
         TypeError, ValueError: naming the argument, for a bad ``seq_len``, shuffle or token id,
-            or a source too small for one window or too large for 2^32 windows.
+            a source too small for one window or too large for 2^32 windows, or a shuffle that
+            needs the final length over a source still being written.
     """
 
     def __init__(
@@ -55,21 +68,61 @@ class CausalLMDataset(Dataset):
         seq_len = check_int("seq_len", seq_len, low=1)
         if not isinstance(shuffle, ShuffleSpec):
             raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
-        num_tokens = check_int("source.num_tokens", source.num_tokens, low=0)
-        num_examples = num_tokens // seq_len
+        self.sources = (source,)
+        self.source = source
+        self.seq_len = self.max_row_tokens = seq_len
+        self.shuffle_spec = shuffle
+        self.length_is_final = bool(getattr(source, "is_finished", True))
+        if self.length_is_final:
+            self.num_examples = self._final_length()
+        elif shuffle.strategy not in GROWING_ORDERS:
+            raise ValueError(
+                f"shuffle strategy={shuffle.strategy!r} needs the final length of {source!r}, which "
+                f"is still being written ({source.num_tokens} tokens committed): use "
+                "ShuffleSpec('era', era_length=...) or ShuffleSpec('none') to train while it is "
+                "written, or wait until it is finished"
+            )
+        else:
+            self.num_examples = MAX_EXAMPLES  # a bound until the writer finishes
+        self.eos_id = check_token_id("eos_id", eos_id, optional=True)
+        self.ignore_id = check_token_id("ignore_id", ignore_id, optional=True)
+
+    def _final_length(self) -> int:
+        num_tokens = check_int("source.num_tokens", self.source.num_tokens, low=0)
+        num_examples = num_tokens // self.seq_len
         if num_examples < 1:
-            raise ValueError(f"the source holds {num_tokens} tokens: not one window of seq_len={seq_len}")
+            raise ValueError(
+                f"the source holds {num_tokens} tokens: not one window of seq_len={self.seq_len}"
+            )
         if num_examples > MAX_EXAMPLES:
             raise ValueError(
                 f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache"
             )
-        self.sources = (source,)
-        self.source = source
-        self.seq_len = self.max_row_tokens = seq_len
-        self.num_examples = num_examples
-        self.shuffle_spec = shuffle
-        self.eos_id = check_token_id("eos_id", eos_id, optional=True)
-        self.ignore_id = check_token_id("ignore_id", ignore_id, optional=True)
+        return num_examples
+
+    def wait_for(self, examples: int) -> bool:
+        """Blocks until windows ``[0, examples)`` (whole eras of them) are committed, or the cache
+        is finished (then ``num_examples`` becomes its real length and this returns ``True``)."""
+        if self.length_is_final:
+            return False
+        era = self.shuffle_spec.era_length if self.shuffle_spec.strategy == "era" else 1
+        needed = -(-examples // era) * era * self.seq_len
+        delay, waited, start = 0.01, 0.0, time.monotonic()
+        while True:
+            self.source.refresh()
+            if self.source.is_finished:
+                self.num_examples = self._final_length()
+                self.length_is_final = True
+                logger.info("%r finished: %d examples per epoch", self.source, self.num_examples)
+                return True
+            if self.source.num_tokens >= needed:
+                return False
+            if time.monotonic() - start - waited > 60:
+                waited = time.monotonic() - start
+                logger.info("waiting for %r to commit %d tokens (%d so far)", self.source, needed,
+                            self.source.num_tokens)  # fmt: skip
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     def init(self, key: PRNGKeyArray):
         """The shuffle module (or ``None`` for cache order)."""

@@ -51,7 +51,9 @@ class SpliceLMDataset(Dataset):
     """
 
     def __init__(self, docs: Sequence[np.ndarray], **spec):
-        if docs is None or isinstance(docs, str | bytes) or len(docs) == 0:
+        if not isinstance(docs, Sequence | np.ndarray) or isinstance(docs, str | bytes):
+            raise TypeError(f"docs must be a sequence of token arrays (got docs={docs!r}); or use from_cache")
+        if len(docs) == 0:
             raise ValueError(f"give at least one document (got docs={docs!r}); or use from_cache")
         self._init(docs=docs, source=None, doc_offsets=None, **spec)
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbatch.checks import check_int
+from meshbatch.checks import check_int, check_int_array
 from meshbatch.kernels import Batch, pool_frames
 
 from ..splice.diagnostics import validation_rows
@@ -63,11 +63,16 @@ def shard_indices(local_indices, *, process_index: int, process_count: int) -> n
     duplicate a pair and together cover every one. ``Pipeline`` does not need it: it splits each
     global batch by the mesh's row layout, the same for any number of processes.
     """
-    process_count = check_int("process_count", process_count, low=1)
+    process_count = check_int("process_count", process_count, low=1, high=2**31 - 1)
     process_index = check_int("process_index", process_index, low=0)
     if process_index >= process_count:
         raise ValueError(f"process_index={process_index} must be < process_count={process_count}")
-    return np.asarray(local_indices, dtype=np.int64) * process_count + process_index
+    local = check_int_array("local_indices", local_indices)
+    if local.size and (local.min() < 0 or int(local.max()) > (2**63 - 1 - process_index) // process_count):
+        raise ValueError(
+            f"local_indices must be >= 0 and keep global indices below 2^63 (got {local_indices!r})"
+        )
+    return local.astype(np.int64) * process_count + process_index
 
 
 def _frames(dataset: SpliceLMDataset, tables, rows: Rows) -> Batch:
@@ -113,7 +118,10 @@ class SpliceDataset:
         Raises:
             ValueError: for a ``doc``, ``t`` or ``s`` outside its range, naming it.
         """
-        doc, t, s = (np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (doc, t, s))
+        doc, t, s = (
+            np.atleast_1d(check_int_array(n, x)).astype(np.int64)
+            for n, x in (("doc", doc), ("t", t), ("s", s))
+        )
         lengths = self.dataset.doc_lengths
         for name, value, high in (("doc", doc, lengths.shape[0]), ("s", s, self.spec.seq_len)):
             if value.min() < 0 or value.max() >= high:

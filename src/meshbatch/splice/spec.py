@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from meshbatch.checks import (
+    INT32_MAX,
     check_bool,
     check_choice,
     check_float,
@@ -62,12 +63,12 @@ class SpliceSpec:
     segment_mode: SegmentMode = "prefix"
 
     def __post_init__(self):
-        check_int("seq_len", self.seq_len, low=1)
-        check_optional_int("content_length", self.content_length, low=2)
+        check_int("seq_len", self.seq_len, low=1, high=INT32_MAX)
+        check_optional_int("content_length", self.content_length, low=2, high=INT32_MAX)
         for name in ("content_stride", "offset_stride", "window_stride"):
-            check_int(name, getattr(self, name), low=1)
-        check_int("min_copy_len", self.min_copy_len, low=2)
-        check_int("offset_jitter", self.offset_jitter, low=0)
+            check_int(name, getattr(self, name), low=1, high=INT32_MAX)
+        check_int("min_copy_len", self.min_copy_len, low=2, high=INT32_MAX)
+        check_int("offset_jitter", self.offset_jitter, low=0, high=INT32_MAX)
         check_optional_int("epoch_length", self.epoch_length, low=1, high=MAX_ROWS)
         for name, choices in (
             ("mode", Mode),

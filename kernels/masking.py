@@ -1,0 +1,134 @@
+"""BERT-style masked-LM masking of token rows, one PRNG key per row.
+
+Each position that is not structural (``[DOC]``, ``[EOD]``, pad, or any id in ``special_ids``) is
+selected with probability ``rate``; a selected position becomes ``mask_id`` with probability
+``mask_fraction``, a random ordinary token with probability ``random_fraction``, and keeps its
+token otherwise. ``labels`` hold the original token at selected positions and ``ignore_id``
+everywhere else:
+
+    tokens  = [D, 5, 6, 7, E, P]     rate 0.5; positions 1, 3 selected; 1 -> mask, 3 -> keep
+    masked  = [D, M, 6, 7, E, P]
+    labels  = [I, 5, I, 7, I, I]     (I = ignore_id)
+
+Probabilities are compared as 24-bit integers (a draw of ``bits >> 8`` below
+``round(p * 2**24)``), so a rate of 1 selects every eligible position. A random replacement is
+uniform over ``[0, vocab_size)`` minus the special ids (a 32-bit draw times the number of ids,
+high word: off uniform by at most ``vocab_size / 2**32``). Keys come from the caller, derived from
+stream coordinates (``row_keys``) so that a row's mask never depends on which device holds it;
+the draws of a row's positions are a counter-based hash of its key (``_position_bits``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int, PRNGKeyArray, UInt32
+
+PROBABILITY_BITS = 24
+
+
+def threshold(probability: float) -> int:
+    """``probability`` as a 24-bit threshold: a draw ``u < threshold`` has that probability."""
+    return round(probability * 2**PROBABILITY_BITS)
+
+
+def row_keys(key: PRNGKeyArray, first: UInt32[Array, " n"], second: UInt32[Array, " n"] | None = None):
+    """One key per row: ``fold_in(key, first)``, then ``fold_in(., second)`` when given."""
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first)
+    if second is not None:
+        keys = jax.vmap(jax.random.fold_in)(keys, second)
+    return keys
+
+
+@partial(
+    jax.jit,
+    static_argnames=(
+        "rate",
+        "mask_id",
+        "vocab_size",
+        "special_ids",
+        "ignore_id",
+        "mask_fraction",
+        "random_fraction",
+    ),
+)
+def mlm_mask(
+    tokens: Int[Array, "rows seq"],
+    keys: PRNGKeyArray,
+    *,
+    rate: float,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: tuple[int, ...],
+    ignore_id: int,
+    mask_fraction: float = 0.8,
+    random_fraction: float = 0.1,
+) -> tuple[Int[Array, "rows seq"], Int[Array, "rows seq"]]:
+    """Masks ``tokens`` (see the module docstring).
+
+    Args:
+        tokens: ``int32[rows, seq]``.
+        keys: ``[rows]`` typed PRNG keys, one per row.
+        rate: selection probability of an eligible position (static).
+        mask_id: the mask token (static).
+        vocab_size: random replacements are drawn from ``[0, vocab_size)`` (static).
+        special_ids: never selected, never drawn (static, sorted, unique).
+        ignore_id: label of unselected positions (static).
+        mask_fraction, random_fraction: the 80/10/10 split (static).
+
+    Returns:
+        ``(masked tokens, labels)``, both ``int32[rows, seq]``.
+    """
+    seq = tokens.shape[-1]
+    candidates = vocab_size - sum(1 for s in special_ids if 0 <= s < vocab_size)
+
+    def one_row(row, key):
+        bits = _position_bits(jax.random.key_data(key), seq)  # select, action, random id
+        selected = (bits[0] >> 8) < threshold(rate)
+        u = bits[1] >> 8
+        random = _mulhi(bits[2], jnp.uint32(candidates)).astype(jnp.int32)
+        for special in special_ids:  # sorted: shift past each special id, in order
+            if 0 <= special < vocab_size:
+                random = random + (random >= special).astype(jnp.int32)
+        eligible = jnp.ones((seq,), bool)
+        for special in special_ids:
+            eligible = eligible & (row != special)
+        selected = selected & eligible
+        replaced = jnp.where(
+            u < threshold(mask_fraction),
+            jnp.int32(mask_id),
+            jnp.where(u < threshold(mask_fraction) + threshold(random_fraction), random, row),
+        )
+        return jnp.where(selected, replaced, row), jnp.where(selected, row, jnp.int32(ignore_id))
+
+    tokens = tokens.astype(jnp.int32)
+    return jax.vmap(one_row)(tokens, keys)
+
+
+def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """murmur3's 32-bit finalizer: every input bit flips each output bit with probability ~1/2."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _position_bits(key_data: UInt32[Array, " 2"], seq: int) -> UInt32[Array, "3 seq"]:
+    """Three 32-bit draws per position from a row's key: a counter-based hash (two fmix32 rounds
+    keyed by the key's two words) of the draw's (stream, position) counter. Threefry per position
+    costs seconds of compilation per program for no statistical gain at these sizes; the row key
+    itself still comes from ``fold_in``."""
+    counter = jnp.arange(3 * seq, dtype=jnp.uint32).reshape(3, seq)
+    return _fmix32(_fmix32(counter * jnp.uint32(0x9E3779B9) ^ key_data[0]) ^ key_data[1])
+
+
+def _mulhi(a: UInt32[Array, "..."], b: UInt32[Array, ""]) -> UInt32[Array, "..."]:
+    """``floor(a * b / 2**32)`` exactly, from 16-bit limbs (no 64-bit integers)."""
+    low = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & low, a >> 16, b & low, b >> 16
+    p01, p10 = a0 * b1, a1 * b0
+    middle = ((a0 * b0) >> 16) + (p01 & low) + (p10 & low)
+    return a1 * b1 + (p01 >> 16) + (p10 >> 16) + (middle >> 16)

@@ -1,0 +1,167 @@
+"""What a token cache on disk must satisfy, and the named errors when it does not.
+
+Two kinds of check live here. *Cache checks* look at what is on disk; a failure is a
+``CacheIntegrityError`` (a ``ValueError``) naming the file and the bad value::
+
+    offsets[0] disagrees       /c/input_ids/offsets: offsets[0] = 6 rows on disk, but the ledger commits 7
+    offsets not monotone       /c/input_ids/offsets not monotone: row 2 spans [9, 4)
+    offsets past the data      /c/input_ids/offsets reach token 99, but the data chunk holding token 98 ...
+
+*Argument checks* refuse what a caller passes at the host boundary (``TypeError`` for a wrong type,
+``ValueError`` for a wrong value), naming the parameter: ``starts must be integers (got dtype
+float64)``. Reading itself (``fetch.py``) raises ``CacheIntegrityError`` for a chunk that is missing or
+does not decode, and ``CacheChangedError`` when the cache was replaced under an open reader.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorstore as ts
+
+
+class CacheIntegrityError(ValueError):
+    """A token cache on disk is damaged or inconsistent: never read as valid tokens."""
+
+
+class CacheChangedError(CacheIntegrityError):
+    """A cache changed under an open reader in a way that invalidates what it loaded (replaced, shrunk)."""
+
+
+def check_row_count(on_disk: int, *, rows: int, finished: bool, where: str) -> None:
+    """Checks ``offsets[0]`` against the ledger before any other offset is read.
+
+    Args:
+        on_disk: ``offsets[0]``, the row count the offsets array records.
+        rows: rows the ledger commits.
+        finished: the ledger is finished, so the counts must be equal (a writer may have written
+            offsets for rows it has not committed yet otherwise).
+        where: the offsets array's path, for messages.
+    """
+    if on_disk < rows or (finished and on_disk != rows):
+        raise CacheIntegrityError(
+            f"{where}: offsets[0] = {on_disk} rows on disk, but the ledger commits {rows} rows"
+        )
+
+
+def check_offsets(raw: np.ndarray, *, rows: int, finished: bool, where: str) -> np.ndarray:
+    """Checks ``offsets[0 : rows + 1]`` as read from disk and returns them normalised to start at 0.
+
+    Args:
+        raw: int64 ``[rows + 1]``; ``raw[0]`` is the row count written on disk.
+        rows: rows the ledger commits.
+        finished: see ``check_row_count``.
+        where: the offsets array's path, for messages.
+
+    Returns:
+        int64 ``[rows + 1]``: row ``i`` spans tokens ``[out[i], out[i + 1])``.
+    """
+    check_row_count(int(raw[0]), rows=rows, finished=finished, where=where)
+    offsets = np.array(raw, dtype=np.int64)
+    offsets[0] = 0
+    bad = np.flatnonzero(offsets[1:] < offsets[:-1])
+    if bad.size:
+        i = int(bad[0])
+        raise CacheIntegrityError(f"{where} not monotone: row {i} spans [{offsets[i]}, {offsets[i + 1]})")
+    return offsets
+
+
+def check_dtype(found: np.dtype, expected: np.dtype | None, *, where: str) -> None:
+    """Raises when ``expected`` is given and differs from the on-disk ``found``."""
+    if expected is not None and np.dtype(found) != np.dtype(expected):
+        raise CacheIntegrityError(f"{where} has dtype {np.dtype(found)}, expected {np.dtype(expected)}")
+
+
+def check_data_end(end: int, *, data: ts.TensorStore, recorded: int | None, where: str) -> None:
+    """Checks that offsets ending at token ``end`` stay within the data that was written.
+
+    The ledger's token count (when recorded) must equal ``end``, and the data chunk holding token
+    ``end - 1`` must exist: with ``fill_missing_data_reads`` off, reading that one token fails if it
+    does not (one chunk decode, no directory listing).
+
+    Args:
+        end: the last offset (tokens in the field).
+        data: the data array, opened for reading.
+        recorded: the token count the ledger records, if any.
+        where: the offsets array's path, for messages.
+    """
+    if recorded is not None and recorded != end:
+        raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
+    if end == 0:
+        return
+    if end > data.domain.exclusive_max[0]:
+        raise CacheIntegrityError(
+            f"{where} reach token {end}, beyond the data array's shape {data.domain.shape[0]}"
+        )
+    try:
+        data[end - 1 : end].read().result()
+    except ValueError as e:
+        raise CacheIntegrityError(
+            f"{where} reach token {end}, but the data chunk holding token {end - 1} cannot be read: {e}"
+        ) from e
+
+
+# -- arguments at the host boundary -------------------------------------------------------------
+
+
+def check_path(name: str, value) -> str:
+    """A path or TensorStore URL as a ``str`` (``os.PathLike`` accepted)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a non-empty str or os.PathLike (got {name}={value!r})")
+    return value
+
+
+def check_name(name: str, value) -> str:
+    """A non-empty string (a field or shard name)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str (got {name}={value!r})")
+    if not value:
+        raise ValueError(f"{name} must not be empty (got {name}={value!r})")
+    return value
+
+
+def as_token_dtype(name: str, value) -> np.dtype:
+    """A numpy integer dtype; ``"float32"`` and ``"banana"`` are refused by name."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{name} must be an integer dtype (got {name}={value!r})")
+    try:
+        dtype = np.dtype(value)
+    except TypeError as e:
+        raise TypeError(f"{name}={value!r} is not a numpy dtype") from e
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"{name} must be an integer dtype such as int32 or uint16 (got {name}={dtype})")
+    return dtype
+
+
+def as_index_array(name: str, value) -> np.ndarray:
+    """Integers as a 1-D int64 array (a scalar becomes ``[value]``), refusing anything else by name.
+
+    Raises:
+        TypeError: strings, floats, bools, objects: anything that is not an integer array.
+        ValueError: more than one dimension, or a value outside int64.
+    """
+    if isinstance(value, np.ndarray) and value.dtype.kind == "i" and value.ndim <= 1:  # the hot path
+        return value.reshape(-1).astype(np.int64, copy=False)
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return np.array([value], dtype=np.int64)
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name} must be integers (got a {type(value).__name__}: {name}={value!r})")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, OverflowError) as e:  # ragged nesting
+        raise TypeError(f"{name} must be a 1-D array of integers ({e})") from e
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be 1-D (got shape {arr.shape})")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype == object and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.reshape(-1)):
+        big = max(arr.reshape(-1), key=abs)
+        raise ValueError(f"{name} must fit int64 (got {name} value {big})")
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must be integers (got dtype {arr.dtype})")
+    if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit int64 (got {name} value {int(arr.max())})")
+    return arr.reshape(-1).astype(np.int64, copy=False)

@@ -1,0 +1,93 @@
+"""Loading one consolidated part of a cache (the cache itself, or one shard): offsets first, checked.
+
+Every check that costs no token read runs before the bulk offsets read, so a damaged ledger or
+offsets array fails by name instead of allocating what it claims::
+
+    ledger rows = 10**12, offsets[0] = 6     -> "offsets[0] = 6 rows on disk, but the ledger commits 10**12"
+    read offsets[0] and offsets[rows] only    (one small batch: the count and where the data ends)
+    offsets[rows] != ledger field count       -> "reach token 25, but the ledger records 21 tokens"
+    then offsets[loaded + 1 : rows + 1]       (only rows not loaded yet), checked monotone
+    the data chunk holding the last token     (must exist and decode: no fill values)
+    the checksum sidecar's dtype and counts   (if meshbatch wrote the part)
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+import numpy as np
+import tensorstore as ts
+
+from .arrays import FieldArrays, open_field
+from .checks import CacheIntegrityError, check_data_end, check_offsets, check_row_count
+from .checksums import check_sidecar
+
+
+def load_part(
+    root: str,
+    field: str,
+    *,
+    rows: int,
+    finished: bool,
+    recorded: int | None,
+    context: ts.Context,
+    arrays: FieldArrays | None = None,
+    loaded: np.ndarray | None = None,
+) -> tuple[FieldArrays, np.ndarray]:
+    """Opens (or reuses) the part's arrays and loads its offsets up to ``rows``.
+
+    Args:
+        root: the part's directory.
+        field: the field read.
+        rows: rows the ledger commits for the part.
+        finished: the part is finished (its ``offsets[0]`` must equal ``rows``).
+        recorded: the ledger's token count for the part, if it records one.
+        context: TensorStore context of the opens.
+        arrays: the part's arrays, if already open.
+        loaded: int64 offsets loaded before (normalised, starting at 0); only rows after them are read.
+
+    Returns:
+        The arrays and int64 ``[rows + 1]`` offsets starting at 0.
+
+    Raises:
+        CacheIntegrityError: see the module docstring.
+    """
+    arrays = arrays or open_field(root, field, context=context)
+    loaded = np.zeros(1, dtype=np.int64) if loaded is None else loaded
+    where = posixpath.join(arrays.root, "offsets")
+    raw = _read_offsets(arrays, loaded.shape[0] - 1, rows, finished=finished, recorded=recorded, where=where)
+    offsets = check_offsets(
+        np.concatenate([raw[:1], loaded[1:], raw[1:]]), rows=rows, finished=finished, where=where
+    )
+    end = int(offsets[-1])
+    if end > loaded[-1] or finished:
+        check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+        dtype = np.dtype(arrays.data.dtype.numpy_dtype)
+        check_sidecar(arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context)
+    return arrays, offsets
+
+
+def _read_offsets(
+    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
+) -> np.ndarray:
+    """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read."""
+    if rows + 1 > arrays.offsets.domain.exclusive_max[0]:
+        raise CacheIntegrityError(f"{where}: the ledger commits {rows} rows, beyond the offsets array")
+    with ts.Batch() as batch:
+        count = arrays.offsets[0:1].read(batch=batch)
+        last = arrays.offsets[rows : rows + 1].read(batch=batch) if rows > loaded else None
+    check_row_count(int(_result(count, "offsets[0]", where)[0]), rows=rows, finished=finished, where=where)
+    if last is None:
+        return _result(count, "offsets[0]", where)
+    end = int(_result(last, f"offsets[{rows}], the end of the last row the ledger commits", where)[0])
+    if recorded is not None and end != recorded:
+        raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
+    tail = _result(arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where)
+    return np.concatenate([_result(count, "offsets[0]", where), tail])
+
+
+def _result(future: ts.Future, what: str, where: str) -> np.ndarray:
+    try:
+        return future.result()
+    except ValueError as e:  # TensorStore: a missing chunk (never filled) or one that does not decode
+        raise CacheIntegrityError(f"{where}: cannot read {what}: {e}") from e

@@ -1,0 +1,83 @@
+"""Noticing a cache that changed under an open reader, for the price of one conditional read.
+
+A ``TokenCache`` remembers the ledger it loaded and that file's stamp (``LedgerFile``). After every
+batch of reads it asks for the ledger only if the stamp moved (a ``stat`` on a local disk, a
+conditional read on an object store). A moved ledger is parsed and compared with the loaded one::
+
+    loaded {cache_id: a1, rows: 10, finished: false}, now {cache_id: a1, rows: 12}   grew: fine
+    loaded {cache_id: a1, ...},                        now {cache_id: b7, ...}        replaced
+    loaded {rows: 10, finished: true},                 now {rows: 10, finished: false} replaced
+    loaded {rows: 10},                                 now: no ledger                  being overwritten
+
+Only the first line is served; the others raise ``CacheChangedError`` naming the cache and what
+changed. Writers commit the ledger last and an overwrite removes it first, so a read whose check
+passes read the cache its reader loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .checks import CacheChangedError
+from .ledger import Ledger, LedgerFile
+
+
+def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
+    """Why ``now`` is not ``loaded`` grown by more committed rows, or None if it is."""
+    if loaded.cache_id is not None and now.cache_id != loaded.cache_id:
+        return f"it was replaced (cache_id {loaded.cache_id} -> {now.cache_id})"
+    if now.layout != loaded.layout:
+        return f"its layout changed {loaded.layout!r} -> {now.layout!r}"
+    if now.metadata != loaded.metadata:
+        return f"its preprocessor metadata changed {dict(loaded.metadata)} -> {dict(now.metadata)}"
+    if now.total_num_rows < loaded.total_num_rows:
+        return f"it shrank from {loaded.total_num_rows} to {now.total_num_rows} committed rows"
+    if loaded.is_finished and now != loaded:
+        return (
+            f"its finished ledger was rewritten ({loaded.total_num_rows} rows, {dict(loaded.field_counts)} "
+            f"-> {now.total_num_rows} rows, {dict(now.field_counts)}, is_finished={now.is_finished})"
+        )
+    if now.finished_shards[: len(loaded.finished_shards)] != loaded.finished_shards:
+        return f"its finished shards changed {list(loaded.finished_shards)} -> {list(now.finished_shards)}"
+    return None
+
+
+class LedgerWatch:
+    """The ledger a reader loaded, and the check that it is still the cache's ledger."""
+
+    def __init__(self, file: LedgerFile, loaded: Ledger, stamp: object):
+        self.file, self.loaded, self._stamp = file, loaded, stamp
+        self._lock = threading.Lock()
+
+    def update(self, loaded: Ledger, stamp: object) -> None:
+        """Records a ledger the reader has loaded since (``refresh``)."""
+        with self._lock:
+            self.loaded, self._stamp = loaded, stamp
+
+    def raise_if_replaced(self, now: Ledger) -> None:
+        reason = ledger_change(self.loaded, now)
+        if reason is not None:
+            raise CacheChangedError(f"cache {self.file.root} changed under an open reader: {reason}")
+
+    def start(self) -> Callable[[], None]:
+        """Starts the check (a ``stat``, or a conditional read); the returned function completes it."""
+        with self._lock:
+            stamp = self._stamp
+        answer = self.file.changed(stamp)
+
+        def complete() -> None:
+            changed, ledger, new_stamp = answer()
+            if not changed:
+                return
+            if ledger is None:
+                raise CacheChangedError(
+                    f"cache {self.file.root} changed under an open reader: its ledger {self.file.where} "
+                    "is gone (the cache is being overwritten or was deleted)"
+                )
+            self.raise_if_replaced(ledger)
+            with self._lock:  # it only grew: later checks compare against the newer file
+                if self._stamp == stamp:
+                    self._stamp = new_stamp
+
+        return complete

@@ -1,0 +1,155 @@
+"""BlockDataset: format detection (store, chunk*.npy, jagged cache, mixes refused) and identical
+batches from every mode, through the dataset protocol (plan -> spans -> coalesced fetch -> build)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from meshbatch import ShuffleSpec
+from meshbatch.cache import run_reads
+from meshbatch.datasets.base import Content, Rows
+from meshbatch.kernels.blocks import block_batch
+from meshbatch.preblocked import PackSpec, preblock
+from meshbatch.preblocked.dataset import BlockDataset
+
+BLOCK = 64
+IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from pydoc_data.topics import topics
+
+    root = tmp_path_factory.mktemp("dataset")
+    text = root / "docs.jsonl"
+    with open(text, "w") as f:
+        for name in sorted(topics)[:30]:
+            for para in topics[name].split("\n\n")[:12]:
+                f.write(json.dumps({"text": para}) + "\n")
+    paths = {}
+    for level in ("document", "segment"):
+        paths[level] = str(root / f"store-{level}")
+        preblock(paths[level], [str(text)], block_size=BLOCK, shuffle_level=level, key=5, progress=False)
+    paths["cache"] = os.path.join(paths["document"], "tokens")
+    paths["npy"] = str(root / "npy")
+    preblock(paths["npy"], [paths["cache"]], block_size=BLOCK, key=5, output_format="npy", progress=False)
+    return paths
+
+
+def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
+    """One step the way the pipeline runs it: plan, spans, one coalesced read per source, build."""
+    if not hasattr(dataset, "_test_jit"):  # one compilation per dataset, not per call
+        dataset._test_jit = (jax.jit(dataset.plan), jax.jit(dataset.build), dataset.init(jax.random.key(11)))
+    plan_fn, build_fn, tables = dataset._test_jit
+    n = len(positions)
+    rows = Rows(position=jnp.asarray(positions, jnp.uint32), epoch=jnp.full((n,), epoch, jnp.uint32))
+    plan, _ = plan_fn(tables, rows)
+    spans = dataset.spans(jax.tree.map(np.asarray, plan))
+    buffer = np.zeros(n * dataset.max_row_tokens + 1, np.int32)
+    offsets, at, reads = np.zeros(spans.start.shape, np.int64), 0, []
+    for s, source in enumerate(dataset.sources):
+        mine = spans.source == s
+        read = source.prepare_read(spans.start[mine], spans.length[mine], buffer, at)
+        offsets[mine], at = read.span_starts, read.end
+        reads.append(read)
+    run_reads(reads)
+    content = Content(tokens=jnp.asarray(buffer), offsets=jnp.asarray(offsets.astype(np.int32)))
+    return build_fn(tables, plan, content), np.asarray(dataset.real_tokens(tables, plan))
+
+
+def test_format_detection_picks_the_mode(data):
+    store, npy = BlockDataset(data["document"]), BlockDataset(data["npy"])
+    legacy = BlockDataset(data["cache"], pack=PackSpec(BLOCK), pack_key=5, **IDS)
+    assert (store.format, npy.format, legacy.format) == ("store", "npy", "levanter")
+    assert not store.legacy and not npy.legacy and legacy.legacy
+    assert store.spans_per_row == 1 and legacy.spans_per_row > 1
+    assert store.num_examples == npy.num_examples == legacy.num_examples
+    assert store.ids == IDS  # read from the header
+    with pytest.raises(ValueError, match="mixed formats"):
+        BlockDataset([data["document"], data["cache"]])
+    with pytest.raises(ValueError, match="mixed formats"):
+        BlockDataset([data["npy"], data["document"]])
+    with pytest.raises(ValueError, match="needs pack"):
+        BlockDataset(data["cache"], **IDS)
+    with pytest.raises(ValueError, match="legacy mode needs"):
+        BlockDataset(data["cache"], pack=PackSpec(BLOCK))
+    with pytest.raises(ValueError, match="packed already"):
+        BlockDataset(data["document"], pack=PackSpec(BLOCK))
+    two = BlockDataset([data["document"], data["segment"]])  # same format: concatenated
+    assert two.num_examples == store.num_examples + BlockDataset(data["segment"]).num_examples
+
+
+@pytest.mark.parametrize("level", ["document", "segment"])
+def test_every_mode_gives_identical_batches(data, level):
+    shuffle = ShuffleSpec(
+        "none"
+    )  # shuffles are ShuffleSpec's (tested with it); rows come in random order here
+    modes = {
+        "store": BlockDataset(data[level], shuffle=shuffle),
+        "legacy": BlockDataset(
+            data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), pack_key=5, **IDS
+        ),
+    }
+    if level == "document":
+        modes["npy"] = BlockDataset(data["npy"], shuffle=shuffle)
+    n = modes["store"].num_examples
+    order = np.random.default_rng(0).permutation(n)
+    for first in range(0, n, 256):
+        positions = order[np.arange(first, first + 256) % n]
+        built = {name: fetch_and_build(ds, positions) for name, ds in modes.items()}
+        want, want_real = built.pop("store")
+        for name, (batch, real) in built.items():
+            for leaf in ("tokens", "loss_mask", "segment_ids"):
+                np.testing.assert_array_equal(getattr(batch, leaf), getattr(want, leaf), err_msg=name)
+            np.testing.assert_array_equal(real, want_real)
+        np.testing.assert_array_equal(want_real, np.count_nonzero(np.asarray(want.tokens) != 259, axis=1))
+
+
+def test_two_sources_read_in_one_step(data):
+    one = BlockDataset(data["document"], shuffle=ShuffleSpec("none"))
+    two = BlockDataset([data["document"], data["segment"]], shuffle=ShuffleSpec("none"))
+    n = one.num_examples
+    positions = np.arange(n - 40, n + 40)  # straddles the two sources
+    batch, _ = fetch_and_build(two, positions)
+    want = np.concatenate(
+        [
+            one.sources[0].read_blocks(np.arange(n - 40, n)),
+            two.sources[1].read_blocks(np.arange(40)),
+        ]
+    )
+    np.testing.assert_array_equal(np.asarray(batch.tokens), want)
+
+
+def test_legacy_mode_over_two_caches_equals_two_stores(data):
+    shuffle = ShuffleSpec("none")
+    stores = BlockDataset([data["document"], data["document"]], shuffle=shuffle)
+    legacy = BlockDataset(
+        [data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), pack_key=5, **IDS
+    )
+    n = stores.num_examples
+    assert legacy.num_examples == n
+    positions = np.random.default_rng(1).integers(0, n, 256)
+    (want, _), (got, _) = fetch_and_build(stores, positions), fetch_and_build(legacy, positions)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+
+
+def test_build_kernel_golden_and_properties(data):
+    # kernels/blocks.py's docstring trace: c E D a b E P P
+    D, E, P = 257, 258, 259
+    golden = block_batch(jnp.array([[5, E, D, 1, 2, E, P, P]], jnp.int32), doc_id=D, eod_id=E, pad_id=P)
+    assert np.asarray(golden.segment_ids).tolist() == [[0, 0, 1, 1, 1, 1, -1, -1]]
+    assert np.asarray(golden.loss_mask).tolist() == [[1, 0, 1, 1, 1, 0, 0, 0]]
+    batch, _ = fetch_and_build(BlockDataset(data["segment"], shuffle=ShuffleSpec("none")), np.arange(256))
+    tokens, loss, segment = (np.asarray(x) for x in (batch.tokens, batch.loss_mask, batch.segment_ids))
+    assert np.all((segment == -1) == (tokens == P))  # padding is its own segment
+    assert not np.any(loss[tokens == P]) and not np.any(loss[tokens == E])
+    assert not np.any(loss[:, :-1] & (segment[:, :-1] != segment[:, 1:]))  # never across documents
+    assert not np.any(loss[:, -1])
+    starts_segment = np.diff(segment, axis=1) > 0
+    assert np.all(tokens[:, 1:][starts_segment] == D)  # a new segment begins at each [DOC]

@@ -1,0 +1,119 @@
+"""Quick start: the pipeline trains on a cache while a writer is still committing it.
+
+A writer thread commits documents in small batches; the pipeline, opened on the unfinished cache,
+serves batches as soon as their rows are committed. Every batch holds only rows committed before
+it was delivered, the first batch arrives before the writer finishes, and the stream equals the
+finished cache's with the same key (cache order and the era shuffle: the orders defined before
+the final length is known). Orders that need the final length are refused.
+"""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
+from meshbatch.cache import CacheWriter, TokenCache
+
+SEQ, BATCH, ERA = 16, 8, 32
+DOCS = [np.random.default_rng(i).integers(2, 5000, 40 + i % 23).astype(np.int32) for i in range(160)]
+TOKENS = sum(d.size for d in DOCS)
+STEPS = TOKENS // SEQ // BATCH + 4  # past the end of epoch 0, into epoch 1
+
+
+class SlowWriter(threading.Thread):
+    """Commits DOCS five at a time; ``commits`` holds ``(time the commit began, tokens after it)``.
+
+    After its first commits it waits (up to a minute) for ``first_batch``: a pipeline that needed
+    the finished cache would only get its first batch after that minute, and after the writer
+    finished.
+    """
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.path, self.commits, self.error = path, [], None
+        self.opened, self.first_batch, self.finished_at = threading.Event(), threading.Event(), None
+
+    def run(self):
+        try:
+            with CacheWriter(self.path, flush_tokens=1 << 30) as writer:
+                self.opened.set()
+                written = 0
+                for i in range(0, len(DOCS), 5):
+                    written += sum(d.size for d in DOCS[i : i + 5])
+                    self.commits.append((time.monotonic(), written))
+                    writer.write(DOCS[i : i + 5])
+                    writer.flush()
+                    if i == 25:
+                        self.first_batch.wait(60)
+                    time.sleep(0.01)
+                self.commits.append((time.monotonic(), written))
+            self.finished_at = time.monotonic()
+        except BaseException as error:
+            self.error = error
+            self.opened.set()
+
+
+def mesh_of(devices: int):
+    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+
+
+def pipeline_over(cache, spec) -> Pipeline:
+    return Pipeline(CausalLMDataset(cache, SEQ, shuffle=spec), mesh=mesh_of(2), batch_size=BATCH, key=5)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ShuffleSpec("none"),
+        ShuffleSpec("era", era_length=ERA),
+        ShuffleSpec("era", era_length=ERA, compat="levanter"),
+    ],
+    ids=["none", "era", "era-levanter"],
+)
+def test_training_starts_before_the_cache_is_finished(tmp_path, spec):
+    path = str(tmp_path / "cache")
+    writer = SlowWriter(path)
+    writer.start()
+    assert writer.opened.wait(30) and writer.error is None
+    growing = TokenCache.open(path, require_finished=False)
+    assert not growing.is_finished
+    pipeline = pipeline_over(growing, spec)
+    delivered, batches = [], []
+    with pipeline.iterate_from(0) as stream:
+        for _ in range(STEPS):
+            batches.append(np.asarray(next(stream).tokens))
+            delivered.append(time.monotonic())
+            writer.first_batch.set()
+    writer.join(60)
+    assert writer.error is None and writer.finished_at is not None
+    assert delivered[0] < writer.finished_at, "the first batch waited for the whole cache"
+
+    finished = pipeline_over(TokenCache.open(path), spec)
+    examples = np.arange(STEPS * BATCH).reshape(STEPS, BATCH)
+    shuffle = finished.dataset.init(jax.random.key(5))
+    for step, got in enumerate(batches):
+        np.testing.assert_array_equal(got, np.asarray(finished.batch(step).tokens), err_msg=f"{step=}")
+        rows = examples[step]
+        if rows.max() >= finished.dataset.num_examples:
+            continue  # epoch 1: served after the writer finished
+        order = rows if shuffle is None else np.asarray(shuffle(rows.astype(np.uint32)))
+        needed = (int(order.max()) + 1) * SEQ
+        visible = max((tokens for began, tokens in writer.commits if began <= delivered[step]), default=0)
+        assert needed <= visible, f"step {step} read token {needed} before any commit of it began"
+
+
+def test_orders_that_need_the_final_length_are_refused(tmp_path):
+    path = str(tmp_path / "cache")
+    with CacheWriter(path) as writer:
+        writer.write(DOCS[:10])
+        writer.flush()
+        growing = TokenCache.open(path, require_finished=False)
+        for strategy in ("full", "block"):
+            with pytest.raises(ValueError, match=f"shuffle strategy='{strategy}' needs the final length"):
+                CausalLMDataset(growing, SEQ, shuffle=ShuffleSpec(strategy))
+        dataset = CausalLMDataset(growing, SEQ, shuffle=ShuffleSpec("none"))
+        assert not dataset.length_is_final and not dataset.wait_for(4)
+    assert dataset.wait_for(10**6) and dataset.num_examples == sum(d.size for d in DOCS[:10]) // SEQ
