@@ -9,8 +9,16 @@ from .blocks import assemble_rows as assemble_rows
 from .blocks import block_batch as block_batch
 from .causal import causal_lm_batch as causal_lm_batch
 from .causal import gather_windows as gather_windows
+from .interleave import Counts as Counts
+from .interleave import Selection as Selection
+from .interleave import named_salts as named_salts
+from .interleave import select_scan as select_scan
+from .interleave import source_salts as source_salts
+from .interleave import tie_hash as tie_hash
 from .masking import mlm_mask as mlm_mask
 from .masking import row_keys as row_keys
+from .mixture import MixtureSchedule as MixtureSchedule
+from .mixture import mixture_locate as mixture_locate
 from .packing import MARKERS as MARKERS
 from .packing import PACKING_RULES as PACKING_RULES
 from .packing import PackingRule as PackingRule

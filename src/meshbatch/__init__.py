@@ -44,6 +44,9 @@ _EXPORTS = {
     "TokenCache": "meshbatch.cache",
     "build_cache": "meshbatch.cache",
     "validate_cache": "meshbatch.cache",
+    "Mixture": "meshbatch.mixtures",
+    "TokenBalancedMixture": "meshbatch.mixtures",
+    "mixture_schedule": "meshbatch.mixtures",
     "preblock": "meshbatch.preblocked",
     "PackSpec": "meshbatch.preblocked",
     "BlockDataset": "meshbatch.preblocked",
@@ -73,6 +76,9 @@ if TYPE_CHECKING:
     from .kernels import BlockShuffle as BlockShuffle
     from .kernels import EraShuffle as EraShuffle
     from .kernels import Permutation as Permutation
+    from .mixtures import Mixture as Mixture
+    from .mixtures import TokenBalancedMixture as TokenBalancedMixture
+    from .mixtures import mixture_schedule as mixture_schedule
     from .pipeline import Pipeline as Pipeline
     from .preblocked import BlockDataset as BlockDataset
     from .preblocked import MLMMasking as MLMMasking

@@ -27,6 +27,7 @@ by every process, in step order, so the state is the same everywhere.
 from __future__ import annotations
 
 import abc
+from collections.abc import Hashable
 from typing import Any, NamedTuple, Protocol
 
 import equinox as eqx
@@ -188,6 +189,12 @@ class Dataset(abc.ABC):
     def build(self, tables: Tables, plan: Plan, content: Content | None) -> Batch:
         """Batch rows from their plan and fetched content (``None`` without sources); jitted,
         per device shard, so it sees only that shard's rows."""
+
+    def build_signature(self) -> Hashable | None:
+        """Equal (non-``None``) signatures promise equal ``build`` output for the same plan and
+        content whatever the tables, so a mixture builds such children in one call. ``None``
+        (the default): never shared."""
+        return None
 
     def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:
         """``int32[n]``: the non-padding tokens each planned row trains on (what a token-balanced

@@ -145,6 +145,10 @@ class CausalLMDataset(Dataset):
         windows = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
         return causal_lm_batch(windows, eos_id=self.eos_id, ignore_id=self.ignore_id)
 
+    def build_signature(self):
+        """Windows of any cache build alike: ``build`` reads only the content and these fields."""
+        return ("CausalLMDataset", self.seq_len, self.eos_id, self.ignore_id)
+
     def __repr__(self) -> str:
         return (
             f"CausalLMDataset(examples={self.num_examples}, seq_len={self.seq_len}, "

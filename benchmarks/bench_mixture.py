@@ -1,0 +1,295 @@
+"""Mixtures: least-consumed selection rows/s, and mixed-pipeline tokens/s against Levanter.
+
+Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real-token counts
+(1 .. 4096). The least-consumed rule picks ``rows`` rows:
+
+* meshbatch: ``meshbatch.kernels.select_scan`` (one jitted ``lax.scan`` over the rows, 64-bit
+  counts carried as two uint32 words), called on the ``[sources, rows]`` token table, blocked
+  until ready;
+* baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write
+  it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
+  count read from a list), drawing the same number of rows.
+
+Both run in this process, rotating for ``rounds`` rounds of ``repeats`` timed runs after a
+warm-up (harness ``rotating_times``); the table gives each one's median and the ratio. The
+meshbatch selection is checked equal to a heap that uses its own tie-break hash first.
+
+Pipeline. Three token caches written by Levanter's ``SerialCacheWriter`` (Zipf token ids as in
+``bench_pipeline.py``, 4 : 2 : 1 in size), mixed 0.5 / 0.3 / 0.2 in blocks of 2048 rows:
+
+* Levanter: ``DataLoader`` over ``MixtureDataset`` of ``TokenSeqDataset`` windows of each cache
+  (raw tokens), and over ``MixtureDataset`` of ``CausalLmDataset`` (``LmExample``s);
+* meshbatch: ``Pipeline(Mixture({...: CausalLMDataset(cache, seq_len, shuffle=none)}))`` with
+  ``compat="levanter"`` (its mixture key mapped to Levanter's; batches checked equal to
+  Levanter's), the default mixture, and ``TokenBalancedMixture`` over the same children.
+
+Each loader is warmed up (compiles, page cache), then a fresh iterator is timed for ``--steps``
+batches, each ``block_until_ready``: tokens/s = steps * batch * seq_len / time; 1 and 8 virtual
+CPU devices.
+
+    python benchmarks/bench_mixture.py [--quick] [--part selection|pipeline|all]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import heapq
+import random
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from harness import banner, rotating_times, write_json
+
+from meshbatch.kernels import Counts, select_scan, source_salts
+
+MAX_ROW = 4096
+
+
+def heap_generator(token_lists, token_counts, seed):
+    """The seed's least-consumed generator: the least-consumed source's next row, forever."""
+    rng = random.Random(seed)
+    heap = [(count, rng.random(), s) for s, count in enumerate(token_counts)]
+    heapq.heapify(heap)
+    positions = [0] * len(token_lists)
+    while True:
+        count, _, s = heapq.heappop(heap)
+        tokens = token_lists[s][positions[s]]
+        positions[s] += 1
+        yield s, tokens
+        heapq.heappush(heap, (count + tokens, rng.random(), s))
+
+
+def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
+    """The kernel's picks equal a heap keyed on (count, its tie hash)."""
+    from meshbatch.kernels import tie_hash
+
+    sources, rows = table.shape
+    out = select_scan(
+        Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32)), jnp.asarray(table), salts
+    )
+    hashes = np.asarray(salts)
+
+    def h(s, count):
+        return int(tie_hash(jnp.uint32(hashes[s]), jnp.uint32(count & 0xFFFFFFFF)))
+
+    heap = [(0, h(s, 0), s) for s in range(sources)]
+    heapq.heapify(heap)
+    taken, picks = [0] * sources, []
+    for _ in range(min(rows, 256)):
+        count, _, s = heapq.heappop(heap)
+        picks.append(s)
+        count += int(table[s, taken[s]])
+        taken[s] += 1
+        heapq.heappush(heap, (count, h(s, count), s))
+    assert np.asarray(out.source)[: len(picks)].tolist() == picks
+
+
+def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Wall times of the jitted scan and of the heap generator selecting ``rows`` rows."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
+    salts = source_salts(jnp.uint32(0), sources)
+    check_equal_to_heap(table, salts)
+    device_table = jnp.asarray(table)
+    zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
+    lists = table.tolist()
+
+    def scan():
+        jax.block_until_ready(select_scan(zero, device_table, salts))
+
+    def heap():
+        generator = heap_generator(lists, [0] * sources, seed=0)
+        for _ in range(rows):
+            next(generator)
+
+    return rotating_times({"scan": scan, "heap": heap}, rounds=rounds, repeats=repeats)
+
+
+def bench_selection(configs, *, rounds: int, repeats: int) -> list[dict]:
+    results = []
+    for rows, sources in configs:
+        times = time_selection(rows, sources, rounds=rounds, repeats=repeats)
+        scan_s, heap_s = statistics.median(times["scan"]), statistics.median(times["heap"])
+        row = {
+            "rows": rows,
+            "sources": sources,
+            "scan_rows_per_s": rows / scan_s,
+            "heap_rows_per_s": rows / heap_s,
+            "ratio": heap_s / scan_s,
+        }
+        print(
+            f"| {rows} | {sources} | {row['heap_rows_per_s'] / 1e6:.2f} M/s | "
+            f"{row['scan_rows_per_s'] / 1e6:.2f} M/s | **{row['ratio']:.1f}x** |"
+        )
+        results.append(row)
+    return results
+
+
+WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
+SIZES = {"web": 4, "code": 2, "math": 1}
+
+
+def write_caches(root: str, tokens: int) -> dict[str, str]:
+    """Three Levanter caches of ``tokens * SIZES[name] / 7`` Zipf tokens each."""
+    from bench_pipeline import write_cache
+
+    paths = {}
+    for name, share in SIZES.items():
+        paths[name] = os.path.join(root, name)
+        write_cache(paths[name], tokens * share // sum(SIZES.values()) + 8 * 4096)
+    return paths
+
+
+def sustained(make_iterator, steps: int, warmup: int) -> float:
+    """Seconds for ``steps`` batches from a fresh iterator (after a separate warm-up one, from
+    step 0; ``make_iterator(start)`` gives the stream from step ``start``: a stateful pipeline
+    cannot restart at 0 once it has moved on)."""
+    warm = make_iterator(0)
+    for _ in range(warmup):
+        jax.block_until_ready(next(warm))
+    if hasattr(warm, "close"):
+        warm.close()
+    stream = make_iterator(warmup)
+    start = time.perf_counter()
+    for _ in range(steps):
+        jax.block_until_ready(next(stream))
+    seconds = time.perf_counter() - start
+    if hasattr(stream, "close"):
+        stream.close()
+    return seconds
+
+
+def levanter_mixture(paths, seq_len, batch, mesh, key, *, lm_examples: bool, block_size: int):
+    import haliax as hax
+    from levanter.data.loader import DataLoader
+    from levanter.data.mixture import MixtureDataset
+    from levanter.data.text import CausalLmDataset, TokenSeqDataset
+    from levanter.store.cache import TreeCache
+
+    exemplar = {"input_ids": np.zeros(0, np.int32)}
+    children = {}
+    for name, path in paths.items():
+        child = TokenSeqDataset(TreeCache.load(path, exemplar), seq_len)
+        if lm_examples:
+            child = CausalLmDataset(child, hax.Axis("position", seq_len))
+        children[name] = child
+    mixture = MixtureDataset(children, WEIGHTS, block_size, key=key)
+
+    def make(start=0):
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": "data"}):
+            loader = DataLoader(mixture, batch, mesh=mesh, axis_resources={"batch": "data"})
+            return iter(loader.iter_from_step(start)) if start else iter(loader)
+
+    return make
+
+
+def meshbatch_pipelines(paths, seq_len, batch, mesh, key, *, block_size: int) -> dict:
+    from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
+    from meshbatch.cache import TokenCache
+
+    class LevanterKeyed(Mixture):
+        """The mixture key is the pipeline's key, as Levanter's MixtureDataset takes it."""
+
+        def derive_keys(self, key):
+            return key, dict.fromkeys(self.names, key)
+
+    def children():
+        return {
+            name: CausalLMDataset(TokenCache.open(path), seq_len, shuffle=ShuffleSpec("none"))
+            for name, path in paths.items()
+        }
+
+    datasets = {
+        "meshbatch Mixture, compat=levanter": LevanterKeyed(
+            children(), WEIGHTS, block_size=block_size, compat="levanter"
+        ),
+        "meshbatch Mixture, default": Mixture(children(), WEIGHTS, block_size=block_size),
+        "meshbatch TokenBalancedMixture": TokenBalancedMixture(children()),
+    }
+    return {label: Pipeline(d, mesh=mesh, batch_size=batch, key=key) for label, d in datasets.items()}
+
+
+def bench_pipeline(args) -> list[dict]:
+    steps, warmup = (20, 3) if args.quick else (100, 5)
+    seq_len, batch, block_size = args.seq_len, args.batch, 2048
+    tokens = (steps + warmup + 4) * batch * seq_len * 2
+    key = jax.random.PRNGKey(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_caches(tmp, tokens)
+        print(f"\n## pipeline: 3 caches, {tokens / 1e6:.0f}M tokens, seq_len={seq_len}, batch={batch}\n")
+        print("| devices | loader | tokens/s | vs Levanter (tokens) | vs Levanter (LmExample) |")
+        print("|---:|---|---:|---:|---:|")
+        per_run = steps * batch * seq_len
+        for devices in (1, 8):
+            mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+            results = {}
+            for label, lm in (
+                ("Levanter MixtureDataset (tokens)", False),
+                ("Levanter MixtureDataset -> LmExample", True),
+            ):
+                make = levanter_mixture(
+                    paths, seq_len, batch, mesh, key, lm_examples=lm, block_size=block_size
+                )
+                results[label] = sustained(make, steps, warmup)
+            check = levanter_mixture(
+                paths, seq_len, batch, mesh, key, lm_examples=False, block_size=block_size
+            )()
+            expected = [np.asarray(next(check)) for _ in range(3)]
+            for label, pipeline in meshbatch_pipelines(
+                paths, seq_len, batch, mesh, key, block_size=block_size
+            ).items():
+                if "levanter" in label:
+                    for step, want in enumerate(expected):
+                        np.testing.assert_array_equal(np.asarray(pipeline.batch(step).tokens), want)
+                results[label] = sustained(lambda start, p=pipeline: p.iterate_from(start), steps, warmup)
+            base, lm_base = (
+                results["Levanter MixtureDataset (tokens)"],
+                results["Levanter MixtureDataset -> LmExample"],
+            )
+            for label, seconds in results.items():
+                ratios = f"{base / seconds:.1f}x | {lm_base / seconds:.1f}x"
+                print(f"| {devices} | {label} | {per_run / seconds:.3e} | {ratios} |")
+                rows.append(
+                    {
+                        "devices": devices,
+                        "loader": label,
+                        "seconds": seconds,
+                        "tokens_per_s": per_run / seconds,
+                    }
+                )
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, configurations and steps")
+    parser.add_argument("--part", choices=("selection", "pipeline", "all"), default="all")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    env = banner("bench_mixture")
+    out = {"env": env, "args": vars(args)}
+    if args.part in ("selection", "all"):
+        configs = [(4096, 16)] if args.quick else [(4096, 16), (4096, 4), (4096, 64), (16384, 16)]
+        rounds, repeats = (2, 3) if args.quick else (5, 5)
+        print("\n## selection: least-consumed rule, rows/s (median)\n")
+        print(
+            "| rows | sources | heap generator (Python) | jitted scan | ratio |\n|---:|---:|---:|---:|---:|"
+        )
+        out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats)
+    if args.part in ("pipeline", "all"):
+        out["pipeline"] = bench_pipeline(args)
+    write_json(__file__, out)
+
+
+if __name__ == "__main__":
+    main()
