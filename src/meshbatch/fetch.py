@@ -53,24 +53,39 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.nd
         and int32 ``[rows_per_device, spans_per_row]``.
     """
     check_spans(dataset, spans, layout.rows.shape[0])
-    margin = dataset.content_margin
-    size = 2 * margin + layout.rows_per_device * dataset.max_row_tokens
-    reads, buffers, offsets = [], [], []
-    for index in layout.groups:
-        source, start, length = (array[index] for array in spans)
-        buffer = np.empty(size, np.int32)
-        where = np.zeros(start.shape, np.int64)
-        at = margin
-        for s, token_source in enumerate(dataset.sources):
-            mask = (source == s) & (length > 0)
-            if mask.any():
-                read = token_source.prepare_read(start[mask], length[mask], buffer, at)
-                where[mask] = read.span_starts
-                at = read.end
-                reads.append(read)
-        buffer[:margin] = 0
-        buffer[at:] = 0
-        buffers.append(buffer)
-        offsets.append(where.astype(np.int32))
+    groups = [
+        _prepare_group(dataset, Spans(*(a[index] for a in spans)), layout.rows_per_device)
+        for index in layout.groups
+    ]
+    run_reads([read for reads, _, _ in groups for read in reads])
+    return [buffer for _, buffer, _ in groups], [offsets for _, _, offsets in groups]
+
+
+def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
+    """Reads ``spans`` of every planned row as one group (one host, one device): ``(tokens,
+    offsets)`` as ``fetch`` gives a device group, for a caller that builds rows by index."""
+    rows = spans.source.shape[0]
+    check_spans(dataset, spans, rows)
+    reads, buffer, offsets = _prepare_group(dataset, spans, rows)
     run_reads(reads)
-    return buffers, offsets
+    return buffer, offsets
+
+
+def _prepare_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[list, np.ndarray, np.ndarray]:
+    """The reads of one group's spans into one flat buffer: each source coalesced, placed after
+    the previous one, with ``content_margin`` zeros either side."""
+    margin = dataset.content_margin
+    buffer = np.empty(2 * margin + rows * dataset.max_row_tokens, np.int32)
+    source, start, length = spans
+    where = np.zeros(start.shape, np.int64)
+    reads, at = [], margin
+    for s, token_source in enumerate(dataset.sources):
+        mask = (source == s) & (length > 0)
+        if mask.any():
+            read = token_source.prepare_read(start[mask], length[mask], buffer, at)
+            where[mask] = read.span_starts
+            at = read.end
+            reads.append(read)
+    buffer[:margin] = 0
+    buffer[at:] = 0
+    return reads, buffer, where.astype(np.int32)

@@ -12,11 +12,14 @@ cannot silently switch tokenizers.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from .checks import check_path
 
 
 class Tokenizer(Protocol):
@@ -60,6 +63,66 @@ class ByteTokenizer:
 
     def metadata(self) -> dict[str, Any]:
         return {"tokenizer": "byte", "add_eos": self.add_eos}
+
+    def save_pretrained(self, directory: str) -> str:
+        """Writes this tokenizer as a Hugging Face tokenizer directory; returns ``directory``.
+
+        ``tokenizer.json`` (ids 0-255 the UTF-8 bytes, through GPT-2's byte-to-unicode alphabet and
+        a byte-level BPE with no merges; ``<eos>`` = 256, appended by the post-processor when
+        ``add_eos``), ``tokenizer_config.json`` and ``special_tokens_map.json``: what
+        ``transformers.AutoTokenizer.from_pretrained(directory)`` (Levanter's ``tokenizer:``) and
+        ``HFTokenizer(directory + "/tokenizer.json")`` load, offline, to the same ids as this one.
+
+        Raises:
+            ImportError: the ``tokenizers`` package is not installed.
+        """
+        try:
+            from tokenizers import Tokenizer as _HFTokenizer
+            from tokenizers import decoders, models, pre_tokenizers, processors
+        except ImportError as e:
+            raise ImportError("save_pretrained needs `tokenizers`: pip install 'meshbatch[text]'") from e
+        directory = check_path("directory", directory)
+        alphabet = _gpt2_byte_alphabet()
+        vocab = {alphabet[b]: b for b in range(256)} | {"<eos>": self.eos_id}
+        tokenizer = _HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens(["<eos>"])
+        if self.add_eos:
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single="$A <eos>", pair="$A <eos> $B <eos>", special_tokens=[("<eos>", self.eos_id)]
+            )
+        os.makedirs(directory, exist_ok=True)
+        tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": "<eos>",
+            "model_max_length": 1 << 30,
+            "clean_up_tokenization_spaces": False,
+        }
+        for name, content in (
+            ("tokenizer_config.json", config),
+            ("special_tokens_map.json", {"eos_token": "<eos>"}),
+        ):
+            with open(os.path.join(directory, name), "w") as f:
+                json.dump(content, f, indent=1)
+        return directory
+
+
+def _gpt2_byte_alphabet() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (what byte-level BPE vocabularies use)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = dict(zip(printable, printable, strict=True))
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {b: chr(c) for b, c in chars.items()}
 
 
 class HFTokenizer:

@@ -1,0 +1,25 @@
+"""Writes the examples' inputs: the demo's corpus (CPython's pydoc topics) as JSONL, one
+validation document in ten, and a byte-level Hugging Face tokenizer directory. Offline."""
+
+import json
+import pathlib
+import sys
+
+from meshbatch.cache import ByteTokenizer
+
+
+def prepare(root: pathlib.Path) -> None:
+    from pydoc_data.topics import topics
+
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    names = sorted(topics)
+    for split, keep in (("train", lambda i: i % 10), ("validation", lambda i: not i % 10)):
+        with open(root / "data" / f"{split}.jsonl", "w") as f:
+            for i, name in enumerate(names):
+                if keep(i):
+                    f.write(json.dumps({"id": name, "text": topics[name]}) + "\n")
+    ByteTokenizer().save_pretrained(str(root / "byte_tokenizer"))
+
+
+if __name__ == "__main__":
+    prepare(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent))

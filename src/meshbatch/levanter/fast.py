@@ -1,0 +1,103 @@
+"""The fast path: Levanter's training loop fed global batches straight from ``meshbatch.Pipeline``.
+
+Levanter's ``DataLoader`` asks a dataset for per-example ``LmExample``s, stacks them on the host
+and places them on the mesh. ``PipelineLoader`` has the ``DataLoader``'s interface
+(``iter_from_step``, ``__iter__``) and yields batched ``LmExample``s whose arrays are the
+``Pipeline``'s globally sharded ones: plan, coalesced reads and build per shard on the devices,
+no per-example objects, no host stacking. A ``MeshbatchDataset``'s row ``g`` is the pipeline's
+stream position ``g``, so the batches equal the ``DataLoader``'s bit for bit (tested).
+
+``fast_path()`` makes ``Trainer.data_loader`` return one for a ``MeshbatchDataset`` (the entry
+point ``meshbatch.levanter.train_lm`` runs inside it); any other dataset gets Levanter's loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import haliax as hax
+from levanter.layers.attention import AttentionMask
+from levanter.models.lm_model import LmExample
+from levanter.trainer import Trainer
+
+from meshbatch.kernels import Batch
+
+from ..pipeline import Pipeline
+from .datasets import MeshbatchDataset
+
+
+def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExample:
+    """A global ``Batch`` as one batched ``LmExample`` (what ``DataLoader`` stacks from examples)."""
+    axes = (Batch_, Pos)
+    return LmExample(
+        tokens=hax.named(batch.tokens, axes),
+        loss_mask=hax.named(batch.loss_mask, axes),
+        attn_mask=AttentionMask.causal().with_segment_ids(hax.named(batch.segment_ids, axes)),
+    )
+
+
+class PipelineLoader:
+    """``DataLoader``'s interface over a ``Pipeline`` of a ``MeshbatchDataset``'s dataset and key.
+
+    Args:
+        dataset: the ``MeshbatchDataset`` (its dataset, key, epochs and ``Pos``).
+        mesh: the trainer's device mesh.
+        axis_mapping: haliax's compute axis mapping; ``batch_axis`` names the mesh axes the batch
+            is sharded over.
+        batch_size: Levanter's ``train_batch_size`` (an int or its schedule).
+        batch_axis: the batch axis name.
+    """
+
+    def __init__(
+        self, dataset: MeshbatchDataset, *, mesh, axis_mapping, batch_size, batch_axis: str = "batch"
+    ):
+        data_axes = axis_mapping.get(batch_axis)
+        if data_axes is None:
+            raise ValueError(f"axis_mapping has no mesh axes for batch_axis={batch_axis!r}: {axis_mapping}")
+        self.dataset, self.batch_axis = dataset, batch_axis
+        self.pipeline = Pipeline(
+            dataset.dataset,
+            mesh=mesh,
+            batch_size=batch_size,
+            key=dataset.key,
+            data_axes=data_axes,
+            max_epochs=dataset.epochs,
+        )
+
+    def iter_from_step(self, step: int | None) -> Iterator[LmExample]:
+        """Batches from ``step`` on (O(1) resume: the pipeline is stateless for these datasets);
+        ``step`` may be the trainer state's step, a scalar array."""
+        for batch in self.pipeline.iterate_from(0 if step is None else int(step)):
+            Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
+            yield batched_lm_example(batch, Batch_, self.dataset.Pos)
+
+    def __iter__(self) -> Iterator[LmExample]:
+        return self.iter_from_step(0)
+
+
+@contextlib.contextmanager
+def fast_path():
+    """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
+    default) is a ``PipelineLoader``."""
+    original = Trainer.data_loader
+
+    def data_loader(self, dataset, batch=None):
+        if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):
+            return original(self, dataset, batch)
+        return PipelineLoader(
+            dataset,
+            mesh=self.device_mesh,
+            axis_mapping=self.compute_axis_mapping,
+            batch_size=batch.size if batch is not None else self.config.train_batch_size,
+            batch_axis=batch.name if batch is not None else self.config.batch_axis,
+        )
+
+    Trainer.data_loader = data_loader
+    try:
+        yield
+    finally:
+        Trainer.data_loader = original
+
+
+__all__ = ["PipelineLoader", "batched_lm_example", "fast_path"]

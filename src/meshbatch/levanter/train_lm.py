@@ -1,0 +1,42 @@
+"""Levanter's ``train_lm`` with meshbatch's data configs accepted under ``data:``.
+
+    python -m meshbatch.levanter.train_lm --config_path cfg.yaml [--trainer.num_train_steps 100 ...]
+
+Everything but ``data:`` is Levanter's own (model, optimizer, trainer, checkpointing, tracker):
+``TrainLmConfig`` here is Levanter's with ``data`` widened to meshbatch's configs first, then
+Levanter's single-dataset and mixture configs, so an unchanged Levanter YAML still runs.
+Levanter 1.2.dev1644's ``TrainLmConfig.data`` is a closed ``Union`` (not a draccus registry), so
+there is nothing to register into: this subclass is the way in. (No ``from __future__ import
+annotations`` here: ``levanter.config.main`` reads ``main``'s annotation as a class.)
+"""
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import levanter.config
+from levanter.data.text import LMMixtureDatasetConfig, SingleDatasetLMConfig
+from levanter.main import train_lm as _train_lm
+
+from .config import MeshbatchLMConfig, SpliceMultiDocumentLMConfig
+from .fast import fast_path
+
+
+@dataclass
+class TrainLmConfig(_train_lm.TrainLmConfig):
+    """Levanter's ``TrainLmConfig``; ``data`` also takes ``type: splice_multi_document``,
+    ``splice_single_document`` or ``causal_lm``."""
+
+    data: Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig] = field(  # noqa: UP007
+        default_factory=SpliceMultiDocumentLMConfig
+    )
+
+
+def main(config: TrainLmConfig) -> None:
+    """Runs Levanter's ``train_lm.main`` on ``config``, meshbatch datasets on the fast path
+    (``data.fast_path: false`` keeps Levanter's ``DataLoader``)."""
+    with fast_path():
+        _train_lm.main(config)
+
+
+if __name__ == "__main__":
+    levanter.config.main(main)()

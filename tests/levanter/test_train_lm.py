@@ -1,0 +1,76 @@
+"""Levanter's train_lm through ``python -m meshbatch.levanter.train_lm`` on the example YAMLs:
+a tiny Llama on the demo's corpus, CPU, json_logger tracker (runs in .venv-levanter, jax 0.7.2).
+
+The splice run trains 60 steps with a checkpoint at step 30; a second run with the same id, its
+later checkpoints removed, resumes from step 30, and its losses from there on equal the first
+run's (same batches, same state: the constant learning rate makes the schedule independent of
+where a run starts). The causal run trains the block-shuffled windows.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples" / "levanter"
+pytestmark = pytest.mark.train
+
+
+def _prepare(tmp_path: pathlib.Path) -> pathlib.Path:
+    for name in ("splice_tiny_llama.yaml", "causal_tiny_llama.yaml", "prepare.py"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    subprocess.run([sys.executable, "prepare.py"], cwd=tmp_path, check=True)
+    return tmp_path
+
+
+def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled")
+    for name in ("XLA_FLAGS", "JAX_NUMPY_DTYPE_PROMOTION", "JAX_NUMPY_RANK_PROMOTION"):
+        env.pop(name, None)  # conftest's test settings: the run is a user's, one CPU device
+    command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", config, *args]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    metrics: dict[int, dict] = {}
+    for log in (root / "logs").rglob("*.log"):
+        for line in log.read_text().splitlines():
+            if '"event": "log"' in line:
+                record = json.loads(line.split(" :: ", 1)[1])
+                metrics.setdefault(record.get("step"), {}).update(record["metrics"])
+        log.unlink()  # the next run's log starts empty
+    return metrics
+
+
+def _losses(metrics: dict[int, dict]) -> dict[int, float]:
+    return {step: m["train/loss"] for step, m in metrics.items() if "train/loss" in m}
+
+
+def test_splice_run_trains_checkpoints_and_resumes(tmp_path):
+    root = _prepare(tmp_path)
+    first = _train(root, "splice_tiny_llama.yaml")
+    losses = _losses(first)
+    assert sorted(losses) == list(range(60)), sorted(losses)
+    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(55, 60)])
+    assert late < 0.75 * early, (early, late)
+    assert any("eval/loss" in m for m in first.values()), "the validation grid was not evaluated"
+    checkpoints = root / "checkpoints" / "splice-tiny"
+    assert (checkpoints / "step-30").is_dir(), list(checkpoints.iterdir())
+    for later in checkpoints.iterdir():
+        if later.name != "step-30":
+            shutil.rmtree(later)
+    resumed = _losses(_train(root, "splice_tiny_llama.yaml"))
+    assert min(resumed) in (30, 31) and max(resumed) == 59, sorted(resumed)
+    for step in sorted(resumed):
+        np.testing.assert_allclose(resumed[step], losses[step], rtol=1e-5, err_msg=f"step {step}")
+
+
+def test_block_shuffled_causal_run_trains(tmp_path):
+    root = _prepare(tmp_path)
+    losses = _losses(_train(root, "causal_tiny_llama.yaml", "--trainer.num_train_steps", "50"))
+    assert sorted(losses) == list(range(50)), sorted(losses)
+    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(45, 50)])
+    assert late < 0.7 * early, (early, late)

@@ -1,0 +1,213 @@
+"""Levanter data configs: the seed's YAML examples parse (local paths), every field group reaches
+the dataset, Levanter's own YAML still parses, bad configs fail naming the field, and the byte
+tokenizer directory gives Levanter and meshbatch the same tokens."""
+
+import dataclasses
+import json
+import textwrap
+
+import draccus
+import numpy as np
+import pytest
+from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
+
+from meshbatch import ShuffleSpec
+from meshbatch.cache import ByteTokenizer, HFTokenizer
+from meshbatch.levanter import (
+    CausalLMConfig,
+    MixtureBaseConfig,
+    SpliceMultiDocumentLMConfig,
+    SpliceSingleDocumentLMConfig,
+)
+from meshbatch.levanter.train_lm import TrainLmConfig
+from meshbatch.select import select_documents
+from meshbatch.splice.spec import SpliceSpec
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    with open(root / "train.jsonl", "w") as f:
+        for n in rng.integers(5, 120, 40):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
+    ByteTokenizer().save_pretrained(str(root / "tok"))
+    return root
+
+
+def parse(root, data: str) -> TrainLmConfig:
+    path = root / "cfg.yaml"
+    path.write_text("data:\n" + textwrap.indent(textwrap.dedent(data), "  "))
+    return draccus.parse(TrainLmConfig, config_path=str(path), args=[])
+
+
+SEED_MULTI = """\
+type: splice_multi_document
+tokenizer: {root}/tok
+base:
+  type: mixture
+  tokenizer: {root}/tok
+  configs:
+    common_pile/wikimedia:
+      cache_dir: {root}/cache/wikimedia
+      train_urls: [{root}/train.jsonl]
+      format: {{text_key: text}}
+  train_weights: {{common_pile/wikimedia: 1.0}}
+  shuffle: false
+  shuffle_per_epoch: true
+dataset_name: common_pile/wikimedia
+num_docs: 10
+min_doc_length: 100
+max_doc_length: 500
+doc_select_mode: longest
+content_length: 40
+content_stride: 1
+content_start_mode: coverage_balanced
+min_copy_len: 8
+alpha: 0.8
+balance_mode: by_temperature
+balance_tau: 0.7
+offset_jitter: 2
+adaptive_k: true
+shuffle_per_epoch: true
+"""
+
+SEED_SINGLE = """\
+type: splice_single_document
+tokenizer: {root}/tok
+base:
+  type: url_single_dataset
+  cache_dir: {root}/cache/single
+  train_urls: [{root}/train.jsonl]
+dataset_name: common_pile/wikimedia
+doc_index: 7
+offset_stride: 1
+content_length: 3
+content_stride: 1
+content_start_mode: slide_within
+mode: splice
+restrict_to_training_subset: true
+max_train_batches: 4
+initial_batch_size: 8
+"""
+
+
+def test_seed_multi_document_yaml_reaches_the_dataset(root):
+    config = parse(root, SEED_MULTI.format(root=root)).data
+    assert isinstance(config, SpliceMultiDocumentLMConfig) and isinstance(config.base, MixtureBaseConfig)
+    dataset = config.dataset(SEQ)
+    # selection fields
+    lengths = config.cache().doc_lengths()
+    want = select_documents(
+        lengths, num_docs=10, min_doc_length=100, max_doc_length=500, doc_select_mode="longest"
+    )
+    np.testing.assert_array_equal(dataset.doc_lengths, lengths[want.indices])
+    # splice fields
+    assert dataset.spec == SpliceSpec(
+        seq_len=SEQ, content_length=40, content_stride=1, content_start_mode="coverage_balanced",
+        min_copy_len=8, alpha=0.8, balance_mode="by_temperature", balance_tau=0.7, offset_jitter=2,
+        adaptive_k=True, shuffle_per_epoch=True, pad_token_id=0,
+    )  # fmt: skip
+
+
+def test_seed_single_document_yaml_reaches_the_dataset(root):
+    config = parse(root, SEED_SINGLE.format(root=root)).data
+    assert isinstance(config, SpliceSingleDocumentLMConfig)
+    assert config.component[0] == "common_pile/wikimedia"
+    cache = config.cache()
+    selection = config.selected(cache, SEQ)
+    want = select_documents(
+        cache.doc_lengths(), doc_index=7, restrict_to_training_subset=True, max_train_batches=4,
+        initial_batch_size=8, seq_len=SEQ,
+    )  # fmt: skip
+    np.testing.assert_array_equal(selection.indices, want.indices)
+    dataset = config.dataset(SEQ)
+    assert (dataset.spec.content_length, dataset.spec.content_start_mode, dataset.spec.mode) == (
+        3,
+        "slide_within",
+        "splice",
+    )
+
+
+def test_causal_yaml_reaches_the_dataset(root):
+    config = parse(
+        root,
+        f"""\
+        type: causal_lm
+        tokenizer: {root}/tok
+        base: {{cache_dir: {root}/cache/causal, train_urls: [{root}/train.jsonl]}}
+        shuffle: era
+        era_length: 16
+        permutation_type: linear
+        compat: levanter
+        reshuffle_each_epoch: true
+        eos_id: 256
+        """,
+    ).data
+    assert isinstance(config, CausalLMConfig)
+    dataset = config.dataset(SEQ)
+    assert dataset.shuffle_spec == ShuffleSpec(
+        "era", kind="linear", compat="levanter", era_length=16, reshuffle_each_epoch=True
+    )
+    assert dataset.seq_len == SEQ and dataset.eos_id == 256
+    block = parse(
+        root, f"type: causal_lm\ntokenizer: {root}/tok\nbase: {{cache_dir: {root}/cache/causal}}\n"
+    ).data
+    assert block.shuffle_spec() == ShuffleSpec("block", window_blocks=8)
+
+
+def test_levanter_yamls_still_parse(root):
+    assert isinstance(parse(root, "tokenizer: gpt2\ntrain_urls: [a.jsonl]\n").data, UrlSingleDatasetLMConfig)
+    mixture = "configs: {a: {train_urls: [a.jsonl]}}\ntrain_weights: {a: 1.0}\n"
+    assert isinstance(parse(root, mixture).data, LMMixtureDatasetConfig)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ("type: splice_multi_document\ncontent_start_mode: nonsense\n", "content_start_mode"),
+        ("type: splice_multi_document\nalpah: 0.8\n", "alpah"),
+        ("type: no_such_type\n", "no_such_type"),
+        ("type: causal_lm\nshuffle: sideways\n", "shuffle"),
+        ("type: causal_lm\nshuffle: block\nera_length: 4\n", "era_length"),
+        ("type: splice_multi_document\nvalidation_starts: 0\n", "validation_starts"),
+        ("type: splice_multi_document\ncontent_length: 1\n", "content_length"),
+        ("type: splice_single_document\nnum_docs: 3\n", "num_docs"),
+        ("type: splice_multi_document\ntokenizer: passthrough\n", "tokenizer"),
+        ("type: splice_multi_document\nbase: {type: mixture, configs: {a: {}, b: {}}}\n", "dataset_name"),
+        (
+            "type: splice_multi_document\nbase: {type: mixture, configs: {a: {}}}\ndataset_name: z\n",
+            "dataset_name",
+        ),
+        (
+            "type: splice_multi_document\nbase: {type: mixture, configs: {a: {}}, train_weights: {b: 1.0}}\n",
+            "train_weights",
+        ),
+    ],
+)
+def test_bad_configs_fail_naming_the_field(root, data, named):
+    with pytest.raises(Exception, match=named):
+        parse(root, data)
+
+
+def test_byte_tokenizer_directory_matches_for_levanter_and_meshbatch(root):
+    config = parse(
+        root, f"type: causal_lm\ntokenizer: {root}/tok\nbase: {{cache_dir: {root}/cache/t}}\n"
+    ).data
+    texts = ["héllo wörld\n\tx", "a  b", ""]
+    levanter_ids = [config.the_tokenizer(t)["input_ids"] for t in texts]
+    ours = [list(map(int, ids)) for ids in ByteTokenizer().encode_batch(texts)]
+    assert levanter_ids == ours
+    assert [
+        list(map(int, ids)) for ids in HFTokenizer(f"{root}/tok/tokenizer.json").encode_batch(texts)
+    ] == ours
+    assert len(config.the_tokenizer) == 257
+
+
+def test_dataclass_fields_cover_the_splice_spec():
+    """Every SpliceSpec field (but seq_len, the model's) is a config field of the splice configs."""
+    spec_fields = {f.name for f in dataclasses.fields(SpliceSpec)} - {"seq_len"}
+    assert spec_fields <= {f.name for f in dataclasses.fields(SpliceMultiDocumentLMConfig)}
