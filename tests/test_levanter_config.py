@@ -7,17 +7,22 @@ import json
 import textwrap
 
 import draccus
+import haliax as hax
+import jax
 import numpy as np
 import pytest
 from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
-from meshbatch import ShuffleSpec
+from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import ByteTokenizer, HFTokenizer
 from meshbatch.levanter import (
     CausalLMConfig,
     MixtureBaseConfig,
+    PipelineLoader,
     SpliceMultiDocumentLMConfig,
     SpliceSingleDocumentLMConfig,
+    StableMixtureLMConfig,
+    TokenBalancedMixtureLMConfig,
 )
 from meshbatch.levanter.train_lm import TrainLmConfig
 from meshbatch.select import select_documents
@@ -211,3 +216,76 @@ def test_dataclass_fields_cover_the_splice_spec():
     """Every SpliceSpec field (but seq_len, the model's) is a config field of the splice configs."""
     spec_fields = {f.name for f in dataclasses.fields(SpliceSpec)} - {"seq_len"}
     assert spec_fields <= {f.name for f in dataclasses.fields(SpliceMultiDocumentLMConfig)}
+
+
+MIXTURE = """\
+type: {type}
+tokenizer: {root}/tok
+base:
+  type: mixture
+  configs:
+    web: {{cache_dir: {root}/cache/web, train_urls: [{root}/train.jsonl]}}
+    code: {{cache_dir: {root}/cache/code, train_urls: [{root}/train.jsonl], validation_urls: [{root}/train.jsonl]}}
+  train_weights: {weights}
+shuffle: era
+era_length: 8
+eos_id: 256
+"""
+
+
+def test_stable_mixture_yaml_reaches_the_mixture(root):
+    staged = "[[0, {web: 0.7, code: 0.3}], [5, {web: 0.2, code: 0.8}]]"
+    config = parse(
+        root, MIXTURE.format(type="stable_mixture", root=root, weights=staged) + "mixture_block_size: 16\n"
+    ).data
+    assert isinstance(config, StableMixtureLMConfig)
+    assert config.base.stages() == [(0, {"web": 0.7, "code": 0.3}), (5, {"web": 0.2, "code": 0.8})]
+    mixture = config.mixture(SEQ, batch_size=4)
+    assert mixture.names == ["web", "code"] and mixture.block_size == 16
+    assert all(child.shuffle_spec == ShuffleSpec("era", era_length=8) for child in mixture.children)
+    want = Mixture(
+        {name: child for name, child in zip(mixture.names, mixture.children, strict=True)},
+        [(0, {"web": 0.7, "code": 0.3}), (5, {"web": 0.2, "code": 0.8})],
+        block_size=16, batch_size=4,
+    )  # fmt: skip
+    rows = np.arange(64, dtype=np.uint32)
+    key = jax.random.key(0)
+    np.testing.assert_array_equal(
+        np.asarray(mixture.init(key)["schedule"].lookup(rows)[0]),
+        np.asarray(want.init(key)["schedule"].lookup(rows)[0]),
+    )
+    assert sorted(config.validation_sets(hax.Axis("position", SEQ))) == ["code"]
+
+
+def test_token_balanced_mixture_trains_on_the_fast_path_only(root):
+    data = MIXTURE.format(type="token_balanced_mixture", root=root, weights="{}") + "baseline: min\n"
+    config = parse(root, data).data
+    assert isinstance(config, TokenBalancedMixtureLMConfig)
+    assert config.dataset(SEQ).baseline == "min"
+    with pytest.raises(Exception, match="fast_path"):
+        parse(root, data + "fast_path: false\n")
+    Pos = hax.Axis("position", SEQ)
+    dataset = config.train_set(Pos, None, key=jax.random.key(1))
+    with pytest.raises(ValueError, match="carries state"):
+        dataset.batch([0, 1])
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=4)
+    stream = loader.iter_from_step(0)
+    uninterrupted = [np.asarray(next(stream).tokens.array) for _ in range(4)]
+    fresh = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=4)
+    resumed = np.asarray(next(fresh.iter_from_step(3)).tokens.array)  # replays steps 0..2's plans
+    np.testing.assert_array_equal(resumed, uninterrupted[3])
+    direct = Pipeline(
+        TokenBalancedMixture(config.children(SEQ), baseline="min"), mesh=mesh, batch_size=4, key=dataset.key
+    )
+    np.testing.assert_array_equal(np.asarray(direct.batch(0).tokens), uninterrupted[0])
+
+
+def test_mixture_configs_refuse_what_does_not_apply(root):
+    for data, named in (
+        (f"type: stable_mixture\ntokenizer: {root}/tok\nbase: {{cache_dir: x}}\n", "mixture"),
+        ("type: stable_mixture\nbase: {type: mixture, configs: {a: {}}}\ndataset_name: a\n", "dataset_name"),
+        ("type: stable_mixture\nmixture_block_size: 16\nstop_strategy: never\n", "stop_strategy"),
+    ):
+        with pytest.raises(Exception, match=named):
+            parse(root, data)

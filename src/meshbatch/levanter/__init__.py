@@ -12,6 +12,8 @@ from .config import CausalLMConfig as CausalLMConfig
 from .config import ConfigError as ConfigError
 from .config import MeshbatchLMConfig as MeshbatchLMConfig
 from .config import MixtureBaseConfig as MixtureBaseConfig
+from .config import StableMixtureLMConfig as StableMixtureLMConfig
+from .config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
 from .config import SourceConfig as SourceConfig
 from .config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
 from .config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig

@@ -41,6 +41,7 @@ from ..cache import HFTokenizer, TokenCache, build_cache
 from ..datasets.causal import CausalLMDataset
 from ..datasets.splice import SpliceLMDataset
 from ..datasets.splice_indexed import splice_validation_set
+from ..mixtures import Mixture, TokenBalancedMixture
 from ..select import select_documents
 from ..shuffle import ShuffleSpec
 from ..splice.spec import SpliceSpec
@@ -52,6 +53,8 @@ __all__ = [
     "ConfigError",
     "MeshbatchLMConfig",
     "MixtureBaseConfig",
+    "StableMixtureLMConfig",
+    "TokenBalancedMixtureLMConfig",
     "SourceConfig",
     "SpliceMultiDocumentLMConfig",
     "SpliceSingleDocumentLMConfig",
@@ -141,12 +144,19 @@ class MixtureBaseConfig(BaseDataConfig):
     kept for the record: a splice dataset draws from one component only."""
 
     configs: dict[str, SourceConfig] = field(default_factory=dict)
-    train_weights: dict[str, float] = field(default_factory=dict)
+    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] = field(default_factory=dict)
+    """a weight per component, or staged weights ``[[start_step, {name: weight}], ...]``."""
     shuffle: bool | int = False
     shuffle_per_epoch: bool = True
 
+    def stages(self) -> list[tuple[int, dict[str, float]]]:
+        """``train_weights`` as ``(start_step, weights)`` stages."""
+        if isinstance(self.train_weights, Mapping):
+            return [(0, dict(self.train_weights))]
+        return [(int(start), dict(weights)) for start, weights in self.train_weights]
+
     def __post_init__(self):
-        unknown = sorted(set(self.train_weights) - set(self.configs))
+        unknown = sorted({name for _, weights in self.stages() for name in weights} - set(self.configs))
         if unknown:
             raise ConfigError(f"train_weights names {unknown} missing from configs {sorted(self.configs)}")
 
@@ -399,3 +409,96 @@ class CausalLMConfig(MeshbatchLMConfig):
             return {}
         dataset = CausalLMDataset(cache, Pos.size, shuffle=ShuffleSpec("none"), eos_id=self.eos_id)
         return {self.component[0]: MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
+
+
+@dataclass(frozen=True)
+class _MixtureConfig(CausalLMConfig):
+    """Causal-LM windows of every component of a ``type: mixture`` base, mixed; the window and
+    shuffle fields are ``causal_lm``'s and apply to every component."""
+
+    base: BaseDataConfig = field(default_factory=MixtureBaseConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.base, MixtureBaseConfig):
+            raise ConfigError(f"{type(self).__name__} mixes the components of a `base: {{type: mixture}}`")
+        if self.dataset_name is not None:
+            raise ConfigError(f"dataset_name={self.dataset_name!r}: a mixture reads every component")
+        super().__post_init__()
+
+    @property
+    def sources(self) -> Mapping[str, SourceConfig]:
+        return self.base.components()
+
+    def build_caches(self, split: str, monitors=True) -> Mapping[str, TokenCache]:
+        caches = {
+            name: source.cache(split, self.tokenizer_dir, name=name) for name, source in self.sources.items()
+        }
+        return {name: cache for name, cache in caches.items() if cache is not None}
+
+    def children(self, seq_len: int, split: str = "train") -> dict[str, CausalLMDataset]:
+        shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
+        return {
+            name: CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos_id)
+            for name, cache in self.build_caches(split).items()
+        }
+
+    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
+        return {"mixture": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
+
+    def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
+        """Each component's validation windows, an eval set per component (tagged by name)."""
+        return {
+            name: MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)
+            for name, dataset in self.children(Pos.size, "validation").items()
+        }
+
+
+@MeshbatchLMConfig.register_subclass("stable_mixture")
+@dataclass(frozen=True)
+class StableMixtureLMConfig(_MixtureConfig):
+    """Levanter's stable mixture (``meshbatch.Mixture``): ``train_weights`` (or staged weights)
+    of ``base``, ``mixture_block_size`` rows a block, ``stop_strategy``; ``mixture_compat:
+    levanter`` gives the installed Levanter's ``MixtureDataset`` rows."""
+
+    mixture_block_size: int = 2048
+    stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"
+    mixture_compat: Literal["levanter"] | None = None
+
+    def mixture(self, seq_len: int, batch_size=None) -> Mixture:
+        stages = self.base.stages()
+        weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
+        return Mixture(
+            self.children(seq_len),
+            weights,
+            block_size=self.mixture_block_size,
+            stop_strategy=self.stop_strategy,
+            compat=self.mixture_compat,
+            batch_size=batch_size,
+        )
+
+    def dataset(self, seq_len: int, split: str = "train") -> Mixture:
+        return self.mixture(seq_len)
+
+    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
+        batch_size = getattr(batch_schedule, "schedule", batch_schedule)
+        dataset = self.mixture(Pos.size, batch_size)
+        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+
+
+@MeshbatchLMConfig.register_subclass("token_balanced_mixture")
+@dataclass(frozen=True)
+class TokenBalancedMixtureLMConfig(_MixtureConfig):
+    """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of
+    ``base``'s components (weights do not apply). It is sequential, so it trains on the fast path
+    only; a resumed run replays its plans from step 0 (host planning only, no reads) to rebuild
+    the per-source counts exactly."""
+
+    baseline: Literal["zero", "min", "mean"] = "zero"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.fast_path:
+            raise ConfigError("token_balanced_mixture is sequential: it needs fast_path: true")
+
+    def dataset(self, seq_len: int, split: str = "train") -> TokenBalancedMixture:
+        return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)

@@ -113,8 +113,8 @@ class MeshbatchDataset(_Rows):
     the row ``Pipeline`` makes at that stream position with the same key.
 
     Args:
-        dataset: a meshbatch dataset whose length is final and that carries no state (a
-            ``TokenBalancedMixture`` is sequential: train it through ``Pipeline``).
+        dataset: a meshbatch dataset whose length is final; one that carries state (a
+            ``TokenBalancedMixture``) only with ``fast_path`` (its rows exist in step order).
         Pos: the model's position axis; its size must be the dataset's ``seq_len``.
         key: the data key (typed, raw or an int seed).
         epochs: see ``loader_epochs``.
@@ -123,7 +123,8 @@ class MeshbatchDataset(_Rows):
             Levanter's ``DataLoader``; the batches are the same.
 
     Raises:
-        ValueError: a stateful dataset, a growing one, or ``Pos.size != dataset.seq_len``.
+        ValueError: a stateful dataset off the fast path, a growing one, or ``Pos.size !=
+            dataset.seq_len``.
     """
 
     def __init__(
@@ -141,9 +142,11 @@ class MeshbatchDataset(_Rows):
             raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
         if dataset.seq_len != Pos.size:
             raise ValueError(f"Pos.size={Pos.size} must equal the dataset's seq_len={dataset.seq_len}")
-        if dataset.init_state() is not None:
+        self.stateful = dataset.init_state() is not None
+        if self.stateful and not fast_path:
             raise ValueError(
-                f"{dataset!r} carries state from step to step: feed it through meshbatch.Pipeline"
+                f"{dataset!r} carries state from step to step: it trains on the fast path only "
+                "(fast_path=True, inside meshbatch.levanter.fast_path()) or through meshbatch.Pipeline"
             )
         if not dataset.length_is_final:
             raise ValueError(f"{dataset!r} is still being written: wait for it or use meshbatch.Pipeline")
@@ -156,7 +159,16 @@ class MeshbatchDataset(_Rows):
         self._build = jax.jit(dataset.build)
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples)."""
+        """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples).
+
+        Raises:
+            ValueError: for a stateful dataset (its rows depend on every earlier step).
+        """
+        if self.stateful:
+            raise ValueError(
+                f"{self.dataset!r} carries state: its rows exist only in step order, through the "
+                "fast path (PipelineLoader) or meshbatch.Pipeline, not by index"
+            )
         epoch, position = split_indices(indices, self.num_examples)
         with local_cpu_mesh():
             rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
