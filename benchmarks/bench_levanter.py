@@ -125,7 +125,10 @@ def levanter_data(root: pathlib.Path) -> str:
     """The YAML's data: replaced by Levanter's own config over the same cache directory."""
     text = (root / "causal_tiny_llama.yaml").read_text()
     start, end = text.index("data:\n"), text.index("model:\n")
-    data = "data:\n  tokenizer: byte_tokenizer\n  cache_dir: cache/pydoc\n  train_urls: [data/train.jsonl]\n  shuffle: true\n  permutation_type: feistel\n"
+    data = (
+        "data:\n  tokenizer: byte_tokenizer\n  cache_dir: cache/pydoc\n"
+        "  train_urls: [data/train.jsonl]\n  shuffle: true\n  permutation_type: feistel\n"
+    )
     path = root / "levanter_tiny_llama.yaml"
     path.write_text(text[:start] + data + text[end:])
     return path.name

@@ -225,7 +225,10 @@ base:
   type: mixture
   configs:
     web: {{cache_dir: {root}/cache/web, train_urls: [{root}/train.jsonl]}}
-    code: {{cache_dir: {root}/cache/code, train_urls: [{root}/train.jsonl], validation_urls: [{root}/train.jsonl]}}
+    code:
+      cache_dir: {root}/cache/code
+      train_urls: [{root}/train.jsonl]
+      validation_urls: [{root}/train.jsonl]
   train_weights: {weights}
 shuffle: era
 era_length: 8

@@ -12,11 +12,11 @@ from .config import CausalLMConfig as CausalLMConfig
 from .config import ConfigError as ConfigError
 from .config import MeshbatchLMConfig as MeshbatchLMConfig
 from .config import MixtureBaseConfig as MixtureBaseConfig
-from .config import StableMixtureLMConfig as StableMixtureLMConfig
-from .config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
 from .config import SourceConfig as SourceConfig
 from .config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
 from .config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig
+from .config import StableMixtureLMConfig as StableMixtureLMConfig
+from .config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
 from .config import UrlBaseConfig as UrlBaseConfig
 from .datasets import BlockShufflingDataset as BlockShufflingDataset
 from .datasets import MeshbatchDataset as MeshbatchDataset

@@ -53,12 +53,12 @@ __all__ = [
     "ConfigError",
     "MeshbatchLMConfig",
     "MixtureBaseConfig",
-    "StableMixtureLMConfig",
-    "TokenBalancedMixtureLMConfig",
     "SourceConfig",
     "SpliceMultiDocumentLMConfig",
     "SpliceSingleDocumentLMConfig",
+    "StableMixtureLMConfig",
     "TextFormat",
+    "TokenBalancedMixtureLMConfig",
     "UrlBaseConfig",
 ]
 
@@ -176,6 +176,11 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
     """feed training through ``meshbatch.Pipeline`` (same batches as Levanter's ``DataLoader``)."""
 
     def __post_init__(self):
+        self._check_base()
+        if self.tokenizer == "passthrough":
+            raise ConfigError("tokenizer='passthrough' cannot build caches: name a local tokenizer directory")
+
+    def _check_base(self) -> None:
         names = sorted(self.base.components())
         if not isinstance(self.base, UrlBaseConfig) and self.dataset_name is None and len(names) > 1:
             raise ConfigError(f"base has components {names}: choose one with dataset_name")
@@ -183,8 +188,6 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
             raise ConfigError(f"dataset_name={self.dataset_name!r} is not a component of base: {names}")
         if not names:
             raise ConfigError("base has no components: give base.configs (mixture) or base.cache_dir")
-        if self.tokenizer == "passthrough":
-            raise ConfigError("tokenizer='passthrough' cannot build caches: name a local tokenizer directory")
 
     @property
     def tokenizer_dir(self) -> str:
@@ -418,12 +421,13 @@ class _MixtureConfig(CausalLMConfig):
 
     base: BaseDataConfig = field(default_factory=MixtureBaseConfig)
 
-    def __post_init__(self):
+    def _check_base(self) -> None:
         if not isinstance(self.base, MixtureBaseConfig):
             raise ConfigError(f"{type(self).__name__} mixes the components of a `base: {{type: mixture}}`")
         if self.dataset_name is not None:
             raise ConfigError(f"dataset_name={self.dataset_name!r}: a mixture reads every component")
-        super().__post_init__()
+        if not self.base.configs:
+            raise ConfigError("base has no components: give base.configs")
 
     @property
     def sources(self) -> Mapping[str, SourceConfig]:
