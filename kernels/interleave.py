@@ -146,7 +146,7 @@ def select_scan(
         h = tie_hash(salts, base.lo + relative)
         s = jnp.argmin(jnp.where(tied, h, U32(PARKED))).astype(jnp.int32)
         nth = taken[s]
-        tokens = table[s, nth]
+        tokens = table[s, nth.astype(jnp.int32)]  # one index dtype (jax 0.7 promotes s with nth)
         return (relative.at[s].add(tokens), taken.at[s].add(U32(1))), (s, nth, tokens)
 
     (relative, taken), (source, nth, tokens) = jax.lax.scan(

@@ -237,18 +237,18 @@ eos_id: 256
 
 
 def test_stable_mixture_yaml_reaches_the_mixture(root):
-    staged = "[[0, {web: 0.7, code: 0.3}], [5, {web: 0.2, code: 0.8}]]"
+    staged = "[[0, {web: 0.7, code: 0.3}], [4, {web: 0.2, code: 0.8}]]"
     config = parse(
         root, MIXTURE.format(type="stable_mixture", root=root, weights=staged) + "mixture_block_size: 16\n"
     ).data
     assert isinstance(config, StableMixtureLMConfig)
-    assert config.base.stages() == [(0, {"web": 0.7, "code": 0.3}), (5, {"web": 0.2, "code": 0.8})]
+    assert config.base.stages() == [(0, {"web": 0.7, "code": 0.3}), (4, {"web": 0.2, "code": 0.8})]
     mixture = config.mixture(SEQ, batch_size=4)
     assert mixture.names == ["web", "code"] and mixture.block_size == 16
     assert all(child.shuffle_spec == ShuffleSpec("era", era_length=8) for child in mixture.children)
     want = Mixture(
         {name: child for name, child in zip(mixture.names, mixture.children, strict=True)},
-        [(0, {"web": 0.7, "code": 0.3}), (5, {"web": 0.2, "code": 0.8})],
+        [(0, {"web": 0.7, "code": 0.3}), (4, {"web": 0.2, "code": 0.8})],
         block_size=16, batch_size=4,
     )  # fmt: skip
     rows = np.arange(64, dtype=np.uint32)
