@@ -2,22 +2,14 @@
 
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
   meshbatch dataset, the seed-named splice datasets, marin's ``BlockShufflingDataset``);
-* ``config``: the ``data:`` config types a Levanter YAML names (draccus);
+* ``config``, ``splice_config``, ``mixture_config``, ``sources``: the ``data:`` config types a
+  Levanter YAML names (draccus) and the text behind them;
 * ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop;
 * ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml``.
 """
 
-from .config import BaseDataConfig as BaseDataConfig
 from .config import CausalLMConfig as CausalLMConfig
-from .config import ConfigError as ConfigError
 from .config import MeshbatchLMConfig as MeshbatchLMConfig
-from .config import MixtureBaseConfig as MixtureBaseConfig
-from .config import SourceConfig as SourceConfig
-from .config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
-from .config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig
-from .config import StableMixtureLMConfig as StableMixtureLMConfig
-from .config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
-from .config import UrlBaseConfig as UrlBaseConfig
 from .datasets import BlockShufflingDataset as BlockShufflingDataset
 from .datasets import MeshbatchDataset as MeshbatchDataset
 from .datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
@@ -27,3 +19,12 @@ from .datasets import loader_key as loader_key
 from .fast import PipelineLoader as PipelineLoader
 from .fast import batched_lm_example as batched_lm_example
 from .fast import fast_path as fast_path
+from .mixture_config import StableMixtureLMConfig as StableMixtureLMConfig
+from .mixture_config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
+from .sources import BaseDataConfig as BaseDataConfig
+from .sources import ConfigError as ConfigError
+from .sources import MixtureBaseConfig as MixtureBaseConfig
+from .sources import SourceConfig as SourceConfig
+from .sources import UrlBaseConfig as UrlBaseConfig
+from .splice_config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
+from .splice_config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig

@@ -17,14 +17,15 @@ import levanter.config
 from levanter.data.text import LMMixtureDatasetConfig, SingleDatasetLMConfig
 from levanter.main import train_lm as _train_lm
 
-from .config import MeshbatchLMConfig, SpliceMultiDocumentLMConfig
+from .config import MeshbatchLMConfig
 from .fast import fast_path
+from .splice_config import SpliceMultiDocumentLMConfig
 
 
 @dataclass
 class TrainLmConfig(_train_lm.TrainLmConfig):
     """Levanter's ``TrainLmConfig``; ``data`` also takes ``type: splice_multi_document``,
-    ``splice_single_document`` or ``causal_lm``."""
+    ``splice_single_document``, ``causal_lm``, ``stable_mixture`` or ``token_balanced_mixture``."""
 
     data: Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig] = field(  # noqa: UP007
         default_factory=SpliceMultiDocumentLMConfig
