@@ -8,19 +8,25 @@ Loader only, windows of ``seq_len`` tokens, shuffled, ``batch`` rows a step, ``s
 from a fresh iterator after a warm-up, every batch's arrays ready:
 
 * Levanter: ``DataLoader`` over its ``CausalLmDataset(TokenSeqDataset(cache))`` shuffled by its
-  ``PermutationDataset`` (``shuffle: true``, Feistel), as ``UrlSingleDatasetLMConfig`` makes it;
+  ``PermutationDataset`` (``shuffle: true``, Feistel), as ``UrlSingleDatasetLMConfig`` makes it,
+  in an ``EpochDataset`` (``train_lm``'s ``epoch``) so that it streams past the small corpus;
 * meshbatch through Levanter's ``DataLoader``: ``MeshbatchDataset(CausalLMDataset(cache,
   shuffle=block))`` (per-example ``LmExample``s);
 * meshbatch fast path: ``PipelineLoader`` of the same dataset (``Pipeline``, batched).
 
 Training: ``python -m meshbatch.levanter.train_lm`` on ``examples/levanter/causal_tiny_llama.yaml``
-(tiny Llama, 8 x 64 tokens a step) three ways on the same cache: the fast path, meshbatch's
-dataset through Levanter's ``DataLoader`` (``data.fast_path: false``) and Levanter's own
-``UrlSingleDatasetLMConfig`` (``shuffle: true``). From the json_logger metrics: Levanter's own
-data wait per step (``throughput/loading_time``) and ``throughput/tokens_per_second``, means
-over steps 5 .. end (step 0 compiles).
+(tiny Llama, 8 x 64 tokens a step) three ways: the fast path, meshbatch's dataset
+through Levanter's ``DataLoader`` (``data.fast_path: false``) and Levanter's own
+``UrlSingleDatasetLMConfig`` (``shuffle: true``) on the same JSONL and tokenizer. Levanter builds
+its own cache (with Ray) because its text configs expect every field of its tokenizer's output
+(``token_type_ids``, ``attention_mask``), not a bare ``input_ids`` cache; the tokens are the same.
+From the json_logger metrics: Levanter's own data wait per step (``throughput/loading_time``) and
+``throughput/tokens_per_second``, means over steps 5 .. end (step 0 compiles).
 
-    .venv-levanter/bin/python benchmarks/bench_levanter.py [--steps 200] [--train-steps 60]
+    .venv-levanter/bin/python benchmarks/bench_levanter.py [--steps 100] [--seq-len 512] \
+        [--batch 64] [--train-steps 60]
+
+Loader rows: ``--seq-len`` x ``--batch`` (the corpus holds 434K tokens: several epochs).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import haliax as hax
 import jax
 import numpy as np
 from harness import banner, write_json
+from levanter.data.dataset import EpochDataset
 from levanter.data.loader import DataLoader
 from levanter.data.permutation import PermutationDataset
 from levanter.data.text import CausalLmDataset, TokenSeqDataset
@@ -87,9 +94,9 @@ def loaders(path: str, *, seq_len: int, batch: int, steps: int) -> dict[str, flo
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     key = jax.random.PRNGKey(0)
     tree = TreeCache.load(path, {"input_ids": np.zeros(0, np.int32)})
-    levanter = PermutationDataset(
-        CausalLmDataset(TokenSeqDataset(tree, seq_len), Pos, eos_id=256), key, "feistel"
-    )
+    windows = CausalLmDataset(TokenSeqDataset(tree, seq_len), Pos, eos_id=256)
+    # Epochs on (train_lm's `epoch`), so that it streams past the small corpus, as ours does.
+    levanter = EpochDataset(PermutationDataset(windows, key, "feistel"), max_epochs=1000)
     ours = CausalLMDataset(
         TokenCache.open(path),
         seq_len,
@@ -126,7 +133,7 @@ def levanter_data(root: pathlib.Path) -> str:
     text = (root / "causal_tiny_llama.yaml").read_text()
     start, end = text.index("data:\n"), text.index("model:\n")
     data = (
-        "data:\n  tokenizer: byte_tokenizer\n  cache_dir: cache/pydoc\n"
+        "data:\n  tokenizer: byte_tokenizer\n  cache_dir: cache/levanter\n"
         "  train_urls: [data/train.jsonl]\n  shuffle: true\n  permutation_type: feistel\n"
     )
     path = root / "levanter_tiny_llama.yaml"
@@ -164,10 +171,10 @@ def train(root: pathlib.Path, config: str, steps: int, *args: str) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--train-steps", type=int, default=60)
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     payload = banner("bench_levanter")
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +195,7 @@ def main() -> None:
         for name, (config, *extra) in runs.items():
             payload["training"][name] = result = train(root, config, args.train_steps, *extra)
             print(f"  {name}: {result}", flush=True)
-    write_json("bench_levanter", payload)
+    write_json(__file__, payload)
 
 
 if __name__ == "__main__":

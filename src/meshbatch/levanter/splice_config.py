@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -24,32 +25,19 @@ from .sources import ConfigError, _checked
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
 
-@dataclass(frozen=True)
-class _SpliceFields:
-    """Every ``SpliceSpec`` field (``docs/splice.md``), with the seed's names and defaults."""
-
-    content_length: int | None = None
-    content_stride: int = 1
-    offset_stride: int = 1
-    window_stride: int = 1
-    content_start_mode: Literal["anchor_start", "slide_within", "cyclic_roll", "coverage_balanced"] = (
-        "anchor_start"
-    )
-    mode: Literal["splice", "slide"] = "splice"
-    min_copy_len: int = 2
-    alpha: float = 0.0
-    adaptive_k: bool = True
-    offset_jitter: int = 0
-    jitter_mode: Literal["uniform", "hash"] = "uniform"
-    balance_mode: Literal["by_coverage", "by_document", "by_length", "by_temperature"] = "by_coverage"
-    balance_tau: float = 1.0
-    epoch_length: int | None = None
-    shuffle_per_epoch: bool = False
-    shuffle_content: bool = False
-    shuffle_offsets: bool = False
-    pad_token_id: int | None = None
-    eos_token_id: int | None = None
-    segment_mode: Literal["prefix", "document"] = "prefix"
+# Every SpliceSpec field but seq_len (the model's), with its type and default: draccus parses
+# them from YAML and the checks stay SpliceSpec's own.
+_SpliceFields = dataclasses.make_dataclass(
+    "_SpliceFields",
+    [
+        (f.name, typing.get_type_hints(SpliceSpec)[f.name], dataclasses.field(default=f.default))
+        for f in dataclasses.fields(SpliceSpec)
+        if f.name in SPLICE_FIELDS
+    ],
+    frozen=True,
+    module=__name__,
+)
+_SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with the seed's names and defaults."
 
 
 @dataclass(frozen=True)
