@@ -35,8 +35,8 @@ _SpliceFields = dataclasses.make_dataclass(
         if f.name in SPLICE_FIELDS
     ],
     frozen=True,
-    module=__name__,
 )
+_SpliceFields.__module__ = __name__
 _SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with the seed's names and defaults."
 
 
