@@ -43,7 +43,7 @@ def test_causal_trace(trace_caches):
     assert spans.start.tolist() == [[16], [20], [24], [28]] and spans.length.tolist() == [[4]] * 4
     cache.counters.reset()
     tokens, offsets = fetch(dataset, spans, layout)
-    assert cache.counters.reads_issued == 2  # one run per device group
+    assert cache.counters.reads_issued == 1  # one coalesced run for both device groups
     assert tokens[0].tolist() == [*range(26, 34)] and offsets[0].tolist() == [[0], [4]]
     assert tokens[1].tolist() == [*range(34, 42)] and offsets[1].tolist() == [[0], [4]]
     batch = Pipeline(dataset, mesh=mesh_of(2), batch_size=4, key=0).batch(1)

@@ -269,7 +269,7 @@ def test_token_balanced_mixture_trains_on_the_fast_path_only(root):
         parse(root, data + "fast_path: false\n")
     Pos = hax.Axis("position", SEQ)
     dataset = config.train_set(Pos, None, key=jax.random.key(1))
-    with pytest.raises(ValueError, match="carries state"):
+    with pytest.raises(ValueError, match="stateful"):
         dataset.batch([0, 1])
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
     loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=4)

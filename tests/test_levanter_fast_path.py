@@ -1,6 +1,8 @@
 """The fast path: ``PipelineLoader`` batches equal Levanter's ``DataLoader`` over the same
 ``MeshbatchDataset``, bit for bit and leaf for leaf, on 1 and 8 devices and across 2 processes x
-4 devices; and the DataLoader path survives datasets built under a ``Trainer``'s mesh."""
+4 devices; and it trains on a cache while the cache is still written (quick start)."""
+
+import time
 
 import haliax as hax
 import jax
@@ -8,6 +10,9 @@ import numpy as np
 import pytest
 from levanter.data.loader import DataLoader
 from mp_harness import assemble, run_processes
+from test_quick_start import SEQ as QUICK_SEQ
+from test_quick_start import STEPS as QUICK_STEPS
+from test_quick_start import SlowWriter
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import CacheWriter, TokenCache
@@ -16,6 +21,7 @@ from meshbatch.levanter import MeshbatchDataset, PipelineLoader
 
 SEQ, BATCH, STEPS = 32, 8, 3
 Pos = hax.Axis("position", SEQ)
+QUICK_SPEC = ShuffleSpec("era", era_length=32)
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +111,39 @@ def test_fast_path_equal_across_two_processes(cache, tmp_path):
             for name in ("tokens", "loss_mask", "segment_ids"):
                 got = assemble(results, step=step, leaf=name, like=want[step][name])
                 np.testing.assert_array_equal(got, want[step][name], err_msg=f"{kind} {step=} {name}")
+
+
+def test_quick_start_through_the_fast_path(tmp_path):
+    """A cache still being written trains on the fast path: the first batch comes before the
+    writer finishes, and the batches equal the finished cache's (era shuffle, same key)."""
+    path = str(tmp_path / "cache")
+    writer = SlowWriter(path)
+    writer.start()
+    assert writer.opened.wait(30) and writer.error is None
+    Pos16 = hax.Axis("position", QUICK_SEQ)
+    growing = CausalLMDataset(TokenCache.open(path, require_finished=False), QUICK_SEQ, shuffle=QUICK_SPEC)
+    with pytest.raises(ValueError, match="still being written"):
+        MeshbatchDataset(growing, Pos=Pos16, key=5, fast_path=False)
+    dataset = MeshbatchDataset(growing, Pos=Pos16, key=5)
+    with pytest.raises(ValueError, match="not by index"):
+        dataset.batch([0])
+    loader = PipelineLoader(dataset, mesh=one_device(), axis_mapping={"batch": "data"}, batch_size=BATCH)
+    got, delivered = [], []
+    for example in loader.iter_from_step(0):
+        got.append(np.asarray(example.tokens.array))
+        delivered.append(time.monotonic())
+        writer.first_batch.set()
+        if len(got) == QUICK_STEPS:
+            break
+    writer.join(60)
+    assert writer.error is None and delivered[0] < writer.finished_at, "waited for the whole cache"
+    finished = MeshbatchDataset(
+        CausalLMDataset(TokenCache.open(path), QUICK_SEQ, shuffle=QUICK_SPEC), Pos=Pos16, key=5
+    )
+    for step, tokens in enumerate(got):
+        want = np.asarray(finished.batch(np.arange(step * BATCH, (step + 1) * BATCH)).tokens)
+        np.testing.assert_array_equal(tokens, want, err_msg=f"{step=}")
+
+
+def one_device():
+    return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))

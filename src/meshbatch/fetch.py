@@ -1,10 +1,13 @@
 """Fetch: the host's one job in a step, reading the planned spans into one flat buffer per device.
 
-For each group of devices holding the same rows, every source's spans are coalesced (sorted,
-deduplicated, adjacent and overlapping spans merged) and read, all groups and all sources in one
-TensorStore batch, straight into the group's buffer; each span's offset in it goes with it:
+Every source's spans of this process's rows are coalesced (sorted, deduplicated, adjacent and
+overlapping spans merged) and read, all sources in one TensorStore batch. With one device group
+(one device, or devices replicating the same rows) they are read straight into its buffer; with
+several, into a scratch buffer, and each group's spans are copied into its buffer in row order
+(one coalesce and one read plan per source and step, not per device). Each span's offset in the
+buffer goes with it:
 
-    group rows: span (source 0, 96, 32), (source 0, 0, 32), (source 1, 7, 10), (source 0, 0, 32)
+    one group: span (source 0, 96, 32), (source 0, 0, 32), (source 1, 7, 10), (source 0, 0, 32)
     buffer = [margin zeros | src0 tokens 0..31 | src0 96..127 | src1 7..16 | zeros to capacity | margin]
     offsets = [[m + 32], [m], [m + 64], [m]]                    (the repeated span is read once)
 
@@ -48,17 +51,41 @@ def check_spans(dataset: Dataset, spans: Spans, rows: int) -> None:
 def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Reads ``spans`` (rows in ``layout.rows`` order) for each device group of ``layout``.
 
+    One group (one device, or every device holding the same rows) is read straight into its
+    buffer. Several groups share one coalesced read per source of all their spans, into a scratch
+    buffer, and each group's spans are then copied into its own buffer in row order with one
+    vectorised gather: one coalesce and one read plan per source and step, not per device.
+
     Returns:
         ``(tokens, offsets)`` per group: int32 ``[2 * margin + rows_per_device * max_row_tokens]``
         and int32 ``[rows_per_device, spans_per_row]``.
     """
     check_spans(dataset, spans, layout.rows.shape[0])
-    groups = [
-        _prepare_group(dataset, Spans(*(a[index] for a in spans)), layout.rows_per_device)
-        for index in layout.groups
-    ]
-    run_reads([read for reads, _, _ in groups for read in reads])
-    return [buffer for _, buffer, _ in groups], [offsets for _, _, offsets in groups]
+    if len(layout.groups) == 1:
+        reads, buffer, offsets = _prepare_group(
+            dataset, Spans(*(a[layout.groups[0]] for a in spans)), layout.rows_per_device
+        )
+        run_reads(reads)
+        return [buffer], [offsets]
+    # Scratch: every source's unique runs back to back (never more than all spans' tokens).
+    reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
+    run_reads(reads)
+    margin = dataset.content_margin
+    size = 2 * margin + layout.rows_per_device * dataset.max_row_tokens
+    buffers, offsets = [], []
+    for index in layout.groups:
+        length = spans.length[index]
+        buffer = np.zeros(size, np.int32)
+        at = margin + np.concatenate([[0], np.cumsum(length.reshape(-1))[:-1]]).reshape(length.shape)
+        flat_length = length.reshape(-1)
+        total = int(flat_length.sum())
+        source_start = where[index].reshape(-1).astype(np.int64)
+        # positions margin .. margin + total take scratch[source_start[i] + j] for span i, j < len
+        shift = np.repeat(source_start - (at.reshape(-1) - margin), flat_length)
+        buffer[margin : margin + total] = scratch[np.arange(total, dtype=np.int64) + shift]
+        buffers.append(buffer)
+        offsets.append(np.where(length > 0, at, 0).astype(np.int32))
+    return buffers, offsets
 
 
 def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
@@ -71,10 +98,12 @@ def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
     return buffer, offsets
 
 
-def _prepare_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[list, np.ndarray, np.ndarray]:
+def _prepare_group(
+    dataset: Dataset, spans: Spans, rows: int, *, margin: int | None = None
+) -> tuple[list, np.ndarray, np.ndarray]:
     """The reads of one group's spans into one flat buffer: each source coalesced, placed after
-    the previous one, with ``content_margin`` zeros either side."""
-    margin = dataset.content_margin
+    the previous one, with ``margin`` (default ``content_margin``) zeros either side."""
+    margin = dataset.content_margin if margin is None else margin
     buffer = np.empty(2 * margin + rows * dataset.max_row_tokens, np.int32)
     source, start, length = spans
     where = np.zeros(start.shape, np.int64)

@@ -89,10 +89,16 @@ class RowLayout:
 
     def stack_local(self, per_device: list[np.ndarray]) -> jax.Array:
         """One array on the local mesh from each device's ``[rows_per_device, ...]`` part."""
-        shape = (len(per_device) * per_device[0].shape[0], *per_device[0].shape[1:])
-        spec = PartitionSpec("local", *([None] * (len(shape) - 1)))
-        parts = [jax.device_put(part, device) for part, device in zip(per_device, self.devices, strict=True)]
-        return jax.make_array_from_single_device_arrays(shape, NamedSharding(self.local_mesh, spec), parts)
+        return self.place_local(np.concatenate(per_device))
+
+    def place_local(self, stacked):
+        """A tree of host arrays, each the devices' parts stacked along dim 0 (in ``devices``
+        order), onto the local mesh split by device: one batched transfer for the whole tree."""
+        shardings = jax.tree.map(
+            lambda a: NamedSharding(self.local_mesh, PartitionSpec("local", *([None] * (np.ndim(a) - 1)))),
+            stacked,
+        )
+        return jax.device_put(stacked, shardings)
 
     def to_global(self, local: jax.Array) -> jax.Array:
         """Re-labels a local-mesh array (rows stacked per device) as the global batch leaf."""

@@ -197,10 +197,11 @@ class Pipeline:
                 f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
             )
         layout = self._layouts[self.schedule.batch_size(step)]
+        # Every per-device input is stacked on the host and placed in one batched transfer.
         if not self._host_plans:
             per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
-            rows = Rows(*(layout.stack_local([r[i] for r in per_device]) for i in range(2)))
-            local = self._build[layout.batch_size](rows)
+            rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
+            local = self._build[layout.batch_size](layout.place_local(rows))
         else:
             if self._planner is None:
                 plan, _ = self._plan_rows(step, layout.rows)
@@ -210,11 +211,11 @@ class Pipeline:
             if self.dataset.fetches:
                 tokens, offsets = fetch(self.dataset, self.dataset.spans(plan), layout)
                 content = Content(
-                    layout.stack_local(layout.per_device(tokens)),
-                    layout.stack_local(layout.per_device(offsets)),
+                    np.concatenate(layout.per_device(tokens)), np.concatenate(layout.per_device(offsets))
                 )
             parts = [jax.tree.map(lambda leaf, index=index: leaf[index], plan) for index in layout.groups]
-            plan = jax.tree.map(lambda *leaves: layout.stack_local(layout.per_device(list(leaves))), *parts)
+            plan = jax.tree.map(lambda *leaves: np.concatenate(layout.per_device(list(leaves))), *parts)
+            plan, content = layout.place_local((plan, content))
             local = self._build[layout.batch_size](plan, content)
         return jax.tree.map(layout.to_global, local)
 

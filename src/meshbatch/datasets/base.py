@@ -87,9 +87,10 @@ class Spans(NamedTuple):
 class Content(eqx.Module):
     """The fetched tokens of one device's rows: one flat buffer and where each span lies in it.
 
-    ``tokens`` holds ``margin`` zeros, the coalesced runs of every source (a span read by several
-    rows lies there once), zeros up to the static capacity, and ``margin`` zeros again. Rows are
-    in no particular order inside it; ``offsets`` says where each row's spans begin.
+    ``tokens`` holds ``margin`` zeros, the rows' tokens (the coalesced runs of every source when
+    the device's group is the process's only one, each span's tokens in row order otherwise),
+    zeros up to the static capacity, and ``margin`` zeros again. A build reads spans only through
+    ``offsets``, which says where each row's spans begin.
 
     Attributes:
         tokens: ``int32[margin + rows * max_row_tokens + margin]``.

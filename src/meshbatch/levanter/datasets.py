@@ -113,8 +113,9 @@ class MeshbatchDataset(_Rows):
     the row ``Pipeline`` makes at that stream position with the same key.
 
     Args:
-        dataset: a meshbatch dataset whose length is final; one that carries state (a
-            ``TokenBalancedMixture``) only with ``fast_path`` (its rows exist in step order).
+        dataset: a meshbatch dataset; one that carries state (a ``TokenBalancedMixture``) or
+            whose cache is still being written (quick start) only with ``fast_path``: their
+            rows exist in step order.
         Pos: the model's position axis; its size must be the dataset's ``seq_len``.
         key: the data key (typed, raw or an int seed).
         epochs: see ``loader_epochs``.
@@ -123,7 +124,7 @@ class MeshbatchDataset(_Rows):
             Levanter's ``DataLoader``; the batches are the same.
 
     Raises:
-        ValueError: a stateful dataset off the fast path, a growing one, or ``Pos.size !=
+        ValueError: a stateful or growing dataset off the fast path, or ``Pos.size !=
             dataset.seq_len``.
     """
 
@@ -142,14 +143,17 @@ class MeshbatchDataset(_Rows):
             raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
         if dataset.seq_len != Pos.size:
             raise ValueError(f"Pos.size={Pos.size} must equal the dataset's seq_len={dataset.seq_len}")
+        # Rows by index need every earlier step (stateful) or a final length (growing): such
+        # datasets train in step order only, on the fast path (quick start: Pipeline waits for
+        # the rows a step needs and grows with the cache).
         self.stateful = dataset.init_state() is not None
-        if self.stateful and not fast_path:
+        self.growing = not dataset.length_is_final
+        if (self.stateful or self.growing) and not fast_path:
+            why = "carries state from step to step" if self.stateful else "is still being written"
             raise ValueError(
-                f"{dataset!r} carries state from step to step: it trains on the fast path only "
-                "(fast_path=True, inside meshbatch.levanter.fast_path()) or through meshbatch.Pipeline"
+                f"{dataset!r} {why}: it trains on the fast path only (fast_path=True, inside "
+                "meshbatch.levanter.fast_path()) or through meshbatch.Pipeline"
             )
-        if not dataset.length_is_final:
-            raise ValueError(f"{dataset!r} is still being written: wait for it or use meshbatch.Pipeline")
         self.dataset, self.Pos = dataset, Pos
         self.num_examples, self.epochs = dataset.num_examples, loader_epochs(epochs)
         self.key = loader_key(key)
@@ -162,12 +166,13 @@ class MeshbatchDataset(_Rows):
         """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples).
 
         Raises:
-            ValueError: for a stateful dataset (its rows depend on every earlier step).
+            ValueError: for a stateful dataset (its rows depend on every earlier step) or one
+                still being written (its order needs the final length).
         """
-        if self.stateful:
+        if self.stateful or self.growing:
             raise ValueError(
-                f"{self.dataset!r} carries state: its rows exist only in step order, through the "
-                "fast path (PipelineLoader) or meshbatch.Pipeline, not by index"
+                f"{self.dataset!r} is stateful or still being written: its rows exist only in step "
+                "order, through the fast path (PipelineLoader) or meshbatch.Pipeline, not by index"
             )
         epoch, position = split_indices(indices, self.num_examples)
         with local_cpu_mesh():
