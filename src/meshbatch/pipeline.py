@@ -156,9 +156,9 @@ class Pipeline:
         return self.schedule.rows(step, rows, self.dataset.num_examples)
 
     def _plan_rows(self, step: int, rows: np.ndarray, state=None):
-        position, epoch = (jax.device_put(a, self._cpu) for a in self._rows(step, rows))
-        # Committed to the planning device like the states plan returns: one compile, not two.
-        state = None if state is None else jax.device_put(state, self._cpu)
+        # One transfer; the state committed to the planning device like the states plan
+        # returns (one compile, not two).
+        position, epoch, state = jax.device_put((*self._rows(step, rows), state), self._cpu)
         plan, state = self._plan(self._plan_tables, Rows(position, epoch), state)
         return jax.tree.map(np.asarray, plan), state
 

@@ -4,7 +4,9 @@ a tiny Llama on the demo's corpus, CPU, json_logger tracker (runs in .venv-levan
 The splice run trains 60 steps with a checkpoint at step 30; a second run with the same id, its
 later checkpoints removed, resumes from step 30, and its losses from there on equal the first
 run's (same batches, same state: the constant learning rate makes the schedule independent of
-where a run starts). The causal run trains the block-shuffled windows.
+where a run starts). Between the two, ``frame_losses.py`` compares the checkpoint's loss on
+frames it trained on with the same text at placements it never saw. The causal run trains the
+block-shuffled windows.
 """
 
 import json
@@ -28,12 +30,16 @@ def _prepare(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path
 
 
-def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
+def _env() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled")
     for name in ("XLA_FLAGS", "JAX_NUMPY_DTYPE_PROMOTION", "JAX_NUMPY_RANK_PROMOTION"):
         env.pop(name, None)  # conftest's test settings: the run is a user's, one CPU device
+    return env
+
+
+def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
     command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", config, *args]
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, cwd=root, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     metrics: dict[int, dict] = {}
     for log in (root / "logs").rglob("*.log"):
@@ -59,6 +65,18 @@ def test_splice_run_trains_checkpoints_and_resumes(tmp_path):
     assert any("eval/loss" in m for m in first.values()), "the validation grid was not evaluated"
     checkpoints = root / "checkpoints" / "splice-tiny"
     assert (checkpoints / "step-30").is_dir(), list(checkpoints.iterdir())
+    # The seed's smoke test, seen frames against the same text at placements never trained: with
+    # the seed's prefix segments a RoPE model sees no absolute position, so the two losses are
+    # equal (to float rounding), not "lower on seen" (measured: 2.728003 both, 191 frames).
+    probe = [sys.executable, str(pathlib.Path(__file__).with_name("frame_losses.py"))]
+    done = subprocess.run(
+        [*probe, "splice_tiny_llama.yaml", str(checkpoints / "step-30"), "30"],
+        cwd=root, env=_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    placement = json.loads(done.stdout.strip().splitlines()[-1])
+    assert placement["frames"] > 100 and placement["seen"] < 0.8 * early, placement
+    assert placement["max_gap"] < 1e-3, placement
     for later in checkpoints.iterdir():
         if later.name != "step-30":
             shutil.rmtree(later)

@@ -107,7 +107,7 @@ class _Rows(AsyncDataset[LmExample]):
 
 
 class MeshbatchDataset(_Rows):
-    """Any stateless meshbatch ``Dataset`` as a Levanter ``AsyncDataset[LmExample]``.
+    """A meshbatch ``Dataset`` as a Levanter ``AsyncDataset[LmExample]``.
 
     Index ``g`` is stream position ``g mod num_examples`` of epoch ``g // num_examples``, exactly
     the row ``Pipeline`` makes at that stream position with the same key.
