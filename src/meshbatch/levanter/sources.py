@@ -48,14 +48,15 @@ class SourceConfig:
     tags: list[str] | None = None
 
     def cache(self, split: str, tokenizer_dir: str, *, name: str) -> TokenCache | None:
-        """The finished cache of ``split`` (``None`` without files for it)."""
+        """The finished cache of ``split`` (``None`` without files for it); building one shows a
+        progress bar on a terminal."""
         urls = {"train": self.train_urls, "validation": self.validation_urls}[split]
         if self.cache_dir is None:
             raise ValueError(f"source {name!r} needs cache_dir (where its {split} cache lives)")
         path = os.path.join(self.cache_dir, split)
         if urls:
             tokenizer = HFTokenizer(os.path.join(tokenizer_dir, "tokenizer.json"))
-            build_cache(path, list(urls), tokenizer=tokenizer, text_key=self.format.text_key, progress=False)
+            build_cache(path, list(urls), tokenizer=tokenizer, text_key=self.format.text_key, progress=None)
         elif not os.path.isdir(path):
             return None
         return TokenCache.open(path)
