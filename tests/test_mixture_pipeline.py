@@ -271,6 +271,22 @@ def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
             assert int(result[f"report/spans{s}"]) == mine.count(s)
 
 
+@pytest.mark.slow
+def test_stable_equal_across_two_processes(caches, tmp_path):
+    """Must-show 4 for the stable mixture: 2 processes x 4 devices build the reference batches."""
+    results = run_processes(
+        tmp_path,
+        processes=2,
+        local_devices=4,
+        mesh_shape="8",
+        factory="test_mixture_pipeline:stable_pipeline",
+        kwargs={"paths": list(caches)},
+        steps=STEPS,
+    )
+    for step, want in enumerate(stable_reference(caches, STEPS, None)):
+        np.testing.assert_array_equal(assemble(results, step=step, leaf="tokens", like=want), want)
+
+
 def test_unknown_specs_round_trip_and_missing_token_offsets_load(caches):
     pipeline, _ = balanced_pipeline(mesh_of(1), paths=caches)
     pipeline.batch(0)
