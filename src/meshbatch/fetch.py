@@ -75,16 +75,15 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.nd
     buffers, offsets = [], []
     for index in layout.groups:
         length = spans.length[index]
+        flat = length.reshape(-1)
+        begins = np.cumsum(flat) - flat  # each span's place after the margin, in row order
+        total = int(flat.sum())
+        # token j of span i: scratch[where[i] + j] -> buffer[margin + begins[i] + j]
+        shift = np.repeat(where[index].reshape(-1).astype(np.int64) - begins, flat)
         buffer = np.zeros(size, np.int32)
-        at = margin + np.concatenate([[0], np.cumsum(length.reshape(-1))[:-1]]).reshape(length.shape)
-        flat_length = length.reshape(-1)
-        total = int(flat_length.sum())
-        source_start = where[index].reshape(-1).astype(np.int64)
-        # positions margin .. margin + total take scratch[source_start[i] + j] for span i, j < len
-        shift = np.repeat(source_start - (at.reshape(-1) - margin), flat_length)
         buffer[margin : margin + total] = scratch[np.arange(total, dtype=np.int64) + shift]
         buffers.append(buffer)
-        offsets.append(np.where(length > 0, at, 0).astype(np.int32))
+        offsets.append(np.where(length > 0, margin + begins.reshape(length.shape), 0).astype(np.int32))
     return buffers, offsets
 
 

@@ -1,8 +1,8 @@
 """Levanter's train_lm through ``python -m meshbatch.levanter.train_lm`` on the example YAMLs:
 a tiny Llama on the demo's corpus, CPU, json_logger tracker (runs in .venv-levanter, jax 0.7.2).
 
-The splice run trains 60 steps with a checkpoint at step 30; a second run with the same id, its
-later checkpoints removed, resumes from step 30, and its losses from there on equal the first
+The splice run trains 50 steps with a checkpoint at step 25; a second run with the same id, its
+later checkpoints removed, resumes from step 25, and its losses from there on equal the first
 run's (same batches, same state: the constant learning rate makes the schedule independent of
 where a run starts). Between the two, ``frame_losses.py`` compares the checkpoint's loss on
 frames it trained on with the same text at placements it never saw. The causal run trains the
@@ -59,18 +59,18 @@ def test_splice_run_trains_checkpoints_and_resumes(tmp_path):
     root = _prepare(tmp_path)
     first = _train(root, "splice_tiny_llama.yaml")
     losses = _losses(first)
-    assert sorted(losses) == list(range(60)), sorted(losses)
-    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(55, 60)])
+    assert sorted(losses) == list(range(50)), sorted(losses)
+    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(45, 50)])
     assert late < 0.75 * early, (early, late)
     assert any("eval/loss" in m for m in first.values()), "the validation grid was not evaluated"
     checkpoints = root / "checkpoints" / "splice-tiny"
-    assert (checkpoints / "step-30").is_dir(), list(checkpoints.iterdir())
+    assert (checkpoints / "step-25").is_dir(), list(checkpoints.iterdir())
     # The seed's smoke test, seen frames against the same text at placements never trained: with
     # the seed's prefix segments a RoPE model sees no absolute position, so the two losses are
-    # equal (to float rounding), not "lower on seen" (measured: 2.728003 both, 191 frames).
+    # equal (to float rounding), not "lower on seen".
     probe = [sys.executable, str(pathlib.Path(__file__).with_name("frame_losses.py"))]
     done = subprocess.run(
-        [*probe, "splice_tiny_llama.yaml", str(checkpoints / "step-30"), "30"],
+        [*probe, "splice_tiny_llama.yaml", str(checkpoints / "step-25"), "25"],
         cwd=root, env=_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -78,10 +78,10 @@ def test_splice_run_trains_checkpoints_and_resumes(tmp_path):
     assert placement["frames"] > 100 and placement["seen"] < 0.8 * early, placement
     assert placement["max_gap"] < 1e-3, placement
     for later in checkpoints.iterdir():
-        if later.name != "step-30":
+        if later.name != "step-25":
             shutil.rmtree(later)
     resumed = _losses(_train(root, "splice_tiny_llama.yaml"))
-    assert min(resumed) in (30, 31) and max(resumed) == 59, sorted(resumed)
+    assert min(resumed) in (25, 26) and max(resumed) == 49, sorted(resumed)
     for step in sorted(resumed):
         np.testing.assert_allclose(resumed[step], losses[step], rtol=1e-5, err_msg=f"step {step}")
 
