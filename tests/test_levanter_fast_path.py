@@ -94,7 +94,9 @@ def test_fast_path_equals_dataloader(cache, kind, devices):
 
 @pytest.mark.slow
 def test_fast_path_equal_across_two_processes(cache, tmp_path):
-    for kind in ("causal", "splice"):
+    """The splice dataset's ragged fetched spans (the causal windows' Pipeline runs across 2 x 4
+    in test_multiprocess; PipelineLoader wraps the same Pipeline)."""
+    for kind in ("splice",):
         want = loader_reference(cache, kind, 1)
         out = tmp_path / kind
         out.mkdir()
