@@ -62,10 +62,9 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.nd
     """
     check_spans(dataset, spans, layout.rows.shape[0])
     if len(layout.groups) == 1:
-        reads, buffer, offsets = _prepare_group(
+        buffer, offsets = _read_group(
             dataset, Spans(*(a[layout.groups[0]] for a in spans)), layout.rows_per_device
         )
-        run_reads(reads)
         return [buffer], [offsets]
     # Scratch: every source's unique runs back to back (never more than all spans' tokens).
     reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
@@ -92,6 +91,11 @@ def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
     offsets)`` as ``fetch`` gives a device group, for a caller that builds rows by index."""
     rows = spans.source.shape[0]
     check_spans(dataset, spans, rows)
+    return _read_group(dataset, spans, rows)
+
+
+def _read_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """One group's spans read straight into its buffer: ``(tokens, offsets)``."""
     reads, buffer, offsets = _prepare_group(dataset, spans, rows)
     run_reads(reads)
     return buffer, offsets

@@ -87,10 +87,6 @@ class RowLayout:
         spec = self.sharding.spec
         return NamedSharding(self.sharding.mesh, PartitionSpec(spec[0], *([None] * (ndim - 1))))
 
-    def stack_local(self, per_device: list[np.ndarray]) -> jax.Array:
-        """One array on the local mesh from each device's ``[rows_per_device, ...]`` part."""
-        return self.place_local(np.concatenate(per_device))
-
     def place_local(self, stacked):
         """A tree of host arrays, each the devices' parts stacked along dim 0 (in ``devices``
         order), onto the local mesh split by device: one batched transfer for the whole tree."""
