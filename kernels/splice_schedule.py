@@ -132,23 +132,35 @@ class LanePermutation(eqx.Module):
 
     Shuffles one axis of a splice schedule inside each document: the starts of one round, or the
     placements of one start. Built on ``meshbatch.kernels.permutation``'s networks (strong Feistel
-    with cycle walking), which take per-lane lengths and keys.
+    with cycle walking), which take per-lane lengths and keys. ``window > 0`` shuffles like an
+    era shuffle: ``x`` stays in its window ``[w * window, (w + 1) * window)`` (the last one
+    shorter), permuted there with the window's own key:
+
+        length 7, window 3:  windows [0 1 2] [3 4 5] [6]  ->  e.g. [2 0 1] [4 5 3] [6]
     """
 
     key: PRNGKeyArray
+    window: int = eqx.field(static=True, default=0)
 
     def __call__(self, x, length, epoch, doc, salt):
         x, length = x.astype(U32), length.astype(U32)
         doc, salt = jnp.broadcast_to(doc, x.shape).astype(U32), jnp.broadcast_to(salt, x.shape).astype(U32)
         epoch = jnp.broadcast_to(epoch, x.shape).astype(U32)  # one epoch, or one per lane
+        lanes = (epoch, doc, salt)
+        base = jnp.zeros_like(x)
+        if self.window:
+            block = x // U32(self.window)
+            base = block * U32(self.window)
+            x, length = x - base, jnp.minimum(U32(self.window), length - base)
+            lanes = (*lanes, block)
 
-        def lane_key(e, d, c):
-            epoch_key = jax.random.fold_in(self.key, e)
-            return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(epoch_key, d), c))
+        def lane_key(e, d, c, *block):
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(self.key, e), d), c)
+            return jax.random.key_data(jax.random.fold_in(key, block[0]) if block else key)
 
-        keys = rewrap(jax.vmap(lane_key)(epoch, doc, salt), self.key)
+        keys = rewrap(jax.vmap(lane_key)(*lanes), self.key)
         network = derive_network("feistel", None, keys, length)
-        return apply_network("feistel", network, x, length, batched=True)
+        return base + apply_network("feistel", network, x, length, batched=True)
 
 
 class SpliceSchedule(eqx.Module):

@@ -137,6 +137,24 @@ def test_seed_single_document_yaml_reaches_the_dataset(root):
     )
 
 
+def test_per_axis_shuffles_and_seeds_reach_the_schedule(root):
+    """The seed's ``shuffle_offsets: bool|int`` / ``offset_seed`` (and the content axis's): an int
+    is a window (Levanter's era length), a seed fixes that axis whatever the run's key."""
+    extra = "shuffle_offsets: 4\noffset_seed: 11\nshuffle_content: true\ncontent_seed: 3\n"
+    config = parse(root, SEED_SINGLE.format(root=root) + extra).data
+    spec = config.dataset(SEQ).spec
+    assert (spec.shuffle_offsets, spec.offset_seed, spec.shuffle_content, spec.content_seed) == (
+        4,
+        11,
+        True,
+        3,
+    )
+    assert spec.axis_shuffle("offsets") == (4, 11) and spec.axis_shuffle("content") == (0, 3)
+    assert not spec.needs_key
+    plain = parse(root, SEED_SINGLE.format(root=root) + "shuffle_offsets: true\n").data.dataset(SEQ).spec
+    assert plain.shuffle_offsets is True and plain.axis_shuffle("offsets") == (0, None)
+
+
 def test_causal_yaml_reaches_the_dataset(root):
     config = parse(
         root,
@@ -181,6 +199,11 @@ def test_levanter_yamls_still_parse(root):
         ("type: splice_multi_document\nvalidation_starts: 0\n", "validation_starts"),
         ("type: splice_multi_document\ncontent_length: 1\n", "content_length"),
         ("type: splice_single_document\nnum_docs: 3\n", "num_docs"),
+        ("type: splice_multi_document\ncontent_start_mode: slide_within\noffset_seed: 3\n", "offset_seed"),
+        (
+            "type: splice_multi_document\ncontent_start_mode: slide_within\nshuffle_offsets: 1\n",
+            "shuffle_offsets",
+        ),
         ("type: splice_multi_document\ntokenizer: passthrough\n", "tokenizer"),
         ("type: splice_multi_document\nbase: {type: mixture, configs: {a: {}, b: {}}}\n", "dataset_name"),
         (

@@ -55,6 +55,74 @@ def test_shuffle_offsets_keeps_t_major_order_and_permutes_each_block():
     assert rows_of(schedule, 0) != rows_of(schedule, 1)
 
 
+def test_shuffle_offsets_window_permutes_inside_each_window():
+    """``shuffle_offsets: 3`` (an int, Levanter's era length): placement ``i`` of a start stays in
+    its window ``i // 3``; every window of every start still permuted, fresh per epoch."""
+    plain = rows_of(meshbatch.splice_schedule(LENGTHS, **ENUMERATED))
+    schedule = meshbatch.splice_schedule(LENGTHS, shuffle_offsets=3, key=jax.random.key(1), **ENUMERATED)
+    orders = [rows_of(schedule, epoch) for epoch in range(2)]
+    for got in orders:
+        assert [r[:2] for r in got] == [r[:2] for r in plain]
+        assert Counter(got) == Counter(plain)
+        assert [r[2] // 3 for r in got] == [r[2] // 3 for r in plain]  # s = i (offset_stride 1)
+        assert got != plain
+    assert orders[0] != orders[1]
+    whole = rows_of(
+        meshbatch.splice_schedule(LENGTHS, shuffle_offsets=True, key=jax.random.key(1), **ENUMERATED)
+    )
+    assert [r[2] // 3 for r in whole] != [r[2] // 3 for r in plain]  # the whole-axis shuffle crosses windows
+
+
+def test_shuffle_content_window_keeps_starts_in_their_window():
+    """``shuffle_content: 2`` on a uniform layout (cyclic_roll, one count per start): round by round,
+    the ``r``-th row of a round reads a start of window ``r // 2``, permuted inside it."""
+    spec = dict(seq_len=8, content_length=5, content_start_mode="cyclic_roll")
+    plain = rows_of(meshbatch.splice_schedule(LENGTHS, **spec))
+    windowed = rows_of(meshbatch.splice_schedule(LENGTHS, shuffle_content=2, key=jax.random.key(2), **spec))
+    assert Counter(windowed) == Counter(plain)
+    moved = False
+    for doc in sorted({r[0] for r in plain}):
+        starts = [r[1] for r in windowed if r[0] == doc]
+        slots = len({r[1] for r in plain if r[0] == doc})
+        assert [t // 2 for t in starts] == [(p % slots) // 2 for p in range(len(starts))]
+        moved |= starts != [p % slots for p in range(len(starts))]
+    assert moved
+
+
+def test_axis_seeds_fix_an_axis_across_pipeline_keys():
+    """``offset_seed``/``content_seed``: that axis's order is the seed's, whatever the schedule's
+    key; the axes without a seed (and the row shuffle) still follow the key."""
+    spec = dict(ENUMERATED, shuffle_offsets=True, offset_seed=7, shuffle_content=True)
+    a = meshbatch.splice_schedule(LENGTHS, key=jax.random.key(0), **spec)
+    b = meshbatch.splice_schedule(LENGTHS, key=jax.random.key(1), **spec)
+    assert rows_of(a) != rows_of(b)  # the content axis follows the key
+    only_offsets = dict(ENUMERATED, shuffle_offsets=True, offset_seed=7)
+    seeded = [rows_of(meshbatch.splice_schedule(LENGTHS, key=k, **only_offsets)) for k in (0, 1, None)]
+    assert seeded[0] == seeded[1] == seeded[2]  # no key needed: the only shuffle has its seed
+    by_key = [
+        rows_of(meshbatch.splice_schedule(LENGTHS, key=k, shuffle_offsets=True, **ENUMERATED)) for k in (7, 8)
+    ]
+    assert by_key[0] != by_key[1]
+    assert seeded[0] != rows_of(meshbatch.splice_schedule(LENGTHS, **dict(only_offsets, offset_seed=8)))
+
+
+@pytest.mark.parametrize(
+    "fields, error, match",
+    [
+        (dict(offset_seed=3), ValueError, "offset_seed=3 only applies when shuffle_offsets is set"),
+        (dict(content_seed=3), ValueError, "content_seed=3 only applies when shuffle_content is set"),
+        (dict(shuffle_offsets=1), ValueError, "shuffle_offsets"),
+        (dict(shuffle_offsets=0), ValueError, "shuffle_offsets"),
+        (dict(shuffle_content="yes"), TypeError, "shuffle_content='yes'"),
+        (dict(shuffle_offsets=True, offset_seed=-1), ValueError, "offset_seed"),
+        (dict(shuffle_offsets=True, offset_seed=2.0), TypeError, "offset_seed"),
+    ],
+)
+def test_axis_shuffle_fields_are_checked_by_name(fields, error, match):
+    with pytest.raises(error, match=match):
+        meshbatch.splice_schedule(LENGTHS, key=jax.random.key(0), **ENUMERATED, **fields)
+
+
 @pytest.mark.parametrize(
     "spec",
     [

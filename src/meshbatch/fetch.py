@@ -61,10 +61,8 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.nd
         and int32 ``[rows_per_device, spans_per_row]``.
     """
     check_spans(dataset, spans, layout.rows.shape[0])
-    if len(layout.groups) == 1:
-        buffer, offsets = _read_group(
-            dataset, Spans(*(a[layout.groups[0]] for a in spans)), layout.rows_per_device
-        )
+    if layout.identity:
+        buffer, offsets = _read_group(dataset, spans, layout.rows_per_device)
         return [buffer], [offsets]
     # Scratch: every source's unique runs back to back (never more than all spans' tokens).
     reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)

@@ -78,23 +78,33 @@ class RowLayout:
         device_group = tuple(ranges.index(r) for r in device_rows)
         return cls(batch_size, sharding, devices, device_rows, rows, local_mesh, groups, device_group)
 
+    @property
+    def identity(self) -> bool:
+        """One device group holding ``rows`` in order (one device, or devices replicating one
+        row range): per-group arrays need no indexing."""
+        return len(self.groups) == 1
+
     def per_device(self, per_group: list) -> list:
         """Each device's item from one item per group."""
         return [per_group[g] for g in self.device_group]
+
+    def stack(self, per_group: list) -> np.ndarray:
+        """Each device's item from one array per group, stacked along dim 0 in ``devices`` order
+        (no copy with one device)."""
+        if len(self.devices) == 1:
+            return per_group[0]
+        return np.concatenate(self.per_device(per_group))
+
+    def group_rows(self, tree):
+        """A tree of ``[len(rows), ...]`` arrays as one tree per device group."""
+        if self.identity:
+            return [tree]
+        return [jax.tree.map(lambda leaf, index=index: leaf[index], tree) for index in self.groups]
 
     def leaf_sharding(self, ndim: int) -> NamedSharding:
         """The global sharding of a ``[batch, ...]`` leaf with ``ndim`` dimensions."""
         spec = self.sharding.spec
         return NamedSharding(self.sharding.mesh, PartitionSpec(spec[0], *([None] * (ndim - 1))))
-
-    def place_local(self, stacked):
-        """A tree of host arrays, each the devices' parts stacked along dim 0 (in ``devices``
-        order), onto the local mesh split by device: one batched transfer for the whole tree."""
-        shardings = jax.tree.map(
-            lambda a: NamedSharding(self.local_mesh, PartitionSpec("local", *([None] * (np.ndim(a) - 1)))),
-            stacked,
-        )
-        return jax.device_put(stacked, shardings)
 
     def to_global(self, local: jax.Array) -> jax.Array:
         """Re-labels a local-mesh array (rows stacked per device) as the global batch leaf."""

@@ -138,7 +138,16 @@ class Pipeline:
 
         local = PartitionSpec("local")  # the tables replicated, every row input split by device
         in_specs = (PartitionSpec(), local, local) if self._host_plans else (PartitionSpec(), local)
-        kernel = jax.jit(jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local))
+        # One process: the host's stacked inputs go in as numpy and jit places them by its
+        # in_shardings (a step's build costs half what a device_put of the tree and then the call
+        # does). Several: jit refuses numpy for a sharded input, so they are placed first.
+        shardings = tuple(NamedSharding(layout.local_mesh, spec) for spec in in_specs)
+        kernel = jax.jit(
+            jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local),
+            in_shardings=shardings,
+        )
+        if jax.process_count() > 1:
+            return lambda *args: kernel(self._build_tables, *jax.device_put(args, shardings[1:]))
         return lambda *args: kernel(self._build_tables, *args)
 
     # -- host arithmetic ----------------------------------------------------------------------
@@ -156,10 +165,12 @@ class Pipeline:
         return self.schedule.rows(step, rows, self.dataset.num_examples)
 
     def _plan_rows(self, step: int, rows: np.ndarray, state=None):
-        # One transfer; the state committed to the planning device like the states plan
-        # returns (one compile, not two).
-        position, epoch, state = jax.device_put((*self._rows(step, rows), state), self._cpu)
-        plan, state = self._plan(self._plan_tables, Rows(position, epoch), state)
+        # The rows go in as numpy (jit moves them to the planning device); a state is committed
+        # there like the states plan returns (one compile, not two).
+        if state is not None:
+            state = jax.device_put(state, self._cpu)
+        with jax.default_device(self._cpu):
+            plan, state = self._plan(self._plan_tables, Rows(*self._rows(step, rows)), state)
         return jax.tree.map(np.asarray, plan), state
 
     def _plan_global(self, step: int, state):
@@ -197,11 +208,11 @@ class Pipeline:
                 f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
             )
         layout = self._layouts[self.schedule.batch_size(step)]
-        # Every per-device input is stacked on the host and placed in one batched transfer.
+        # Every per-device input is stacked on the host; the build's jit places them all at once.
         if not self._host_plans:
             per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
             rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
-            local = self._build[layout.batch_size](layout.place_local(rows))
+            local = self._build[layout.batch_size](rows)
         else:
             if self._planner is None:
                 plan, _ = self._plan_rows(step, layout.rows)
@@ -210,12 +221,8 @@ class Pipeline:
             content = None
             if self.dataset.fetches:
                 tokens, offsets = fetch(self.dataset, self.dataset.spans(plan), layout)
-                content = Content(
-                    np.concatenate(layout.per_device(tokens)), np.concatenate(layout.per_device(offsets))
-                )
-            parts = [jax.tree.map(lambda leaf, index=index: leaf[index], plan) for index in layout.groups]
-            plan = jax.tree.map(lambda *leaves: np.concatenate(layout.per_device(list(leaves))), *parts)
-            plan, content = layout.place_local((plan, content))
+                content = Content(layout.stack(tokens), layout.stack(offsets))
+            plan = jax.tree.map(lambda *leaves: layout.stack(list(leaves)), *layout.group_rows(plan))
             local = self._build[layout.batch_size](plan, content)
         return jax.tree.map(layout.to_global, local)
 

@@ -20,6 +20,8 @@ import os
 import numpy as np
 import tensorstore as ts
 
+from ..checks import check_int
+
 
 class CacheIntegrityError(ValueError):
     """A token cache on disk is damaged or inconsistent: never read as valid tokens."""
@@ -165,3 +167,11 @@ def as_index_array(name: str, value) -> np.ndarray:
     if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} must fit int64 (got {name} value {int(arr.max())})")
     return arr.reshape(-1).astype(np.int64, copy=False)
+
+
+def check_out_buffer(name: str, out, *, at) -> None:
+    """``out`` a 1-D integer numpy array and ``at`` a non-negative int (a read's destination)."""
+    if not isinstance(out, np.ndarray) or out.ndim != 1 or not np.issubdtype(out.dtype, np.integer):
+        got = f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}"
+        raise TypeError(f"{name} must be a 1-D integer numpy array (got {got})")
+    check_int("at", at, low=0)

@@ -28,7 +28,7 @@ import tensorstore as ts
 from ..checks import check_bool, check_float, check_int
 from .arrays import shared_context
 from .blocks import BlockCache
-from .checks import as_index_array, as_token_dtype, check_name, check_path
+from .checks import as_index_array, as_token_dtype, check_name, check_out_buffer, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
 from .contents import Contents, load_contents
 from .fetch import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
@@ -117,20 +117,16 @@ class TokenCache:
 
     @property
     def is_finished(self) -> bool:
-        return self._ledger is not None and self._ledger.is_finished
+        return self._contents.ledger is not None and self._contents.ledger.is_finished
 
     @property
     def ledger(self) -> Ledger:
         """The ledger whose rows this reader has loaded."""
-        return self._ledger
-
-    @property
-    def _ledger(self) -> Ledger | None:
         return self._contents.ledger
 
     @property
     def layout(self) -> str:
-        return self._ledger.layout if self._ledger is not None else CONSOLIDATED
+        return self._contents.ledger.layout if self._contents.ledger is not None else CONSOLIDATED
 
     @property
     def context(self) -> ts.Context:
@@ -158,7 +154,7 @@ class TokenCache:
             CacheChangedError: the cache was replaced or rewritten rather than grown.
         """
         ledger, stamp = self._watch.file.read()
-        if ledger != self._ledger:
+        if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
             self._load(ledger)
         self._watch.update(ledger, stamp)
@@ -228,10 +224,7 @@ class TokenCache:
             ValueError: malformed or negative spans, or ``out`` too small.
             IndexError: a span ends beyond ``num_tokens``.
         """
-        if not isinstance(out, np.ndarray) or out.ndim != 1 or not np.issubdtype(out.dtype, np.integer):
-            got = f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}"
-            raise TypeError(f"out must be a 1-D integer numpy array (got {got})")
-        check_int("at", at, low=0)
+        check_out_buffer("out", out, at=at)
         starts, lengths = as_spans(starts, lengths)
         runs = self._coalesce(starts, lengths)
         total = int(runs.run_offsets[-1])
@@ -277,11 +270,9 @@ class TokenCache:
             IndexError: a row is out of range.
         """
         rows = as_index_array("rows", rows)
-        bad = np.flatnonzero((rows < 0) | (rows >= self.num_rows))
+        bad = rows[(rows < 0) | (rows >= self.num_rows)]
         if bad.size:
-            raise IndexError(
-                f"row {int(rows[bad[0]])} out of range for cache {self.path} of {self.num_rows} rows"
-            )
+            raise IndexError(f"row {int(bad[0])} out of range for cache {self.path} of {self.num_rows} rows")
         offsets = self._contents.offsets
         got = self.read_spans(offsets[rows], offsets[rows + 1] - offsets[rows])
         return [got[i] for i in range(len(got))]

@@ -27,6 +27,7 @@ from meshbatch.cache.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.fetch import PendingRead, run_reads
 from meshbatch.cache.ledger import read_ledger
 
+from .assemble import ramp
 from .store import BLOCKS, REAL_TOKENS, Header, chunk_files
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class BlockSource:
         S = self.block_size
         if not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S):
             # whole rows (the pipeline's case): one gather of every row, straight into out
-            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + _ramp(runs.run_lengths // S)
+            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + ramp(runs.run_lengths // S)
             targets, finish = self._plan_gather(rows, out[at : at + total].reshape(-1, S))
             self.counters.add(
                 spans_requested=starts.shape[0],
@@ -272,11 +273,6 @@ class ChunkBlocks(BlockSource):
                 row += take
 
         return [], finish
-
-
-def _ramp(counts: np.ndarray) -> np.ndarray:
-    """``[0 .. counts[0] - 1, 0 .. counts[1] - 1, ...]``."""
-    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):

@@ -22,23 +22,19 @@ from typing import Literal
 
 import jax
 import numpy as np
-import tensorstore as ts
-from tqdm.auto import tqdm
 
-from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache, shared_context
-from meshbatch.cache.arrays import kvstore_spec
+from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
 from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 from meshbatch.checks import as_key, check_bool, check_choice, check_int, check_token_id
 
+from .assemble import write_blocks
 from .escape import EscapingTokenizer
-from .layout import SHUFFLE_LEVELS, Layout, PackSpec, ShuffleLevel, plan_layout
-from .store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, check_path, check_paths, write_header
+from .layout import SHUFFLE_LEVELS, PackSpec, ShuffleLevel, plan_layout
+from .store import BLOCKS, HEADER_FILE, Header, check_path, check_paths, write_header
 
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["zarr", "npy"]
-CHUNK_TOKENS = 1 << 18  # tokens per stored chunk (rows of whole blocks)
-BATCH_TOKENS = 1 << 22  # tokens assembled per write
 
 
 def preblock(
@@ -148,7 +144,7 @@ def preblock(
         raise ValueError(f"no documents to pack in {inputs}")
 
     layout = plan_layout(cache.doc_lengths(), spec, key)
-    counts = _write(output, cache, layout, ids, vocab, output_format, disable)
+    counts = write_blocks(output, cache, layout, ids, vocab, output_format, disable)
     fill = layout.fill()
     header = Header(
         block_size=block_size,
@@ -228,94 +224,3 @@ def _marker_ids(doc_id, eod_id, pad_id, vocab: int, named: dict[str, int]) -> tu
     if len(set(ids.values())) != 3:
         raise ValueError(f"doc_id, eod_id and pad_id must differ (got {ids})")
     return ids["doc_id"], ids["eod_id"], ids["pad_id"]
-
-
-def _write(output, cache: TokenCache, layout: Layout, ids, vocab: int, output_format: str, disable) -> dict:
-    S, N = layout.spec.block_size, layout.num_blocks
-    chunk_rows = max(1, CHUNK_TOKENS // S)
-    batch_rows = chunk_rows * max(1, BATCH_TOKENS // (chunk_rows * S))
-    order = layout.by_position()
-    first, stop = layout.block_docs(order)
-    offsets = cache.doc_offsets()
-    real = layout.real_tokens()[layout.block_order]
-    store = _create(output, BLOCKS, [N, S], [chunk_rows, S]) if output_format == "zarr" else None
-    literal, pending = 0, None
-    with tqdm(total=N, desc=f"writing {output}", unit="block", disable=disable) as bar:
-        for p0 in range(0, N, batch_rows):
-            p1 = min(N, p0 + batch_rows)
-            rows, found = assemble(cache, layout, order, first, stop, offsets, p0, p1, ids, vocab)
-            literal += found
-            if pending is not None:
-                pending.result()
-            if store is not None:
-                pending = store[p0:p1].write(rows)
-            else:
-                for c0 in range(p0, p1, chunk_rows):
-                    name = f"chunk{c0 // chunk_rows:06d}.npy"
-                    np.save(os.path.join(output, name), rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
-            bar.update(p1 - p0)
-    if pending is not None:
-        pending.result()
-    if store is not None:
-        _create(output, REAL_TOKENS, [N], [max(1, CHUNK_TOKENS)])[:].write(real).result()
-    else:
-        np.save(os.path.join(output, "real_tokens.npy"), real)
-    return {"blocks": N, "literal_markers": literal}
-
-
-def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:
-    codecs = [{"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}}]
-    spec = {
-        "driver": "zarr3",
-        "kvstore": kvstore_spec(os.path.join(root, name)),
-        "metadata": {
-            "shape": shape,
-            "data_type": "int32",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
-            "codecs": codecs,
-        },
-    }
-    return ts.open(spec, create=True, delete_existing=True, context=shared_context()).result()
-
-
-def assemble(cache, layout: Layout, order, first, stop, offsets, p0: int, p1: int, ids, vocab: int):
-    """Output blocks ``[p0, p1)`` as ``int32[p1 - p0, block_size]``, and how many document tokens
-    equal a structural id. Every piece of every document in those blocks is read in one coalesced
-    read and scattered into place with numpy (no Python loop over documents).
-    """
-    S = layout.spec.block_size
-    doc_id, eod_id, pad_id = ids
-    packed = layout.block_order[p0:p1]
-    counts = stop[packed] - first[packed]
-    row = np.repeat(np.arange(p1 - p0), counts)
-    index = np.repeat(first[packed], counts) + _ramp(counts)
-    doc = order[index]
-    start, size = layout.starts[doc], layout.sizes[doc]
-    block_lo = packed[row] * S
-    lo, hi = np.maximum(start, block_lo), np.minimum(start + size, block_lo + S)
-    slot_lo, slots = lo - start, hi - lo
-    token_lo = np.maximum(slot_lo - 1, 0)
-    token_count = np.maximum(np.minimum(slot_lo + slots - 1, size - 2) - token_lo, 0)
-    read = cache.read_runs(offsets[doc] + token_lo, token_count)
-    buffer = read.buffer
-    structural = np.isin(buffer, ids)
-    outside = ((buffer < 0) | (buffer >= vocab)) & ~structural
-    if outside.any():
-        raise ValueError(f"cache {cache.path} holds token id {int(buffer[outside][0])} outside [0, {vocab=})")
-
-    piece = np.repeat(np.arange(doc.shape[0]), slots)
-    step = _ramp(slots)
-    slot = slot_lo[piece] + step
-    where = row[piece] * S + (lo - block_lo)[piece] + step
-    at = np.clip(read.span_starts[piece] + slot - 1 - token_lo[piece], 0, max(buffer.shape[0] - 1, 0))
-    content = buffer[at] if buffer.size else np.zeros_like(slot)
-    values = np.where(slot == 0, doc_id, np.where(slot == size[piece] - 1, eod_id, content))
-    out = np.full((p1 - p0) * S, pad_id, np.int32)
-    out[where] = values
-    return out.reshape(p1 - p0, S), int(structural.sum())
-
-
-def _ramp(counts: np.ndarray) -> np.ndarray:
-    """``[0, 1, .., counts[0] - 1, 0, 1, .., counts[1] - 1, ...]``."""
-    total = int(counts.sum())
-    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -37,6 +37,16 @@ def subkey(key: PRNGKeyArray, purpose: str) -> PRNGKeyArray:
     return jax.random.fold_in(key, _KEY_TAGS[purpose])
 
 
+def axis_permutation(spec: SpliceSpec, key: PRNGKeyArray | None, axis: str) -> LanePermutation | None:
+    """The shuffle of the ``"content"`` or ``"offsets"`` axis: keyed by the axis's own seed
+    (``content_seed``/``offset_seed``) when it has one, else by the schedule's key."""
+    shuffle = spec.axis_shuffle(axis)
+    if shuffle is None:
+        return None
+    window, seed = shuffle
+    return LanePermutation(subkey(key if seed is None else jax.random.key(seed), axis), window=window)
+
+
 def schedule_key(spec: SpliceSpec, key) -> PRNGKeyArray | None:
     """The checked key of a research-object schedule: required exactly when the spec draws one."""
     if key is None:
@@ -105,8 +115,8 @@ def build_schedule(
             content_stride=spec.window_stride if slide else spec.content_stride,
             offset_stride=spec.offset_stride,
             min_copy_len=spec.min_copy_len,
-            content_perm=LanePermutation(subkey(key, "content")) if spec.shuffle_content else None,
-            offset_perm=LanePermutation(subkey(key, "offsets")) if spec.shuffle_offsets else None,
+            content_perm=axis_permutation(spec, key, "content"),
+            offset_perm=axis_permutation(spec, key, "offsets"),
         )
     if not (items > 0).any():
         raise _no_pairs_error(spec, lengths)

@@ -30,6 +30,7 @@ Mode = Literal["splice", "slide"]
 ContentStartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "coverage_balanced"]
 BalanceMode = Literal["by_coverage", "by_document", "by_temperature"]
 MAX_ROWS = 2**32 - 1
+_AXES = {"content": ("shuffle_content", "content_seed"), "offsets": ("shuffle_offsets", "offset_seed")}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,8 +57,10 @@ class SpliceSpec:
     balance_tau: float = 1.0
     epoch_length: int | None = None
     shuffle_per_epoch: bool = False
-    shuffle_content: bool = False
-    shuffle_offsets: bool = False
+    shuffle_content: bool | int = False
+    shuffle_offsets: bool | int = False
+    content_seed: int | None = None
+    offset_seed: int | None = None
     pad_token_id: int | None = None
     eos_token_id: int | None = None
     segment_mode: SegmentMode = "prefix"
@@ -80,8 +83,10 @@ class SpliceSpec:
             check_choice(name, getattr(self, name), choices)
         for name in ("alpha", "balance_tau"):
             check_float(name, getattr(self, name), low=0.0)
-        for name in ("adaptive_k", "shuffle_per_epoch", "shuffle_content", "shuffle_offsets"):
+        for name in ("adaptive_k", "shuffle_per_epoch"):
             check_bool(name, getattr(self, name))
+        for axis in _AXES:
+            self._check_axis_shuffle(axis)
         for name in ("pad_token_id", "eos_token_id"):
             check_token_id(name, getattr(self, name), optional=True)
         if self.content_length is not None and self.content_length < self.min_copy_len:
@@ -121,6 +126,26 @@ class SpliceSpec:
         if balanced and self.mode == "slide":
             raise ValueError("content_start_mode='coverage_balanced' does not apply to mode='slide'")
 
+    def _check_axis_shuffle(self, axis: str) -> None:
+        shuffle, seed_name = _AXES[axis]
+        value, seed = getattr(self, shuffle), getattr(self, seed_name)
+        if not isinstance(value, bool):
+            if not isinstance(value, int | np.integer):
+                raise TypeError(f"{shuffle} must be a bool or an int window (got {shuffle}={value!r})")
+            check_int(shuffle, value, low=2, high=INT32_MAX)  # 0 and 1 would shuffle nothing
+        check_optional_int(seed_name, seed, low=0, high=INT32_MAX)
+        if seed is not None and value is False:
+            raise ValueError(f"{seed_name}={seed} only applies when {shuffle} is set (got {shuffle}=False)")
+
+    def axis_shuffle(self, axis: str) -> tuple[int, int | None] | None:
+        """``(window, seed)`` of the ``"content"`` or ``"offsets"`` axis's shuffle, ``None`` if it
+        is not shuffled: window 0 is the whole axis, seed ``None`` is the pipeline key's."""
+        shuffle, seed_name = _AXES[axis]
+        value = getattr(self, shuffle)
+        if value is False:
+            return None
+        return (0 if value is True else int(value)), getattr(self, seed_name)
+
     @property
     def enumerated(self) -> bool:
         return self.mode == "splice" and self.content_start_mode != "coverage_balanced"
@@ -129,7 +154,10 @@ class SpliceSpec:
     def needs_key(self) -> bool:
         """Whether the schedule draws anything from a key (a shuffle, or uniform jitter)."""
         jitter = self.offset_jitter > 0 and self.jitter_mode == "uniform"
-        return self.shuffle_per_epoch or self.shuffle_content or self.shuffle_offsets or jitter
+        unseeded = any(
+            shuffle is not None and shuffle[1] is None for shuffle in map(self.axis_shuffle, _AXES)
+        )
+        return self.shuffle_per_epoch or unseeded or jitter
 
     @property
     def cyclic(self) -> bool:
