@@ -5,6 +5,7 @@ tokenizer directory gives Levanter and meshbatch the same tokens."""
 import dataclasses
 import json
 import textwrap
+import time
 
 import draccus
 import haliax as hax
@@ -15,6 +16,7 @@ from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import ByteTokenizer, HFTokenizer
+from meshbatch.cache.ledger import try_read_ledger
 from meshbatch.levanter import (
     CausalLMConfig,
     MixtureBaseConfig,
@@ -196,6 +198,8 @@ def test_levanter_yamls_still_parse(root):
         ("type: no_such_type\n", "no_such_type"),
         ("type: causal_lm\nshuffle: sideways\n", "shuffle"),
         ("type: causal_lm\nshuffle: block\nera_length: 4\n", "era_length"),
+        ("type: causal_lm\nquick_start: true\n", "quick_start"),
+        ("type: causal_lm\nshuffle: era\nquick_start: true\nfast_path: false\n", "fast_path"),
         ("type: splice_multi_document\nvalidation_starts: 0\n", "validation_starts"),
         ("type: splice_multi_document\ncontent_length: 1\n", "content_length"),
         ("type: splice_single_document\nnum_docs: 3\n", "num_docs"),
@@ -315,3 +319,40 @@ def test_mixture_configs_refuse_what_does_not_apply(root):
     ):
         with pytest.raises(Exception, match=named):
             parse(root, data)
+
+
+def test_quick_start_yaml_serves_batches_while_the_cache_is_built(tmp_path):
+    """``quick_start: true``: ``train_set`` returns as soon as the background build's first ledger
+    is written; the fast path's batches (committed windows only, waiting for more) equal those of
+    the finished cache with the same key (the era shuffle allows it)."""
+    rng = np.random.default_rng(1)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    with open(tmp_path / "big.jsonl", "w") as f:  # ~3 MB of bytes: 3 commits of 1 Mi tokens
+        for n in rng.integers(200, 1200, 700):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
+    ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
+    cache_dir = tmp_path / "cache"
+    data = (
+        f"type: causal_lm\ntokenizer: {tmp_path}/tok\n"
+        f"base: {{cache_dir: {cache_dir}, train_urls: [{tmp_path}/big.jsonl]}}\n"
+        "shuffle: era\nera_length: 64\nquick_start: true\n"
+    )
+    Pos = hax.Axis("position", SEQ)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+
+    def batches(config, steps=8):
+        dataset = config.train_set(Pos, None, key=jax.random.key(3))
+        loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=8)
+        stream = loader.iter_from_step(0)
+        got = [np.asarray(next(stream).tokens.array) for _ in range(steps)]
+        getattr(stream, "close", lambda: None)()
+        return got
+
+    early = batches(parse(tmp_path, data).data)
+    deadline = time.monotonic() + 300
+    while not getattr(try_read_ledger(str(cache_dir / "train")), "is_finished", False):
+        assert time.monotonic() < deadline, "the background build did not finish"
+        time.sleep(0.1)
+    final = batches(parse(tmp_path, data.replace("quick_start: true\n", "")).data)
+    for got, want in zip(early, final, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -136,10 +136,22 @@ class CausalLMConfig(MeshbatchLMConfig):
     window_blocks: int = 8
     reshuffle_each_epoch: bool = False
     eos_id: int | None = None
+    quick_start: bool = False
+    """train while the train cache is still built (in a background thread): batches hold only
+    committed windows and wait for more; needs ``shuffle: era`` or ``none`` and the fast path."""
 
     def __post_init__(self):
         super().__post_init__()
         _checked(self, self.shuffle_spec)  # contradictory fields fail now, by name
+        if self.quick_start and self.shuffle not in ("era", "none"):
+            raise ConfigError(
+                f"quick_start=true with shuffle={self.shuffle!r}: a {self.shuffle} shuffle needs the "
+                "cache's final length; use shuffle: era (or none) to train while it is written"
+            )
+        if self.quick_start and not self.fast_path:
+            raise ConfigError(
+                "quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)"
+            )
 
     def shuffle_spec(self) -> ShuffleSpec:
         block = self.shuffle == "block"
@@ -152,7 +164,11 @@ class CausalLMConfig(MeshbatchLMConfig):
         )
 
     def dataset(self, seq_len: int, split: str = "train") -> CausalLMDataset:
-        cache = self.cache(split)
+        if self.quick_start and split == "train":
+            name, source = self.component
+            cache = source.growing_cache(self.tokenizer_dir, name=name)
+        else:
+            cache = self.cache(split)
         if cache is None:
             raise ValueError(f"no {split} files or cache for {self.component[0]!r}")
         return CausalLMDataset(cache, seq_len, shuffle=self.shuffle_spec(), eos_id=self.eos_id)

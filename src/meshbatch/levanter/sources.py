@@ -3,7 +3,10 @@ named ones), each a token cache built offline from local files, and ``ConfigErro
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -11,6 +14,10 @@ import draccus
 from draccus.utils import ParsingError
 
 from ..cache import HFTokenizer, TokenCache, build_cache
+from ..cache.ledger import try_read_ledger
+
+logger = logging.getLogger(__name__)
+QUICK_START_FLUSH_TOKENS = 1 << 20  # a quick-start build commits every 1Mi tokens
 
 
 class ConfigError(ParsingError):
@@ -50,16 +57,52 @@ class SourceConfig:
     def cache(self, split: str, tokenizer_dir: str, *, name: str) -> TokenCache | None:
         """The finished cache of ``split`` (``None`` without files for it); building one shows a
         progress bar on a terminal."""
-        urls = {"train": self.train_urls, "validation": self.validation_urls}[split]
-        if self.cache_dir is None:
-            raise ValueError(f"source {name!r} needs cache_dir (where its {split} cache lives)")
-        path = os.path.join(self.cache_dir, split)
+        urls, path = self._split(split, name)
         if urls:
-            tokenizer = HFTokenizer(os.path.join(tokenizer_dir, "tokenizer.json"))
-            build_cache(path, list(urls), tokenizer=tokenizer, text_key=self.format.text_key, progress=None)
+            self._build(path, urls, tokenizer_dir, progress=None)
         elif not os.path.isdir(path):
             return None
         return TokenCache.open(path)
+
+    def growing_cache(self, tokenizer_dir: str, *, name: str) -> TokenCache:
+        """Quick start: the train cache as it is written, by a background thread that commits
+        every ``QUICK_START_FLUSH_TOKENS`` tokens (a finished cache is opened as ``cache`` does).
+        Waits only for the build's first ledger; a build that fails before it raises here, one
+        that fails later is logged and leaves the cache unfinished (resumed by the next run)."""
+        urls, path = self._split("train", name)
+        if not urls:
+            raise ValueError(f"source {name!r} has no train_urls: quick start builds the train cache")
+        done = try_read_ledger(path)
+        if done is not None and done.is_finished:
+            return self.cache("train", tokenizer_dir, name=name)
+        failed: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                self._build(path, urls, tokenizer_dir, progress=False, flush_tokens=QUICK_START_FLUSH_TOKENS)
+            except BaseException as error:  # raised below, or logged
+                failed.append(error)
+                logger.exception("quick start: building the train cache %s failed", path)
+
+        thread = threading.Thread(target=build, name=f"meshbatch-build-{name}", daemon=True)
+        thread.start()
+        while try_read_ledger(path) is None:
+            if not thread.is_alive():
+                if failed:
+                    raise failed[0]
+                break
+            time.sleep(0.02)
+        return TokenCache.open(path, require_finished=False)
+
+    def _split(self, split: str, name: str) -> tuple[list[str], str]:
+        urls = {"train": self.train_urls, "validation": self.validation_urls}[split]
+        if self.cache_dir is None:
+            raise ValueError(f"source {name!r} needs cache_dir (where its {split} cache lives)")
+        return list(urls), os.path.join(self.cache_dir, split)
+
+    def _build(self, path: str, urls: list[str], tokenizer_dir: str, **kwargs) -> None:
+        tokenizer = HFTokenizer(os.path.join(tokenizer_dir, "tokenizer.json"))
+        build_cache(path, urls, tokenizer=tokenizer, text_key=self.format.text_key, **kwargs)
 
 
 @dataclass(frozen=True)
