@@ -199,7 +199,7 @@ def test_levanter_yamls_still_parse(root):
         ("type: causal_lm\nshuffle: sideways\n", "shuffle"),
         ("type: causal_lm\nshuffle: block\nera_length: 4\n", "era_length"),
         ("type: causal_lm\nquick_start: true\n", "quick_start"),
-        ("type: causal_lm\nshuffle: era\nquick_start: true\nfast_path: false\n", "fast_path"),
+        ("type: causal_lm\nshuffle: none\nquick_start: true\nfast_path: false\n", "fast_path"),
         ("type: splice_multi_document\nvalidation_starts: 0\n", "validation_starts"),
         ("type: splice_multi_document\ncontent_length: 1\n", "content_length"),
         ("type: splice_single_document\nnum_docs: 3\n", "num_docs"),
