@@ -68,7 +68,8 @@ class SourceConfig:
         """Quick start: the train cache as it is written, by a background thread that commits
         every ``QUICK_START_FLUSH_TOKENS`` tokens (a finished cache is opened as ``cache`` does).
         Waits only for the build's first ledger; a build that fails before it raises here, one
-        that fails later is logged and leaves the cache unfinished (resumed by the next run)."""
+        that fails later is logged and leaves the cache unfinished (resumed by the next run). A
+        process that finishes first waits for the build at exit."""
         urls, path = self._split("train", name)
         if not urls:
             raise ValueError(f"source {name!r} has no train_urls: quick start builds the train cache")
@@ -84,7 +85,9 @@ class SourceConfig:
                 failed.append(error)
                 logger.exception("quick start: building the train cache %s failed", path)
 
-        thread = threading.Thread(target=build, name=f"meshbatch-build-{name}", daemon=True)
+        # Not a daemon: a process that ends first waits for the build (a daemon thread killed
+        # inside TensorStore at exit aborts the process) and leaves a finished cache.
+        thread = threading.Thread(target=build, name=f"meshbatch-build-{name}", daemon=False)
         thread.start()
         while try_read_ledger(path) is None:
             if not thread.is_alive():
