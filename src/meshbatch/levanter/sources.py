@@ -68,8 +68,9 @@ class SourceConfig:
         """Quick start: the train cache as it is written, by a background thread that commits
         every ``QUICK_START_FLUSH_TOKENS`` tokens (a finished cache is opened as ``cache`` does).
         Waits only for the build's first ledger; a build that fails before it raises here, one
-        that fails later is logged and leaves the cache unfinished (resumed by the next run). A
-        process that finishes first waits for the build at exit."""
+        that fails later is logged and leaves the cache unfinished (the reader then waits for
+        rows that never come; the next run resumes the build). A process that finishes first
+        waits for the build at exit."""
         urls, path = self._split("train", name)
         if not urls:
             raise ValueError(f"source {name!r} has no train_urls: quick start builds the train cache")
