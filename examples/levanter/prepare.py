@@ -1,5 +1,7 @@
 """Writes the examples' inputs: the demo's corpus (CPython's pydoc topics) as JSONL, one
-validation document in ten, and a byte-level Hugging Face tokenizer directory. Offline."""
+validation document in ten, a byte-level Hugging Face tokenizer directory, and ``gpt2/``: the
+reference directory Levanter's GPT-2 config loads (a ``GPT2Config`` and the byte tokenizer), in
+place of the hub's ``gpt2``. Offline."""
 
 import json
 import pathlib
@@ -19,6 +21,12 @@ def prepare(root: pathlib.Path) -> None:
                 if keep(i):
                     f.write(json.dumps({"id": name, "text": topics[name]}) + "\n")
     ByteTokenizer().save_pretrained(str(root / "byte_tokenizer"))
+    from transformers import GPT2Config
+
+    ByteTokenizer().save_pretrained(str(root / "gpt2"))
+    GPT2Config(
+        vocab_size=ByteTokenizer().vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4
+    ).save_pretrained(str(root / "gpt2"))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""Levanter's train_lm through ``python -m meshbatch.levanter.train_lm`` on the example YAMLs:
-a tiny Llama on the demo's corpus, CPU, json_logger tracker (runs in .venv-levanter, jax 0.7.2).
+"""Levanter's train_lm through ``python -m meshbatch.levanter.train_lm`` on the example YAMLs, on
+the demo's corpus, CPU, json_logger tracker (runs in .venv-levanter, jax 0.7.2).
 
-The splice run trains 50 steps with a checkpoint at step 25; a second run with the same id, its
-later checkpoints removed, resumes from step 25, and its losses from there on equal the first
-run's (same batches, same state: the constant learning rate makes the schedule independent of
-where a run starts). Between the two, ``frame_losses.py`` compares the checkpoint's loss on
-frames it trained on with the same text at placements it never saw. The causal run trains the
-block-shuffled windows.
+The splice run (a tiny GPT-2 on one document) trains 150 steps with a checkpoint at step 100; a
+second run with the same id, its later checkpoints removed, resumes from step 100, and its losses
+from there on equal the first run's (same batches, same state: the constant learning rate makes
+the schedule independent of where a run starts). Between the two, ``frame_losses.py`` runs the
+seed's smoke test on the step-100 checkpoint: loss on frames it trained on against the same text
+at placements it never saw. The causal run trains a tiny Llama on the block-shuffled windows.
 """
 
 import json
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.train
 
 
 def _prepare(tmp_path: pathlib.Path) -> pathlib.Path:
-    for name in ("splice_tiny_llama.yaml", "causal_tiny_llama.yaml", "prepare.py"):
+    for name in ("splice_tiny_gpt2.yaml", "causal_tiny_llama.yaml", "prepare.py"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
     subprocess.run([sys.executable, "prepare.py"], cwd=tmp_path, check=True)
     return tmp_path
@@ -57,31 +57,32 @@ def _losses(metrics: dict[int, dict]) -> dict[int, float]:
 
 def test_splice_run_trains_checkpoints_and_resumes(tmp_path):
     root = _prepare(tmp_path)
-    first = _train(root, "splice_tiny_llama.yaml")
+    first = _train(root, "splice_tiny_gpt2.yaml")
     losses = _losses(first)
-    assert sorted(losses) == list(range(50)), sorted(losses)
-    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(45, 50)])
-    assert late < 0.75 * early, (early, late)
+    assert sorted(losses) == list(range(150)), sorted(losses)
+    early, late = np.mean([losses[s] for s in range(5)]), np.mean([losses[s] for s in range(145, 150)])
+    assert late < 0.5 * early, (early, late)
     assert any("eval/loss" in m for m in first.values()), "the validation grid was not evaluated"
     checkpoints = root / "checkpoints" / "splice-tiny"
-    assert (checkpoints / "step-25").is_dir(), list(checkpoints.iterdir())
-    # The seed's smoke test, seen frames against the same text at placements never trained: with
-    # the seed's prefix segments a RoPE model sees no absolute position, so the two losses are
-    # equal (to float rounding), not "lower on seen".
+    assert (checkpoints / "step-100").is_dir(), list(checkpoints.iterdir())
+    # The seed's smoke test: GPT-2 has learned absolute positions, so text it trained on is
+    # predicted better at the placements it saw than at placements it never saw (measured at this
+    # checkpoint: 2.486 against 2.591 over 663 frames; a RoPE model with the seed's prefix
+    # segments sees no absolute position and gives the same loss at both).
     probe = [sys.executable, str(pathlib.Path(__file__).with_name("frame_losses.py"))]
     done = subprocess.run(
-        [*probe, "splice_tiny_llama.yaml", str(checkpoints / "step-25"), "25"],
+        [*probe, "splice_tiny_gpt2.yaml", str(checkpoints / "step-100"), "100"],
         cwd=root, env=_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     placement = json.loads(done.stdout.strip().splitlines()[-1])
-    assert placement["frames"] > 100 and placement["seen"] < 0.8 * early, placement
-    assert placement["max_gap"] < 1e-3, placement
+    assert placement["frames"] > 300 and placement["seen"] < 0.6 * early, placement
+    assert placement["seen"] < placement["unseen"] - 0.05, placement
     for later in checkpoints.iterdir():
-        if later.name != "step-25":
+        if later.name != "step-100":
             shutil.rmtree(later)
-    resumed = _losses(_train(root, "splice_tiny_llama.yaml"))
-    assert min(resumed) in (25, 26) and max(resumed) == 49, sorted(resumed)
+    resumed = _losses(_train(root, "splice_tiny_gpt2.yaml"))
+    assert min(resumed) in (100, 101) and max(resumed) == 149, sorted(resumed)
     for step in sorted(resumed):
         np.testing.assert_allclose(resumed[step], losses[step], rtol=1e-5, err_msg=f"step {step}")
 
