@@ -13,6 +13,8 @@ from meshbatch.cache import ByteTokenizer
 def prepare(root: pathlib.Path) -> None:
     from pydoc_data.topics import topics
 
+    from transformers import GPT2Config  # Levanter's dependency
+
     (root / "data").mkdir(parents=True, exist_ok=True)
     names = sorted(topics)
     for split, keep in (("train", lambda i: i % 10), ("validation", lambda i: not i % 10)):
@@ -21,9 +23,7 @@ def prepare(root: pathlib.Path) -> None:
                 if keep(i):
                     f.write(json.dumps({"id": name, "text": topics[name]}) + "\n")
     ByteTokenizer().save_pretrained(str(root / "byte_tokenizer"))
-    from transformers import GPT2Config
-
-    ByteTokenizer().save_pretrained(str(root / "gpt2"))
+    ByteTokenizer().save_pretrained(str(root / "gpt2"))  # Levanter's GPT-2 reference, offline
     GPT2Config(
         vocab_size=ByteTokenizer().vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4
     ).save_pretrained(str(root / "gpt2"))
