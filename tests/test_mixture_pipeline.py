@@ -240,6 +240,19 @@ def test_resume_equals_uninterrupted(caches, balanced_run):
     assert resumed.state_dict() == states[-1]
 
 
+def two_by_four(tmp_path, caches, factory: str, steps: int) -> list[dict]:
+    """``factory`` of this module over ``caches`` on 2 processes x 4 devices (one 8-device mesh)."""
+    return run_processes(
+        tmp_path,
+        processes=2,
+        local_devices=4,
+        mesh_shape="8",
+        factory=f"test_mixture_pipeline:{factory}",
+        kwargs={"paths": list(caches)},
+        steps=steps,
+    )
+
+
 @pytest.mark.slow
 def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
     """Must-show 4: 2 processes x 4 devices give the 1x8 batches; each process reads only its own
@@ -247,15 +260,7 @@ def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
     synchronisation between ranks)."""
     want, states, _ = balanced_run
     steps = 2 * STEPS
-    results = run_processes(
-        tmp_path,
-        processes=2,
-        local_devices=4,
-        mesh_shape="8",
-        factory="test_mixture_pipeline:balanced_pipeline",
-        kwargs={"paths": list(caches)},
-        steps=steps,
-    )
+    results = two_by_four(tmp_path, caches, "balanced_pipeline", steps)
     for step in range(steps):
         np.testing.assert_array_equal(
             assemble(results, step=step, leaf="tokens", like=want[step]), want[step]
@@ -274,15 +279,7 @@ def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
 @pytest.mark.slow
 def test_stable_equal_across_two_processes(caches, tmp_path):
     """Must-show 4 for the stable mixture: 2 processes x 4 devices build the reference batches."""
-    results = run_processes(
-        tmp_path,
-        processes=2,
-        local_devices=4,
-        mesh_shape="8",
-        factory="test_mixture_pipeline:stable_pipeline",
-        kwargs={"paths": list(caches)},
-        steps=STEPS,
-    )
+    results = two_by_four(tmp_path, caches, "stable_pipeline", STEPS)
     for step, want in enumerate(stable_reference(caches, STEPS, None)):
         np.testing.assert_array_equal(assemble(results, step=step, leaf="tokens", like=want), want)
 

@@ -33,7 +33,7 @@ from levanter.data.text import LMTaskConfig
 from levanter.models.lm_model import LmExample
 
 from ..cache import TokenCache
-from ..datasets.causal import CausalLMDataset
+from ..datasets.causal import GROWING_ORDERS, CausalLMDataset
 from ..shuffle import ShuffleSpec
 from .datasets import MeshbatchDataset
 from .sources import BaseDataConfig, ConfigError, SourceConfig, UrlBaseConfig, _checked
@@ -143,7 +143,7 @@ class CausalLMConfig(MeshbatchLMConfig):
     def __post_init__(self):
         super().__post_init__()
         _checked(self, self.shuffle_spec)  # contradictory fields fail now, by name
-        if self.quick_start and self.shuffle not in ("era", "none"):
+        if self.quick_start and self.shuffle not in GROWING_ORDERS:
             raise ConfigError(
                 f"quick_start=true with shuffle={self.shuffle!r}: a {self.shuffle} shuffle needs the "
                 "cache's final length; use shuffle: era (or none) to train while it is written"
