@@ -23,6 +23,9 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_device
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from shape_checks import install_shape_checks  # noqa: E402
+
+install_shape_checks()  # before the factory's module imports meshbatch
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{port}", num_processes=num_processes, process_id=process_id)

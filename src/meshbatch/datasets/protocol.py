@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Hashable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -47,10 +47,12 @@ class Rows(eqx.Module):
     Attributes:
         position: ``uint32[n]`` position within the epoch, ``< num_examples``.
         epoch: ``uint32[n]`` the epoch of each row (a batch may straddle two).
+
+    Numpy on the host (the pipeline's planner makes them there), jax arrays inside ``plan``.
     """
 
-    position: UInt32[Array, " n"]
-    epoch: UInt32[Array, " n"]
+    position: UInt32[Array | np.ndarray, " n"]
+    epoch: UInt32[Array | np.ndarray, " n"]
 
 
 class Plan(eqx.Module):
@@ -101,6 +103,7 @@ class Content(eqx.Module):
     offsets: Int[Array, "rows spans"]
 
 
+@runtime_checkable  # a return annotation: the shape-checked tests test it with isinstance
 class PreparedRead(Protocol):
     """A read a ``TokenSource`` has planned but not run (see ``meshbatch.cache.run_reads``)."""
 
