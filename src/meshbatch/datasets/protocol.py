@@ -97,10 +97,12 @@ class Content(eqx.Module):
     Attributes:
         tokens: ``int32[margin + rows * max_row_tokens + margin]``.
         offsets: ``int32[rows, spans_per_row]`` position of each span's first token in ``tokens``.
+
+    Numpy where the host fills it (fetch), jax arrays inside ``build``.
     """
 
-    tokens: Int[Array, " buffer"]
-    offsets: Int[Array, "rows spans"]
+    tokens: Int[Array | np.ndarray, " buffer"]
+    offsets: Int[Array | np.ndarray, "rows spans"]
 
 
 @runtime_checkable  # a return annotation: the shape-checked tests test it with isinstance
