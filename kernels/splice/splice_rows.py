@@ -178,7 +178,7 @@ class SpliceSchedule(eqx.Module):
 
         Raises:
             IndexError: concrete rows outside ``[0, len(self))``.
-            ValueError: a concrete epoch outside ``[0, 2**32)``.
+            ValueError: a concrete epoch outside ``[0, 2**32)``, or epochs not one per row.
             TypeError: rows or epochs that are not integers.
         """
         if not isinstance(self.cum_rows, jax.core.Tracer):
@@ -186,6 +186,11 @@ class SpliceSchedule(eqx.Module):
         check_epoch(epoch)
         rows = rows if isinstance(rows, jax.Array) else np.asarray(rows).astype(np.uint32)
         epoch = epoch if isinstance(epoch, jax.Array) else np.asarray(epoch).astype(np.uint32)
+        if epoch.ndim and epoch.shape != rows.shape:
+            raise ValueError(
+                "epoch must be a scalar or one per row "
+                f"(got epoch shape {epoch.shape}, rows shape {rows.shape})"
+            )
         return _lookup(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 
