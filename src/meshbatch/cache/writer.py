@@ -33,7 +33,7 @@ from ..checks import check_choice, check_int
 from .arrays import DEFAULT_CHUNK_SIZE, FieldArrays, create_field, open_field
 from .checks import CacheIntegrityError, as_token_dtype, check_dtype, check_name, check_path
 from .checksums import Checksums, OffsetsChecksums, RunningChecksums, chunk_crc, read_checksums, sidecar_path
-from .files import remove_file, remove_stale_temp_files, write_json_atomic
+from .files import remove_file, remove_stale_lock_files, remove_stale_temp_files, write_json_atomic
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 
 logger = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class CacheWriter:
         self._field_root = os.path.join(path, field)
         remove_stale_temp_files(path)
         remove_stale_temp_files(self._field_root)
+        remove_stale_lock_files(self._field_root)  # before any write: see files.py
 
         existing = try_read_ledger(path)
         if existing is not None and if_exists == "resume":
