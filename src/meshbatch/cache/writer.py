@@ -228,17 +228,56 @@ class CacheWriter:
                 f"{ledger.field_counts[self.field]} tokens"
             )
         self._arrays.offsets[0].write(self.rows).result()
-        if on_disk > self.rows:  # rows written after the last commit: truncate them
-            stale_end = int(self._arrays.offsets[on_disk].read().result())
-            zero_offsets = self._arrays.offsets[self.rows + 1 : on_disk + 1].write(0)
-            if stale_end > self.tokens:
-                self._arrays.data[self.tokens : stale_end].write(0).result()
-            zero_offsets.result()
-            logger.info("truncated %s from %d uncommitted rows back to %d", self.path, on_disk, self.rows)
+        # rows and tokens a killed flush wrote past the commit (offsets[0] may or may not count them)
+        stale = zero_past(self._arrays.offsets, self.rows + 1) + zero_past(self._arrays.data, self.tokens)
+        if stale or on_disk > self.rows:
+            logger.info(
+                "truncated %s back to its %d committed rows (offsets[0] was %d; %d stale values zeroed)",
+                self.path,
+                self.rows,
+                on_disk,
+                stale,
+            )
         self._data_sums, self._offsets_sums = _resume_checksums(
             self._arrays, self._field_root, rows=self.rows, tokens=self.tokens, dtype=self.dtype
         )
         logger.info("resuming %s at row %d (token %d)", self.path, self.rows, self.tokens)
+
+
+def zero_past(array, start: int) -> int:
+    """Zeroes ``array[start:]`` wherever it is stored; returns how many non-zero values it found.
+
+    Only a killed flush writes past the committed end, and it writes one contiguous range, so the
+    stored chunks past ``start`` are the one holding ``start`` and those right after it: they are
+    read, and rewritten as zeros only when some value is not zero. A resumed cache then holds
+    exactly what a clean build of its committed rows holds.
+
+        start = 6, chunk 4, stored [1 2 3 4 | 5 6 9 9 | 9 9 . .]  ->  [1 2 3 4 | 5 6 0 0 | 0 0 . .]
+    """
+    size = DEFAULT_CHUNK_SIZE
+    first = start // size
+    last = first if start % size or _stored(array, first) else first - 1
+    while last >= first and _stored(array, last + 1):
+        last += 1
+    if last < first:
+        return 0
+    region = array[start : (last + 1) * size]
+    found = int(np.count_nonzero(region.read().result()))
+    if found:
+        region.write(np.zeros(region.shape, region.dtype.numpy_dtype)).result()
+    return found
+
+
+def _stored(array, chunk: int) -> bool:
+    """Whether inner chunk ``chunk`` is stored (the array reads missing chunks as errors)."""
+    size = DEFAULT_CHUNK_SIZE
+    try:
+        array[chunk * size : chunk * size + 1].read().result()
+    except ValueError as e:
+        if "NOT_FOUND" in str(e):
+            return False
+        raise
+    return True
 
 
 def _resume_checksums(
