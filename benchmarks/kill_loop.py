@@ -66,7 +66,14 @@ def write(mode: str, path: str, source: str) -> None:
         from meshbatch.preblocked.writer import preblock
 
         output_format = mode.removeprefix("preblock-")
-        preblock(path, [source], block_size=BLOCK_SIZE, output_format=output_format, vocab_size=30_000)
+        preblock(
+            path,
+            [source],
+            block_size=BLOCK_SIZE,
+            output_format=output_format,
+            vocab_size=30_000,
+            if_exists="overwrite",
+        )
 
 
 # -- checks --------------------------------------------------------------------------------------
@@ -211,6 +218,14 @@ class Zygote:
         self.proc.stdin.flush()
         return int(self._answer())
 
+    def run(self, job: dict) -> float:
+        """Runs ``job`` in a forked writer to completion; returns its seconds."""
+        start = time.perf_counter()
+        status = self.ask(job)
+        if self.ask({"wait": status}) != 0:
+            raise RuntimeError(f"the writer of {job} failed (traceback above)")
+        return time.perf_counter() - start
+
     def close(self) -> None:
         self.proc.stdin.close()
         try:
@@ -223,8 +238,10 @@ class Zygote:
 # -- the loop ------------------------------------------------------------------------------------
 
 
-def kill_loop(root: str, *, modes=MODES, kills: int = 75, seed: int = 0, max_delay: float = 0.6) -> dict:
-    """``kills`` SIGKILLs per mode at instants uniform in ``[0, max_delay)`` s after each fork.
+def kill_loop(root: str, *, kills: dict[str, int], seed: int = 0, max_delay: float = 0.6) -> dict:
+    """``kills[mode]`` SIGKILLs per mode at instants uniform in ``[0, max_delay)`` s after each fork
+    (a cache writer resumes, so its output moves on kill after kill), or, for ``preblock``, which
+    starts over every time, in ``[0, 1.2 x)`` the time a clean build took.
 
     Returns per mode: kills, completed runs (each checked equal to a clean build), committed rows
     (blocks) verified after kills, and ``problems`` (every failed check, as text; none expected).
@@ -234,17 +251,20 @@ def kill_loop(root: str, *, modes=MODES, kills: int = 75, seed: int = 0, max_del
     results = {}
     try:
         source = os.path.join(root, "source")
-        if any(m.startswith("preblock") for m in modes):
-            write("consolidated", source, "")
-        for mode in modes:
+        if any(m.startswith("preblock") for m in kills):
+            zyg.run({"mode": "consolidated", "path": source, "source": ""})
+        for mode, wanted in kills.items():
             clean = os.path.join(root, f"{mode}-clean")
-            write(mode, clean, source)
+            seconds = zyg.run({"mode": mode, "path": clean, "source": source})  # a writer never killed
+            cap = 1.2 * seconds if mode.startswith("preblock") else max_delay
             stats = {"kills": 0, "completed": 0, "committed_checked": 0, "seconds": 0.0, "problems": []}
             generation, start = 0, time.perf_counter()
             path = os.path.join(root, f"{mode}-{generation}")
-            while stats["kills"] < kills:
+            for _ in range(4 * wanted + 10):  # bounded: a writer may finish before its kill
+                if stats["kills"] == wanted:
+                    break
                 pid = zyg.ask({"mode": mode, "path": path, "source": source})
-                time.sleep(rng.uniform(0.0, max_delay))
+                time.sleep(rng.uniform(0.0, cap))
                 os.kill(pid, signal.SIGKILL)  # a child that already exited is a zombie: no error
                 status = zyg.ask({"wait": pid})
                 try:
@@ -263,11 +283,13 @@ def kill_loop(root: str, *, modes=MODES, kills: int = 75, seed: int = 0, max_del
                     shutil.rmtree(path)
                     generation += 1
                     path = os.path.join(root, f"{mode}-{generation}")
-            status = 0 if os.path.exists(path) else None  # finish the last output without a kill
-            if status == 0:
-                write(mode, path, source)
-                check_equal(mode, path, clean)
-                stats["completed"] += 1
+            if os.path.exists(path):  # the last output, finished without a kill
+                try:
+                    write(mode, path, source)
+                    check_equal(mode, path, clean)
+                    stats["completed"] += 1
+                except Exception as e:
+                    stats["problems"].append(f"{mode} final run: {type(e).__name__}: {e}"[:2000])
             stats["seconds"] = round(time.perf_counter() - start, 2)
             results[mode] = stats
     finally:
@@ -278,6 +300,7 @@ def kill_loop(root: str, *, modes=MODES, kills: int = 75, seed: int = 0, max_del
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 kills per mode instead of 75")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     parser.add_argument("--kills", type=int, help="kills per mode (default 75, 10 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-delay", type=float, default=0.6, help="kill instants in [0, this) seconds")
@@ -287,7 +310,8 @@ def main(argv=None) -> dict:
     kills = args.kills or (10 if args.quick else 75)
     payload = banner(f"kill loop: {kills} SIGKILLs per mode")
     with tempfile.TemporaryDirectory() as root:
-        results = kill_loop(root, kills=kills, seed=args.seed, max_delay=args.max_delay)
+        plan = {mode: kills for mode in args.modes.split(",")}
+        results = kill_loop(root, kills=plan, seed=args.seed, max_delay=args.max_delay)
     payload.update(kills_per_mode=kills, seed=args.seed, max_delay=args.max_delay, results=results)
     for mode, r in results.items():
         print(
