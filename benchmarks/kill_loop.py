@@ -63,7 +63,7 @@ def write(mode: str, path: str, source: str) -> None:
             writer.write_shard(f"s{j}", rows, flush_tokens=FLUSH_TOKENS)
         writer.finish()
     else:
-        from meshbatch.preblocked.writer import preblock
+        from meshbatch.datasets.preblocked import preblock
 
         output_format = mode.removeprefix("preblock-")
         preblock(
@@ -113,7 +113,7 @@ def _same_rows(cache, first: int) -> None:
 
 def _check_blocks(path: str, clean: str, *, complete: bool) -> int:
     """``path`` opens with ``clean``'s blocks, or (``complete=False``) fails with a named error."""
-    from meshbatch.preblocked.store import open_blocks
+    from meshbatch.datasets.preblocked import open_blocks
 
     try:
         source = open_blocks(path)
@@ -170,7 +170,7 @@ def _same_cache(path: str, clean: str) -> None:
 def zygote() -> None:
     """Forks writers on request: ``{"mode", "path", "source"}`` -> pid; ``{"wait": pid}`` -> status."""
     import meshbatch.cache  # the slow imports, once
-    import meshbatch.preblocked.writer  # noqa: F401
+    import meshbatch.datasets.preblocked  # noqa: F401
 
     print("ready", flush=True)
     for line in sys.stdin:
