@@ -17,8 +17,8 @@ writer completes, its output must equal a clean build: the same ledger but for `
 same checksum sidecar, the same offsets and data (every stored chunk decoded), and the same blocks.
 Then a fresh output starts.
 
-    python benchmarks/kill_loop.py           # 300 kills (75 per mode) -> kill_loop.json
-    python benchmarks/kill_loop.py --quick   # 40 kills
+    python benchmarks/kill_loop.py           # 300 kills: 120, 120, 30, 30 -> kill_loop.json
+    python benchmarks/kill_loop.py --quick   # 40 kills: 16, 16, 4, 4
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import traceback
 import numpy as np
 
 FLUSH_TOKENS, ROWS, SHARDS, BLOCK_SIZE = 400, 1200, 4, 64
-MODES = ("consolidated", "sharded", "preblock-zarr", "preblock-npy")
+SHARES = {"consolidated": 0.4, "sharded": 0.4, "preblock-zarr": 0.1, "preblock-npy": 0.1}  # of the kills
 
 
 def doc(i: int) -> np.ndarray:
@@ -299,20 +299,19 @@ def kill_loop(root: str, *, kills: dict[str, int], seed: int = 0, max_delay: flo
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10 kills per mode instead of 75")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
-    parser.add_argument("--kills", type=int, help="kills per mode (default 75, 10 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="40 kills instead of 300")
+    parser.add_argument("--kills", type=int, help="kills in all (default 300, 40 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-delay", type=float, default=0.6, help="kill instants in [0, this) seconds")
     args = parser.parse_args(argv)
     from harness import banner, write_json
 
-    kills = args.kills or (10 if args.quick else 75)
-    payload = banner(f"kill loop: {kills} SIGKILLs per mode")
+    kills = args.kills or (40 if args.quick else 300)
+    plan = {mode: round(kills * share) for mode, share in SHARES.items()}
+    payload = banner(f"kill loop: {sum(plan.values())} SIGKILLs {plan}")
     with tempfile.TemporaryDirectory() as root:
-        plan = {mode: kills for mode in args.modes.split(",")}
         results = kill_loop(root, kills=plan, seed=args.seed, max_delay=args.max_delay)
-    payload.update(kills_per_mode=kills, seed=args.seed, max_delay=args.max_delay, results=results)
+    payload.update(kills=plan, seed=args.seed, max_delay=args.max_delay, results=results)
     for mode, r in results.items():
         print(
             f"{mode:14s} kills {r['kills']:4d}  completed {r['completed']:3d}  committed rows checked "
