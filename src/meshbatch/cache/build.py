@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from meshbatch.arguments import check_choice, check_int
 
-from .checks import as_token_dtype, check_name, check_path
+from .checks import as_token_dtype, check_component, check_name, check_path
 from .ledger import Ledger, ledger_metadata, try_read_ledger
 from .tokenizers import ByteTokenizer, Tokenizer
 from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists
@@ -108,7 +108,7 @@ def build_cache(
         hasattr(tokenizer, a) for a in ("encode_batch", "vocab_size", "metadata")
     ):
         raise TypeError(f"tokenizer must provide encode_batch, vocab_size and metadata (got {tokenizer!r})")
-    check_name("field", field)
+    check_component("field", field)
     check_name("text_key", text_key)
     check_choice("text_docs", text_docs, TextDocs)
     check_choice("if_exists", if_exists, IfExists)

@@ -34,7 +34,7 @@ from .contents import Contents, load_contents
 from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
-from .watch import LedgerWatch
+from .watch import LedgerWatch, shard_ledgers
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
+        shards = shard_ledgers(path, ledger, cache._context)  # before the load: see watch.py
         cache._load(ledger)
-        cache._watch = LedgerWatch(file, ledger, stamp)
+        cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 
     @property
@@ -157,6 +158,9 @@ class TokenCache:
         ledger, stamp = self._watch.file.read()
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
+            self._watch.add_shards(
+                shard_ledgers(self.path, ledger, self._context, skip=self._watch.shard_names)
+            )
             self._load(ledger)
         self._watch.update(ledger, stamp)
         return self.num_rows

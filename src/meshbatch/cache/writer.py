@@ -32,7 +32,7 @@ import numpy as np
 from meshbatch.arguments import check_choice, check_int
 
 from .arrays import DEFAULT_CHUNK_SIZE, FieldArrays, create_field, open_field
-from .checks import CacheIntegrityError, as_token_dtype, check_dtype, check_name, check_path
+from .checks import CacheIntegrityError, as_token_dtype, check_component, check_dtype, check_path
 from .checksums import Checksums, OffsetsChecksums, RunningChecksums, chunk_crc, read_checksums, sidecar_path
 from .files import remove_file, remove_stale_lock_files, remove_stale_temp_files, write_json_atomic
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
@@ -83,7 +83,7 @@ class CacheWriter:
         check_choice("if_exists", if_exists, IfExists)
         if "://" in path:
             raise ValueError(f"CacheWriter writes local paths only (got {path=})")
-        self.path, self.field = path, check_name("field", field)
+        self.path, self.field = path, check_component("field", field)
         self.flush_tokens = check_int("flush_tokens", flush_tokens, low=1)
         self.dtype = as_token_dtype("dtype", dtype)
         self._metadata = ledger_metadata(check_metadata(metadata))
