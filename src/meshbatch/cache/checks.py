@@ -134,9 +134,7 @@ def check_component(name: str, value) -> str:
     """
     value = check_name(name, value)
     bad = (
-        value in (".", "..")
-        or any(sep in value for sep in ("/", "\\", "\0", os.sep))
-        or os.path.isabs(value)
+        value in (".", "..") or any(sep in value for sep in ("/", "\\", "\0", os.sep)) or os.path.isabs(value)
     )
     if bad:
         raise ValueError(

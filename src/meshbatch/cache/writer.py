@@ -20,6 +20,7 @@ how an open ``TokenCache`` tells a grown cache from a replaced one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import posixpath
@@ -44,8 +45,21 @@ DEFAULT_FLUSH_TOKENS = 1 << 25  # 32Mi tokens per commit: each commit rewrites t
 
 
 def check_metadata(value) -> Mapping[str, Any] | None:
+    """``metadata``: None or a mapping that JSON can hold exactly (it goes into the ledger).
+
+    Raises:
+        TypeError: not a mapping, or a value JSON cannot hold (``{"f": open}``), named.
+        ValueError: NaN or infinity, or a circular reference, named.
+    """
     if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"metadata must be a mapping or None (got metadata={value!r})")
+    if value is not None:
+        try:
+            json.dumps(dict(value), allow_nan=False)
+        except TypeError as e:
+            raise TypeError(f"metadata must be JSON-serialisable: {e} (got metadata={value!r:.200})") from e
+        except ValueError as e:
+            raise ValueError(f"metadata must be finite JSON: {e} (got metadata={value!r:.200})") from e
     return value
 
 
