@@ -98,7 +98,7 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
-        shards = shard_ledgers(path, ledger, cache._context)  # before the load: see watch.py
+        shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
         cache._load(ledger)
         cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
@@ -159,7 +159,7 @@ class TokenCache:
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
             self._watch.add_shards(
-                shard_ledgers(self.path, ledger, self._context, skip=self._watch.shard_names)
+                shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
             )
             self._load(ledger)
         self._watch.update(ledger, stamp)

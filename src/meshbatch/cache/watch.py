@@ -29,6 +29,7 @@ import tensorstore as ts
 
 from .checks import CacheChangedError
 from .ledger import SHARDED, Ledger, LedgerFile
+from .shard_table import shard_table
 
 
 def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
@@ -55,14 +56,15 @@ ShardFiles = dict[str, tuple[LedgerFile, Ledger, object]]
 
 
 def shard_ledgers(
-    root: str, ledger: Ledger, context: ts.Context, *, skip: Collection[str] = ()
+    root: str, ledger: Ledger, field: str, context: ts.Context, *, skip: Collection[str] = ()
 ) -> ShardFiles:
     """The ledger file, ledger and stamp of every finished shard of a sharded ``ledger`` (read before
-    its rows are loaded, so a replacement after the load changes the stamp)."""
+    its rows are loaded, so a replacement after the load changes the stamp). The shard table is
+    checked first (``shard_table``): no shard path leaves ``root``."""
     if ledger.layout != SHARDED:
         return {}
     out = {}
-    for name in ledger.finished_shards:
+    for name in (entry.name for entry in shard_table(ledger, field)):
         if name not in skip:
             file = LedgerFile(posixpath.join(root, name), context=context)
             out[name] = (file, *file.read())
