@@ -31,6 +31,7 @@ import tensorstore as ts
 
 from .blocks import BlockCache
 from .checks import CacheIntegrityError
+from .verify import ChunkVerifier
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Segment:
         tokens: committed tokens in the array.
         data: the open array.
         cache: the root of the cache it belongs to, for messages.
+        verifier: checks each data chunk on its first read against the writer's CRC-32
+            (``verify.py``); ``None`` for a cache without checksums or with verification off.
     """
 
     key: str
@@ -50,6 +53,7 @@ class Segment:
     tokens: int
     data: ts.TensorStore
     cache: str = ""
+    verifier: ChunkVerifier | None = None
 
 
 class Target(NamedTuple):
@@ -108,14 +112,49 @@ def plan_runs(
 
     Returns:
         ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
+        Whole-chunk reads that verify chunks read for the first time come after the data
+        reads in ``targets`` and are not counted in ``bytes_read``.
     """
     pieces = list(_pieces(segments, run_starts, run_offsets))
     if not pieces:
         return [], None, 0
     if block_cache is None:
         targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
-        return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
-    return _plan_blocks(pieces, dest, block_cache)
+        finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+    else:
+        targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
+    checks, verify = _plan_verification(pieces)
+    if verify is None:
+        return targets, finish, nbytes
+
+    def verify_then_finish() -> None:
+        verify()
+        if finish is not None:
+            finish()
+
+    return targets + checks, verify_then_finish, nbytes
+
+
+def _plan_verification(pieces) -> tuple[list[Target], Callable[[], None] | None]:
+    """Whole-chunk reads of the chunks ``pieces`` touch that are not verified yet, and the check."""
+    wanted: dict[tuple, tuple[Segment, int]] = {}
+    for _, seg, lo, hi in pieces:
+        if seg.verifier is not None:
+            for k in seg.verifier.pending(lo, hi):
+                wanted.setdefault((seg.key, k), (seg, k))
+    if not wanted:
+        return [], None
+    targets = []
+    for seg, k in wanted.values():
+        lo, hi = seg.verifier.bounds(k)
+        dtype = np.dtype(seg.data.dtype.numpy_dtype)
+        targets.append(Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo))
+
+    def verify() -> None:
+        for target, (seg, k) in zip(targets, wanted.values(), strict=True):
+            seg.verifier.check(k, target.dest, cache=seg.cache, token_start=seg.token_start)
+
+    return targets, verify
 
 
 def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
