@@ -73,7 +73,9 @@ def load_part(
     if end > loaded[-1] or finished or verify:
         check_data_end(end, data=arrays.data, recorded=recorded, where=where)
         dtype = np.dtype(arrays.data.dtype.numpy_dtype)
-        sums = check_sidecar(arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context)
+        sums = check_sidecar(
+            arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context
+        )
     if not verify or sums is None:
         return arrays, offsets, None
     if grew or finished:

@@ -85,7 +85,9 @@ class ChunkVerifier:
         found = chunk_crc(values)
         if found != self.recorded[k]:
             lo, hi = self.bounds(k)
-            tokens = "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
+            tokens = (
+                "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
+            )
             raise CacheIntegrityError(
                 f"cache {cache}: " + _mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
             )
