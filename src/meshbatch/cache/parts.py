@@ -8,6 +8,7 @@ offsets array fails by name instead of allocating what it claims::
     offsets[rows] != ledger field count       -> "reach token 25, but the ledger records 21 tokens"
     then offsets[loaded + 1 : rows + 1]       (only rows not loaded yet), checked monotone
     the data chunk holding the last token     (must exist and decode: no fill values)
+    finished: nothing but fill past the end    (rest of that chunk, offsets[rows + 1]: 0 or not stored)
     the checksum sidecar's dtype and counts   (if meshbatch wrote the part)
     with verification (``verify.py``): the new offsets' chunks summed against the sidecar, and
     the whole last data chunk read and summed (a chunk copied from a smaller cache reads zeros)
@@ -21,7 +22,7 @@ import numpy as np
 import tensorstore as ts
 
 from .arrays import FieldArrays, open_field
-from .checks import CacheIntegrityError, check_data_end, check_offsets, check_row_count
+from .checks import CacheIntegrityError, check_data_end, check_extent, check_offsets, check_row_count
 from .checksums import check_sidecar
 from .verify import ChunkVerifier, check_last_chunk, verify_offsets
 
@@ -72,6 +73,8 @@ def load_part(
     sums = None
     if end > loaded[-1] or finished or verify:
         check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+        if finished:
+            check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
         dtype = np.dtype(arrays.data.dtype.numpy_dtype)
         sums = check_sidecar(
             arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context
