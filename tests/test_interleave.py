@@ -24,7 +24,7 @@ def as_ints(counts: Counts) -> list[int]:
 
 
 def test_hand_worked_trace():
-    """Must-show 2, literally (the trace in kernels/interleave.py's docstring).
+    """Must-show 2, literally (the trace in kernels/mixtures/interleave.py's docstring).
 
     Sources a, b, c; next rows a: 3 3 3 .., b: 5 5 .., c: 2 4 4 ..; seed 4, whose tie-break
     order is b < a < c at count 0 and a < c at count 6.

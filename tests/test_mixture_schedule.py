@@ -164,7 +164,7 @@ def test_finite_strategies_equal_sequential_reference(compat):
 
 
 def test_finite_lengths_worked_example():
-    """The trace in meshbatch/mixtures/schedule.py's docstring."""
+    """The trace in meshbatch/datasets/mixtures/mixture_schedule.py's docstring."""
     lengths, weights = {"a": 5, "b": 9}, {"a": 1.0, "b": 1.0}
 
     def make(lengths, strategy):
