@@ -59,10 +59,16 @@ def write_blocks(
 
 
 def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:
-    codecs = [{"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}}]
+    # crc32c after compression: TensorStore checks every chunk as it reads it (Levanter never
+    # reads block stores, so its codec list need not match)
+    codecs = [
+        {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}},
+        {"name": "crc32c"},
+    ]
     spec = {
         "driver": "zarr3",
         "kvstore": kvstore_spec(os.path.join(root, name)),
+        "store_data_equal_to_fill_value": True,  # every chunk stored: a missing one is missing data
         "metadata": {
             "shape": shape,
             "data_type": "int32",

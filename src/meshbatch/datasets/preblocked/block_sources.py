@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache import BlockCache, ReadCounters, shared_context
+from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 from meshbatch.cache.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.ledger import read_ledger
@@ -155,7 +155,13 @@ class StoreBlocks(BlockSource):
 
     def __init__(self, path: str, header: Header, *, context: ts.Context | None = None):
         context = context or shared_context()
-        spec = lambda name: {"driver": "zarr3", "kvstore": kvstore_spec(posixpath.join(path, name))}  # noqa: E731
+        # a chunk that is not stored fails the read (never zeros); one rewritten on disk is re-read
+        spec = lambda name: {  # noqa: E731
+            "driver": "zarr3",
+            "kvstore": kvstore_spec(posixpath.join(path, name)),
+            "fill_missing_data_reads": False,
+            "recheck_cached_data": True,
+        }
         self.blocks = ts.open(spec(BLOCKS), context=context, open=True, read=True).result()
         shape = tuple(self.blocks.shape)
         if len(shape) != 2 or shape[1] != header.block_size or shape[0] < header.num_blocks:
@@ -175,7 +181,12 @@ class StoreBlocks(BlockSource):
         super().__init__(path, header.num_blocks, header.block_size, header)
 
     def real_tokens(self) -> np.ndarray:
-        return self._real[: self.num_blocks].read().result().astype(np.int32)
+        """Raises ``CacheIntegrityError`` naming the array when a chunk is missing or damaged."""
+        try:
+            return self._real[: self.num_blocks].read().result().astype(np.int32)
+        except ValueError as e:
+            where = posixpath.join(self.path, REAL_TOKENS)
+            raise CacheIntegrityError(f"{where}: cannot read blocks [0, {self.num_blocks}): {e}") from e
 
     def _plan_rows(self, first, stop, dest):
         return [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")], None
