@@ -24,7 +24,7 @@ def _docs(seed: int, n: int) -> list[np.ndarray]:
 
 DOCS = _docs(0, 200)
 FLAT = np.concatenate(DOCS)
-BIG = [np.resize(d, 20 * d.size) for d in DOCS]  # about 1.5 read chunks
+BIG = [np.resize(d, 20 * d.size) for d in DOCS]  # about 3 read chunks
 BIG_FLAT = np.concatenate(BIG)
 
 
@@ -58,7 +58,7 @@ def _edit_ledger(path, **changes) -> None:
 def test_a_changed_token_that_decodes_is_named_on_its_first_read(tmp_path):
     path = _write(tmp_path / "c", BIG)
     _array(path, "data")[1234].write(int(BIG_FLAT[1234]) + 1).result()
-    cache = TokenCache.open(path)  # open verifies the offsets and the last chunk (chunk 1) only
+    cache = TokenCache.open(path)  # open verifies the offsets and the last chunk only
     with pytest.raises(
         CacheIntegrityError,
         match=rf"cache {path}: {path}/input_ids/data: chunk 0 \(elements \[0, {C}\)\) fails its "
@@ -67,6 +67,8 @@ def test_a_changed_token_that_decodes_is_named_on_its_first_read(tmp_path):
         cache.read_spans([5000], [10])  # tokens far from the damage: the whole chunk is checked
     with pytest.raises(CacheIntegrityError, match="fails its checksum"):
         cache.read_rows([0])  # not remembered as verified
+    with pytest.raises(CacheIntegrityError, match=r"chunk 0 \(elements \[0, 262144\)\) fails its checksum"):
+        cache.read_spans([0], [C + 10])  # a read covering the chunk: summed from what it read
     assert validate_cache(path).ok  # metadata and the last chunk only
     assert "chunk 0 (elements [0, 262144)) fails its checksum" in validate_cache(path, deep=True).error
 
@@ -176,3 +178,28 @@ def test_levanter_cache_offsets_past_the_last_row_are_named_at_open(tmp_path):
     end = FLAT.size - DOCS[-1].size
     with pytest.raises(CacheIntegrityError, match=rf"data\[{end}\] = {DOCS[-1][0]} past it is not the fill"):
         TokenCache.open(path)
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_narrow_dtype_read_widened_into_int32_is_summed_in_its_own_dtype(tmp_path, damaged):
+    from meshbatch.cache import run_reads
+
+    docs = [(d % 60_000).astype(np.uint16) for d in BIG]
+    flat = np.concatenate(docs)
+    path = str(tmp_path / "u16")
+    with CacheWriter(path, dtype="uint16") as writer:
+        writer.write(docs)
+    if damaged:
+        _array(path, "data")[77].write(int(flat[77]) ^ 1).result()
+    cache = TokenCache.open(path)
+    out = np.zeros(flat.size, np.int32)  # decoded straight into int32: the chunk is cast back to sum it
+    read = cache.prepare_read(np.array([0]), np.array([flat.size]), out, 0)
+    if damaged:
+        with pytest.raises(CacheIntegrityError, match=r"chunk 0 .* fails its checksum"):
+            run_reads([read])
+    else:
+        run_reads([read])
+        np.testing.assert_array_equal(out, flat)
+        assert {k for k, _ in cache._contents.segments[0].verifier.verified()} == set(
+            range(-(-flat.size // C))
+        )

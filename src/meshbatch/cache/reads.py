@@ -123,7 +123,7 @@ def plan_runs(
         finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
     else:
         targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
-    checks, verify = _plan_verification(pieces)
+    checks, verify = _plan_verification(pieces, targets)
     if verify is None:
         return targets, finish, nbytes
 
@@ -135,8 +135,15 @@ def plan_runs(
     return targets + checks, verify_then_finish, nbytes
 
 
-def _plan_verification(pieces) -> tuple[list[Target], Callable[[], None] | None]:
-    """Whole-chunk reads of the chunks ``pieces`` touch that are not verified yet, and the check."""
+def _plan_verification(pieces, reads: list[Target]) -> tuple[list[Target], Callable[[], None] | None]:
+    """What verifies the chunks ``pieces`` touch that are not verified yet, and the extra reads it needs.
+
+    A chunk that one of ``reads`` covers whole is summed from that read's destination (no extra
+    read); any other is read whole in the same batch::
+
+        chunk 3 = tokens [768, 1024), read [700, 1100) -> summed from that read's dest[68:324]
+        chunk 4 = tokens [1024, 1280), read [1100, 1110) -> one more read of [1024, 1280)
+    """
     wanted: dict[tuple, tuple[Segment, int]] = {}
     for _, seg, lo, hi in pieces:
         if seg.verifier is not None:
@@ -144,17 +151,31 @@ def _plan_verification(pieces) -> tuple[list[Target], Callable[[], None] | None]
                 wanted.setdefault((seg.key, k), (seg, k))
     if not wanted:
         return [], None
-    targets = []
-    for seg, k in wanted.values():
+    covered: dict[tuple, Target] = {}  # chunks some read covers whole: one pass over the reads
+    for t in reads:
+        verifier, end = t.segment.verifier, t.start + t.dest.shape[0]
+        if verifier is None:
+            continue
+        for k in range(-(-t.start // verifier.size), min(end // verifier.size + 1, verifier.limit)):
+            if (t.segment.key, k) in wanted and verifier.bounds(k)[1] <= end:
+                covered.setdefault((t.segment.key, k), t)
+    sources, extra = [], []
+    for key, (seg, k) in wanted.items():
         lo, hi = seg.verifier.bounds(k)
         dtype = np.dtype(seg.data.dtype.numpy_dtype)
-        targets.append(Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo))
+        covering = covered.get(key)
+        if covering is None:
+            covering = Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo)
+            extra.append(covering)
+        sources.append((seg, k, covering, lo - covering.start, hi - covering.start, dtype))
 
     def verify() -> None:
-        for target, (seg, k) in zip(targets, wanted.values(), strict=True):
-            seg.verifier.check(k, target.dest, cache=seg.cache, token_start=seg.token_start)
+        for seg, k, target, a, b, dtype in sources:
+            values = target.dest[a:b]  # widened on decode at most: casting back is exact
+            values = values if values.dtype == dtype else values.astype(dtype)
+            seg.verifier.check(k, values, cache=seg.cache, token_start=seg.token_start)
 
-    return targets, verify
+    return extra, verify
 
 
 def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
