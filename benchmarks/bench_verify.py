@@ -12,9 +12,11 @@ Measured here, on one meshbatch-written cache of ``examples x seq_len`` random i
   batches 1..k timed: a *first pass* (every chunk touched is verified during the timed reads: the
   worst case, an epoch's first visit of each chunk) and, on the same readers, a *second pass*
   over the same batches (verified chunks: the steady state). Reported: median tokens/s per side and
-  the median of per-round ratios on / off;
+  the median of per-round ratios on / off, in wall time and in tokens per process CPU second (all
+  threads: less sensitive to a loaded machine than wall time);
 - a pipeline step: ``Pipeline(CausalLMDataset(cache, seq_len, full shuffle), batch 64)`` built
   afresh per round on each side, steps 1..k timed after step 0 (median step time);
+- one chunk's verification cost: its CRC-32 and one more decode (medians; less load-sensitive);
 - ``validate_cache --deep`` MB/s on the same cache.
 
     python benchmarks/bench_verify.py            # 4096 x 4096 tokens (64 MiB, 64 chunks), 8 rounds
@@ -53,13 +55,14 @@ def _ratio(on: list[float], off: list[float]) -> float:
 def reads(path: str, seq_len: int, rounds: int, batches: int) -> list[dict]:
     examples = TokenCache.open(path).num_tokens // seq_len
     rows = []
-    print("| pattern | batch | pass | off tok/s | on tok/s | on / off |")
-    print("|---|---|---|---|---|---|")
+    print("| pattern | batch | pass | off tok/s | on tok/s | on / off | on / off, tokens per CPU second |")
+    print("|---|---|---|---|---|---|---|")
     for pattern in ("sequential", "full", "block"):
         for batch in (64, 2048) if examples >= 4096 else (64, 512):
             order = index_batches(pattern, examples, batch, 128)
             timed = range(1, min(order.shape[0], batches + 1))
             rates = {(p, side): [] for p in ("first", "second") for side in ("on", "off")}
+            cpu = {key: [] for key in rates}
             for r in range(rounds):
                 sides = ("on", "off") if r % 2 == 0 else ("off", "on")
                 caches = {}
@@ -68,10 +71,12 @@ def reads(path: str, seq_len: int, rounds: int, batches: int) -> list[dict]:
                     caches[side].read_spans(order[0] * seq_len, seq_len)  # warm-up, untimed
                 for p in ("first", "second"):
                     for side in sides:
-                        start = time.perf_counter()
+                        start, start_cpu = time.perf_counter(), time.process_time()
                         for b in timed:
                             caches[side].read_spans(order[b] * seq_len, seq_len)
-                        rates[(p, side)].append(len(timed) * batch * seq_len / (time.perf_counter() - start))
+                        tokens = len(timed) * batch * seq_len
+                        rates[(p, side)].append(tokens / (time.perf_counter() - start))
+                        cpu[(p, side)].append(tokens / max(time.process_time() - start_cpu, 1e-9))
             for p in ("first", "second"):
                 on, off = rates[(p, "on")], rates[(p, "off")]
                 row = {
@@ -81,12 +86,14 @@ def reads(path: str, seq_len: int, rounds: int, batches: int) -> list[dict]:
                     "off_tokens_per_s": statistics.median(off),
                     "on_tokens_per_s": statistics.median(on),
                     "on_over_off": _ratio(on, off),
+                    "cpu_on_over_off": _ratio(cpu[(p, "on")], cpu[(p, "off")]),
                     "rounds": rounds,
                 }
                 rows.append(row)
                 print(
                     f"| {pattern} | {batch} | {p} | {row['off_tokens_per_s'] / 1e6:.1f} M | "
-                    f"{row['on_tokens_per_s'] / 1e6:.1f} M | {row['on_over_off']:.3f} |",
+                    f"{row['on_tokens_per_s'] / 1e6:.1f} M | {row['on_over_off']:.3f} | "
+                    f"{row['cpu_on_over_off']:.3f} |",
                     flush=True,
                 )
     return rows
@@ -110,7 +117,7 @@ def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
     for r in range(rounds):
         for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
             dataset = CausalLMDataset(_open(path, side == "on"), seq_len, shuffle=ShuffleSpec("full"))
-            pipeline = Pipeline(dataset, mesh=mesh, batch_size=64, key=r, prefetch=0)
+            pipeline = Pipeline(dataset, mesh=mesh, batch_size=64, key=r, prefetch=1, workers=1)
             jax.block_until_ready(pipeline.batch(0))
             start = time.perf_counter()
             for s in range(1, steps + 1):
@@ -121,6 +128,32 @@ def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
     print(
         f"pipeline step (64 x {seq_len}, full shuffle, 1 device): off {row['off_ms_per_step']:.1f} ms, "
         f"on {row['on_ms_per_step']:.1f} ms, on / off {row['on_over_off']:.3f} (median of per-round ratios)"
+    )
+    return row
+
+
+def chunk_costs(path: str, repeats: int) -> dict:
+    """What verifying one chunk costs, apart from the machine's load: its CRC-32 (always), and
+    decoding it once more (only when no read of the batch covers it whole), medians of ``repeats``."""
+    from meshbatch.cache.checksums import chunk_crc
+
+    cache = _open(path, False)
+    size = 1 << 18
+    values = cache.read_spans([0], [size])[0]
+    crc, decode = [], []
+    for r in range(repeats):
+        start = time.perf_counter()
+        chunk_crc(values)
+        crc.append(time.perf_counter() - start)
+        fresh = _open(path, False)  # an empty cache pool: the chunk is decoded from the (page-cached) file
+        start = time.perf_counter()
+        fresh.read_spans([(r % 8) * size], [size])
+        decode.append(time.perf_counter() - start)
+    row = {"crc_us": statistics.median(crc) * 1e6, "decode_us": statistics.median(decode) * 1e6}
+    row["crc_mb_per_s"] = values.nbytes / (row["crc_us"] / 1e6) / 1e6
+    print(
+        f"one 256Ki-token chunk ({values.nbytes / 2**20:.0f} MiB): CRC-32 {row['crc_us']:.0f} us "
+        f"({row['crc_mb_per_s']:.0f} MB/s), read + decode {row['decode_us']:.0f} us"
     )
     return row
 
@@ -153,6 +186,7 @@ def main(argv=None) -> dict:
         "cache": path,
         "tokens": examples * seq_len,
         "open": opens(path, 2 * rounds),
+        "chunk": chunk_costs(path, 8 * rounds),
         "reads": reads(path, seq_len, rounds, args.batches),
         "pipeline": pipeline_steps(path, seq_len, rounds, args.batches),
         "deep": deep(path, 3),
