@@ -15,7 +15,8 @@ Measured here, on one meshbatch-written cache of ``examples x seq_len`` random i
   the median of per-round ratios on / off, in wall time and in tokens per process CPU second (all
   threads: less sensitive to a loaded machine than wall time);
 - a pipeline step: ``Pipeline(CausalLMDataset(cache, seq_len, full shuffle), batch 64)`` built
-  afresh per round on each side, steps 1..k timed after step 0 (median step time);
+  afresh per round on each side, steps 1..k timed after step 0, then steps k+1..2k (median step
+  time; the ratio is time on / time off, so above 1 is slower);
 - one chunk's verification cost: its CRC-32 and one more decode (medians; less load-sensitive);
 - ``validate_cache --deep`` MB/s on the same cache.
 
@@ -112,23 +113,33 @@ def opens(path: str, repeats: int) -> dict:
 
 
 def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
+    """Milliseconds per step, steps ``1..steps`` (chunks still being verified: an epoch's first
+    visits) and ``steps+1..2*steps`` on the same pipeline (most chunks verified), per side."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    times = {"on": [], "off": []}
+    times = {(p, side): [] for p in ("first", "second") for side in ("on", "off")}
     for r in range(rounds):
         for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
             dataset = CausalLMDataset(_open(path, side == "on"), seq_len, shuffle=ShuffleSpec("full"))
             pipeline = Pipeline(dataset, mesh=mesh, batch_size=64, key=r, prefetch=1, workers=1)
             jax.block_until_ready(pipeline.batch(0))
-            start = time.perf_counter()
-            for s in range(1, steps + 1):
-                jax.block_until_ready(pipeline.batch(s))
-            times[side].append((time.perf_counter() - start) / steps)
-    row = {f"{side}_ms_per_step": statistics.median(t) * 1e3 for side, t in times.items()}
-    row["on_over_off"] = _ratio(times["on"], times["off"])
-    print(
-        f"pipeline step (64 x {seq_len}, full shuffle, 1 device): off {row['off_ms_per_step']:.1f} ms, "
-        f"on {row['on_ms_per_step']:.1f} ms, on / off {row['on_over_off']:.3f} (median of per-round ratios)"
-    )
+            for p, first in (("first", 1), ("second", steps + 1)):
+                start = time.perf_counter()
+                for s in range(first, first + steps):
+                    jax.block_until_ready(pipeline.batch(s))
+                times[(p, side)].append((time.perf_counter() - start) / steps)
+    row = {}
+    for p in ("first", "second"):
+        on, off = times[(p, "on")], times[(p, "off")]
+        row[p] = {
+            "off_ms_per_step": statistics.median(off) * 1e3,
+            "on_ms_per_step": statistics.median(on) * 1e3,
+            "on_over_off_time": _ratio(on, off),
+        }
+        print(
+            f"pipeline step (64 x {seq_len}, full shuffle, 1 device), steps {p}: off "
+            f"{row[p]['off_ms_per_step']:.1f} ms, on {row[p]['on_ms_per_step']:.1f} ms, time on / off "
+            f"{row[p]['on_over_off_time']:.3f} (median of per-round ratios)"
+        )
     return row
 
 
