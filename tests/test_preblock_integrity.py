@@ -157,3 +157,35 @@ def test_an_unreadable_blocks_directory_is_named_not_taken_for_a_token_cache(cop
                 validate_path(copy, progress=False)
         finally:
             os.chmod(os.path.join(copy, "blocks"), 0o755)
+
+
+def _store_array(path: str, name: str):
+    import tensorstore as ts
+
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": os.path.join(path, name)}}
+    return ts.open(spec, open=True).result()
+
+
+def test_a_token_rewritten_through_tensorstore_is_caught_by_the_writers_sums(copy, monkeypatch):
+    blocks = _store_array(copy, "blocks")
+    original = blocks[3].read().result()
+    changed = original.copy()
+    changed[5] = changed[5] + 1 if changed[5] < 256 else 65  # a content token or padding, structure intact
+    blocks[3].write(changed).result()  # re-encoded: its crc32c codec is valid again
+    source = open_blocks(copy)
+    with pytest.raises(
+        CacheIntegrityError,
+        match=rf"{copy}/blocks: chunk 0 \(blocks \[0, \d+\)\) fails its checksum: the writer recorded crc32",
+    ):
+        source.read_blocks([0])  # any block of the chunk: the chunk is checked on its first read
+    monkeypatch.setenv("MESHBATCH_VERIFY_READS", "0")
+    assert open_blocks(copy).read_blocks([3])[0, 5] == changed[5]  # verification off: served as stored
+
+
+def test_real_tokens_rewritten_through_tensorstore_are_caught(copy):
+    real = _store_array(copy, "real_tokens")
+    real[0].write(0).result()  # a child that would count as consuming nothing in block 0
+    with pytest.raises(
+        CacheIntegrityError, match=r"real_tokens: chunk 0 \(blocks \[0, \d+\)\) fails its checksum"
+    ):
+        BlockDataset(copy)

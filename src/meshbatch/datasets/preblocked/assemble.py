@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from meshbatch.cache import TokenCache, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 
+from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS
 from .pack_layout import Layout
 
@@ -34,7 +35,7 @@ def write_blocks(
     offsets = cache.doc_offsets()
     real = layout.real_tokens()[layout.block_order]
     store = _create(output, BLOCKS, [N, S], [chunk_rows, S]) if output_format == "zarr" else None
-    literal, pending = 0, None
+    literal, pending, sums = 0, None, []
     with tqdm(total=N, desc=f"writing {output}", unit="block", disable=disable) as bar:
         for p0 in range(0, N, batch_rows):
             p1 = min(N, p0 + batch_rows)
@@ -44,6 +45,7 @@ def write_blocks(
                 pending.result()
             if store is not None:
                 pending = store[p0:p1].write(rows)
+                sums += chunk_sums(np.asarray(rows, np.int32), chunk_rows)  # whole chunks but the last
             else:
                 for c0 in range(p0, p1, chunk_rows):
                     name = f"chunk{c0 // chunk_rows:06d}.npy"
@@ -53,6 +55,15 @@ def write_blocks(
         pending.result()
     if store is not None:
         _create(output, REAL_TOKENS, [N], [max(1, CHUNK_TOKENS)])[:].write(real).result()
+        write_sidecar(
+            output,
+            blocks=N,
+            block_size=S,
+            chunk_rows=chunk_rows,
+            real_chunk=CHUNK_TOKENS,
+            data=sums,
+            real=chunk_sums(np.asarray(real, np.int32), CHUNK_TOKENS),
+        )
     else:
         np.save(os.path.join(output, "real_tokens.npy"), real)
     return {"blocks": N, "literal_markers": literal}
