@@ -203,3 +203,36 @@ def test_a_narrow_dtype_read_widened_into_int32_is_summed_in_its_own_dtype(tmp_p
         assert {k for k, _ in cache._contents.segments[0].verifier.verified()} == set(
             range(-(-flat.size // C))
         )
+
+
+def test_levanter_reads_verified_caches_and_why_they_carry_no_crc32c_codec(tmp_path):
+    """Levanter's own reader loads a meshbatch cache (sidecar and all); the same cache with zarr's
+    ``crc32c`` codec added is refused by Levanter, which is why caches keep Levanter's codecs."""
+    from levanter.store.cache import TreeCache
+
+    exemplar = {"input_ids": np.zeros((0,), np.int32)}
+    path = _write(tmp_path / "ours")
+    TokenCache.open(path).read_rows([0])  # verified
+    rows = TreeCache.load(path, exemplar).get_batch_sync([0, 199])
+    np.testing.assert_array_equal(rows[1]["input_ids"], DOCS[199])
+
+    with_codec = str(tmp_path / "crc32c")
+    os.makedirs(with_codec)
+    for name in ("offsets", "data"):
+        source = _array(path, name)
+        metadata = source.spec().to_json()["metadata"]
+        metadata["codecs"][0]["configuration"]["codecs"].append({"name": "crc32c"})
+        spec = {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": os.path.join(with_codec, "input_ids", name)},
+        }
+        target = ts.open({**spec, "metadata": metadata}, create=True).result()
+        n = len(DOCS) + 1 if name == "offsets" else FLAT.size
+        target[:n].write(source[:n].read().result()).result()
+    with open(os.path.join(path, "shard_ledger.json")) as f:
+        ledger = f.read()
+    with open(os.path.join(with_codec, "shard_ledger.json"), "w") as f:
+        f.write(ledger)
+    np.testing.assert_array_equal(TokenCache.open(with_codec).read_rows([199])[0], DOCS[199])
+    with pytest.raises(ValueError, match=r"Mismatch in \"codecs\""):
+        TreeCache.load(with_codec, exemplar).get_batch_sync([0])
