@@ -17,6 +17,8 @@ Measured here, on one meshbatch-written cache of ``examples x seq_len`` random i
 - a pipeline step: ``Pipeline(CausalLMDataset(cache, seq_len, full shuffle), batch 64)`` built
   afresh per round on each side, steps 1..k timed after step 0, then steps k+1..2k (median step
   time; the ratio is time on / time off, so above 1 is slower);
+- a preblocked store (the cache's documents in blocks of 512): random batches of 256 blocks,
+  its chunk checks on and off: the first batch after an open (it verifies most chunks) and later;
 - one chunk's verification cost: its CRC-32 and one more decode (medians; less load-sensitive);
 - ``validate_cache --deep`` MB/s on the same cache.
 
@@ -169,6 +171,46 @@ def chunk_costs(path: str, repeats: int) -> dict:
     return row
 
 
+def block_store(path: str, rounds: int, batches: int) -> dict:
+    """Random batches of 256 blocks of 512 tokens from a preblocked store of the cache's documents,
+    the store's chunk checks on and off, alternating: the first batch after an open (it touches
+    most chunks, so it verifies them) and the batches after it."""
+    from meshbatch.datasets.preblocked import preblock
+    from meshbatch.datasets.preblocked.block_sources import open_blocks
+
+    store = path + "-blocks"
+    if not os.path.isdir(store):
+        preblock(store, [path], block_size=512, vocab_size=50_257, shuffle_level="none", progress=False)
+    n = open_blocks(store).num_blocks
+    order = np.random.default_rng(0).integers(0, n, (batches + 1, 256))
+    rates = {"first batch": {"on": [], "off": []}, "later batches": {"on": [], "off": []}}
+    for r in range(rounds):
+        for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            os.environ["MESHBATCH_VERIFY_READS"] = "1" if side == "on" else "0"
+            source = open_blocks(store)
+            os.environ.pop("MESHBATCH_VERIFY_READS")
+            start = time.perf_counter()  # a random batch touches most chunks: all verified here
+            source.read_blocks(order[0])
+            rates["first batch"][side].append(256 * 512 / (time.perf_counter() - start))
+            start = time.perf_counter()
+            for b in range(1, batches + 1):
+                source.read_blocks(order[b])
+            rates["later batches"][side].append(batches * 256 * 512 / (time.perf_counter() - start))
+    row = {}
+    for p, sides in rates.items():
+        row[p] = {
+            "off_tokens_per_s": statistics.median(sides["off"]),
+            "on_tokens_per_s": statistics.median(sides["on"]),
+            "on_over_off": _ratio(sides["on"], sides["off"]),
+        }
+        print(
+            f"block store ({n} blocks of 512), random batches of 256, {p}: off "
+            f"{row[p]['off_tokens_per_s'] / 1e6:.1f} M tok/s, on {row[p]['on_tokens_per_s'] / 1e6:.1f} M, "
+            f"on / off {row[p]['on_over_off']:.3f}"
+        )
+    return row
+
+
 def deep(path: str, repeats: int) -> dict:
     rates = []
     for _ in range(repeats):
@@ -200,6 +242,7 @@ def main(argv=None) -> dict:
         "chunk": chunk_costs(path, 8 * rounds),
         "reads": reads(path, seq_len, rounds, args.batches),
         "pipeline": pipeline_steps(path, seq_len, rounds, args.batches),
+        "blocks": block_store(path, rounds, args.batches),
         "deep": deep(path, 3),
     }
     write_json(__file__, result)
