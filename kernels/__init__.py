@@ -15,6 +15,7 @@ from .interleave import named_salts as named_salts
 from .interleave import select_scan as select_scan
 from .interleave import source_salts as source_salts
 from .interleave import tie_hash as tie_hash
+from .interleave_merge import select_merge as select_merge
 from .masking import mlm_mask as mlm_mask
 from .masking import row_keys as row_keys
 from .mixture import MixtureSchedule as MixtureSchedule

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, UInt32
 
-from meshbatch.kernels import Counts, named_salts, select_scan
+from meshbatch.kernels import Counts, named_salts, select_merge
 
 from ..checks import check_choice, check_int
 from ..datasets.base import Dataset, Plan, Rows
@@ -97,7 +97,7 @@ class TokenBalancedMixture(Composite):
             plan, _ = child.plan(tables["children"][c], Rows(position, epoch), None)
             upcoming.append(plan)
             table.append(child.real_tokens(tables["children"][c], plan).astype(jnp.int32))
-        picked = select_scan(state.tokens, jnp.stack(table), tables["salts"])
+        picked = select_merge(state.tokens, jnp.stack(table), tables["salts"])
         plans = tuple(
             jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
             for c, plan in enumerate(upcoming)
