@@ -58,7 +58,8 @@ def test_equals_scan_and_heap(case):
     assert_same(merged, select_scan(*args))
     rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(merged.source).tolist(), np.asarray(merged.nth).tolist(), strict=True)) == rows
-    assert [(int(h) << 32) + int(lo) for h, lo in zip(merged.counts.hi, merged.counts.lo, strict=True)] == final
+    hi, lo = np.asarray(merged.counts.hi), np.asarray(merged.counts.lo)
+    assert [(int(h) << 32) + int(w) for h, w in zip(hi, lo, strict=True)] == final
 
 
 def test_windows_fall_back_exactly():
