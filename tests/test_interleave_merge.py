@@ -8,7 +8,7 @@ from compiles import count_compiles
 from mixture_reference import least_consumed
 
 from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
-from meshbatch.kernels.interleave_merge import windows
+from meshbatch.kernels.mixtures.interleave_merge import windows
 
 U32 = jnp.uint32
 
