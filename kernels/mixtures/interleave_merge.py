@@ -14,9 +14,10 @@ i.e. the ``n`` smallest candidates in that order. The hand-worked trace of ``int
     n = 8  threshold T = 6: 6 keys below it, 2 of the tie at 6 taken (a before c by hash)
 
 All parallel: prefix sums per source, a bisection over the 32-bit threshold ``T`` (the least key
-with at least ``n`` candidates at or below it; each probe counts a source's candidates with a
-binary search of its sorted keys), the tie at ``T`` taken by ``(hash, source)``, then one stable
-sort of the ``n`` picks by ``(key, hash)`` gives their row order. Keys are 32-bit relative to the
+with at least ``n`` candidates at or below it, between the least and the largest key at
+column ``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by
+``(hash, source)``, then one stable sort of the ``n`` picks by ``(key, hash)`` gives their row
+order (a radix sort whose passes are single-array sorts). Keys are 32-bit relative to the
 least count (``interleave._relative``: a count 2^32 or more above it, or a key that would pass
 2^32 - 1, saturates and is never among the ``n`` least, since the least source alone has ``n``
 keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit (two words).
@@ -82,12 +83,38 @@ def _merge(
     source = jnp.searchsorted(ends, rank, side="right", method="scan").astype(jnp.int32)
     nth = rank - (ends - taken)[source]
     key = keys[source, nth.astype(jnp.int32)]
-    _, _, order = jax.lax.sort((key, tie_hash(salts[source], base.lo + key), rank), num_keys=3)
+    order = _sorted_order(key, tie_hash(salts[source], base.lo + key))
     source, nth = source[order], nth[order]
     tokens = table[source, nth.astype(jnp.int32)]
     given = jnp.arange(m, dtype=U32)[None, :] < taken[:, None]
     used = jnp.sum(jnp.where(given, table, U32(0)), axis=1, dtype=U32)
     return Selection(source, nth, taken, add64(counts, used), tokens.astype(jnp.int32))
+
+
+def _sorted_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
+    """The stable order of ``(key, hashes)``: a least-significant-digit radix sort of the 64-bit
+    ``key * 2^32 + hash`` whose passes are single-array sorts of ``digit * 2^b + place``
+    (``b`` bits hold a place; XLA sorts one array several times faster than keys with a
+    payload); a pass whose digits are all equal keeps the order and is skipped."""
+    n = key.shape[0]
+    bits = max(1, (n - 1).bit_length())
+    width = 32 - bits
+    place = jnp.arange(n, dtype=U32)
+    order = place
+    for low in range(0, 64, width):
+        if low + width <= 32:
+            digit = hashes >> low
+        elif low >= 32:
+            digit = key >> (low - 32)
+        else:
+            digit = (hashes >> low) | (key << (32 - low))
+        digit = digit & U32((1 << width) - 1)
+
+        def sort_by(order, digit=digit):
+            return order[jax.lax.sort((digit[order] << bits) | place) & U32((1 << bits) - 1)]
+
+        order = jax.lax.cond(jnp.min(digit) == jnp.max(digit), lambda order: order, sort_by, order)
+    return order
 
 
 def windows(sources: int, n: int) -> tuple[int, ...]:
