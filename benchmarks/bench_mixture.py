@@ -11,10 +11,11 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
 
-Both run in this process, rotating for ``rounds`` rounds of ``repeats`` timed runs after a
-warm-up (harness ``rotating_times``); the table gives each one's median, its range (min .. max
-of the rounds' medians) and the heap / merge ratio. Both meshbatch selections are checked equal
-to a heap that uses their tie-break hash first.
+The heap and the merge run in this process, rotating for ``rounds`` rounds of ``repeats`` timed
+runs after a warm-up (harness ``rotating_times``), then the scan alone (in one rotation with the
+scan at 256 sources the heap ran 10x slower than alone); the table gives each one's median, its
+range (min .. max of the rounds' medians) and the heap / merge ratio. Both meshbatch selections
+are checked equal to a heap that uses their tie-break hash first.
 
 Pipeline. ``--sources 3`` (the default): three token caches written by Levanter's
 ``SerialCacheWriter`` (Zipf token ids as in ``bench_pipeline.py``, 4 : 2 : 1 in size), mixed
@@ -42,6 +43,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import gc
 import heapq
 import random
 import statistics
@@ -72,16 +74,24 @@ def heap_generator(token_lists, token_counts, seed):
         heapq.heappush(heap, (count + tokens, rng.random(), s))
 
 
-def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
-    """Both kernels' picks equal a heap keyed on (count, their tie hash)."""
-    from meshbatch.kernels import tie_hash
+def fmix32(h: int) -> int:
+    """murmur3's finaliser on a Python int (``meshbatch.kernels`` computes it in uint32)."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
+
+def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
+    """Both kernels' picks equal a heap keyed on (count, their tie hash ``fmix32(count ^ salt)``),
+    computed in Python ints (no eager jax call per row: their garbage slows what runs next)."""
     sources, rows = table.shape
     zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
-    hashes = np.asarray(salts)
+    hashes = [int(x) for x in np.asarray(salts)]
 
     def h(s, count):
-        return int(tie_hash(jnp.uint32(hashes[s]), jnp.uint32(count & 0xFFFFFFFF)))
+        return fmix32((count & 0xFFFFFFFF) ^ hashes[s])
 
     heap = [(0, h(s, 0), s) for s in range(sources)]
     heapq.heapify(heap)
@@ -106,6 +116,7 @@ def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dic
     device_table = jnp.asarray(table)
     zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
     lists = table.tolist()
+    gc.collect()
 
     def merge():
         jax.block_until_ready(select_merge(zero, device_table, salts))
@@ -118,7 +129,10 @@ def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dic
         for _ in range(rows):
             next(generator)
 
-    times = rotating_times({"heap": heap, "merge": merge, "scan": scan}, rounds=rounds, repeats=repeats)
+    # the scan runs on its own: after its op-by-op dispatch (over 28 sources) XLA's worker threads
+    # keep spinning for a while and would slow whatever ran next (the heap, in a rotation)
+    times = rotating_times({"heap": heap, "merge": merge}, rounds=rounds, repeats=repeats)
+    times |= rotating_times({"scan": scan}, rounds=rounds, repeats=repeats)
     return {
         name: [statistics.median(values[r * repeats : (r + 1) * repeats]) for r in range(rounds)]
         for name, values in times.items()
