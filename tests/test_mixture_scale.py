@@ -1,4 +1,10 @@
-"""Counts never wrap: a component past 2^31 (and 2^32) rows, stable and token-balanced, against a
+"""Mixtures at scale: hundreds of sources, and counts that never wrap.
+
+Many sources: the stable mixture at 256 sources equals the Python reference, and at 64 sources
+Levanter's own ``MixtureDataset`` (``compat="levanter"``); the interleave at 256 sources is
+tested in ``test_interleave_merge.py``.
+
+Counts never wrap: a component past 2^31 (and 2^32) rows, stable and token-balanced, against a
 numpy int64 reference, reached by arithmetic (a huge row, a huge state), never by iterating.
 
 Levanter's ``MixtureDataset`` keeps a stage's per-component counts in int32, which would wrap
@@ -11,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mixture_reference import block_permutation, counts_per_block, least_consumed
+from mixture_reference import block_permutation, counts_per_block, least_consumed, levanter_rows, stable_rows
 
 import meshbatch
 from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
@@ -20,6 +26,25 @@ from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 
 INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize(("sources", "compat"), [(256, None), (64, "levanter")])
+def test_stable_many_sources_equal_references(sources, compat):
+    """256 consecutive rows from row 10^6 (lengths 50 .. 305: wraps; weights 1 to 4, one source
+    switched to a tiny weight) equal the reference: Python integers (default) or Levanter's own
+    ``MixtureDataset.get_batch`` (``compat="levanter"``)."""
+    lengths = {f"s{i:03d}": 50 + i for i in range(sources)}
+    weights = {name: 1.0 + i % 4 for i, name in enumerate(lengths)}
+    weights["s001"] = 0.3
+    block_size = 4 * sources
+    schedule = meshbatch.mixture_schedule(lengths, weights, block_size=block_size, key=3, compat=compat)
+    rows = np.arange(10**6, 10**6 + 256)
+    source, index, epoch = (np.asarray(x).tolist() for x in schedule.locate(jnp.asarray(rows, jnp.uint32)))
+    if compat == "levanter":
+        assert list(zip(source, index, strict=True)) == levanter_rows(lengths, weights, block_size, 3, rows)
+    else:
+        want = stable_rows(lengths, weights, block_size, jax.random.key(3), rows)
+        assert list(zip(source, index, epoch, strict=True)) == want
 
 
 @pytest.mark.parametrize("compat", [None, "levanter"])
