@@ -18,6 +18,8 @@ from .ledger import Ledger as Ledger
 from .ledger import read_ledger as read_ledger
 from .reader import TokenCache as TokenCache
 from .sharded import ShardedCacheWriter as ShardedCacheWriter
+from .stores import StoreUnavailableError as StoreUnavailableError
+from .stores import kvstore_spec as kvstore_spec
 from .tokenizers import ByteTokenizer as ByteTokenizer
 from .tokenizers import HFTokenizer as HFTokenizer
 from .tokenizers import Tokenizer as Tokenizer

@@ -18,10 +18,13 @@ Nothing damaged or replaced is served: a read that fails (a chunk missing, since
 fill missing chunks, or one that does not decode) raises ``CacheIntegrityError`` naming the cache,
 the array and the token range; and after the reads, each cache read checks that its ledger is the
 one it loaded (one conditional read per cache per batch), raising ``CacheChangedError`` otherwise.
+A store that does not answer (object-store server gone, 5xx after TensorStore's bounded retries,
+no answer within ``MESHBATCH_READ_TIMEOUT_S``) raises ``StoreUnavailableError`` instead.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -31,6 +34,7 @@ import tensorstore as ts
 
 from .blocks import BlockCache
 from .checks import CacheIntegrityError
+from .stores import StoreUnavailableError, is_unavailable, read_timeout_s
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ def run_reads(reads: Sequence[PendingRead]) -> None:
         CacheChangedError: a cache read was replaced or changed since it was opened (checked after
             the reads, so no token of a replaced cache is returned).
         CacheIntegrityError: a read failed: a chunk is missing or does not decode.
+        StoreUnavailableError: the store did not answer within its retries and the read timeout.
     """
     checks = list(dict.fromkeys(read.check for read in reads if read.check is not None))
     try:
@@ -193,6 +198,8 @@ def _read_into(targets: list[Target]) -> None:
     array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads). Every read is
     awaited before the first failure is raised, so nothing writes into a buffer after this returns.
     """
+    timeout = read_timeout_s()
+    deadline = time.monotonic() + timeout
     with ts.Batch() as batch:
         futures = [
             ts.array(target.dest, copy=False, write=True).write(target.source, batch=batch)
@@ -201,11 +208,19 @@ def _read_into(targets: list[Target]) -> None:
     failed = None
     for target, future in zip(targets, futures, strict=True):
         try:
-            future.result()
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError as e:
+            for pending in futures:
+                pending.cancel()
+            raise StoreUnavailableError(
+                f"{target.describe()}: no answer from the store within {timeout}s (MESHBATCH_READ_TIMEOUT_S)"
+            ) from e
         except Exception as e:  # TensorStore reports I/O and decode failures as ValueError and others
             failed = failed or (target, e)
     if failed is not None:
         target, e = failed
+        if is_unavailable(e):
+            raise StoreUnavailableError(f"{target.describe()}: the store did not answer: {e}") from e
         raise CacheIntegrityError(f"{target.describe()}: read failed: {e}") from e
 
 
