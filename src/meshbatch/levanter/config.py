@@ -32,10 +32,11 @@ from levanter.data.dataset import AsyncDataset
 from levanter.data.text import LMTaskConfig
 from levanter.models.lm_model import LmExample
 
-from ..cache import TokenCache
-from ..datasets.causal import GROWING_ORDERS, CausalLMDataset
-from ..shuffle import ShuffleSpec
-from .datasets import MeshbatchDataset
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.causal import GROWING_ORDERS, CausalLMDataset
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
+
+from .async_datasets import MeshbatchDataset
 from .sources import BaseDataConfig, ConfigError, SourceConfig, UrlBaseConfig, _checked
 
 

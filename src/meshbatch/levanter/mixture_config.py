@@ -11,12 +11,13 @@ from haliax import Axis
 from levanter.data.dataset import AsyncDataset
 from levanter.models.lm_model import LmExample
 
-from ..cache import TokenCache
-from ..datasets.causal import CausalLMDataset
-from ..mixtures import Mixture, TokenBalancedMixture
-from ..shuffle import ShuffleSpec
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.causal import CausalLMDataset
+from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
+
+from .async_datasets import MeshbatchDataset
 from .config import CausalLMConfig, MeshbatchLMConfig
-from .datasets import MeshbatchDataset
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, SourceConfig
 
 

@@ -13,13 +13,14 @@ from levanter.data.dataset import AsyncDataset, ListAsyncDataset
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import local_cpu_mesh
 
-from ..cache import TokenCache
-from ..datasets.splice import SpliceLMDataset
-from ..datasets.splice_indexed import splice_validation_set
-from ..select import select_documents
-from ..splice.spec import SpliceSpec
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.splice.indexed import splice_validation_set
+from meshbatch.datasets.splice.selection import select_documents
+from meshbatch.datasets.splice.splice_dataset import SpliceLMDataset
+from meshbatch.datasets.splice.splice_spec import SpliceSpec
+
+from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
-from .datasets import lm_examples, loader_key
 from .sources import ConfigError, _checked
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
