@@ -176,8 +176,10 @@ def test_slow_jittery_server_gives_bit_identical_batches(object_stores, referenc
                     np.testing.assert_array_equal(
                         np.asarray(getattr(batch, field)), np.asarray(getattr(reference, field))
                     )
+            stats = got.stats()
         delays = object_stores["gcs_front"].delays if scheme == "gs" else proxy.delays
         assert len(delays) > 0 and max(delays) >= 0.02  # the requests really went through the delay
+        assert stats["read_p50_s"] >= 0.02  # every batch of reads waited for at least one request
     finally:
         front = object_stores["gcs_front"]
         front.low, front.high, front.tail_p, front.tail_s = 0.0, 0.0, 0.0, 0.0
