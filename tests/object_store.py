@@ -143,7 +143,8 @@ class LatencyProxy:
     A request is what the client sends after the server last answered (HTTP/1.1, no pipelining:
     how TensorStore's curl talks), so each request is held once: ``uniform(low, high)`` seconds,
     plus, with probability ``tail_p``, ``uniform(0, tail_s)`` more. Delays come from one seeded
-    generator. ``delays`` records every delay drawn.
+    generator. ``delays`` records every delay drawn (one per request), ``bytes_down`` the bytes
+    the server sent back.
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class LatencyProxy:
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
         self.delays: list[float] = []
+        self.bytes_down = 0  # bytes the server sent back through the proxy
         self._connections: set[asyncio.StreamWriter] = set()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -217,6 +219,7 @@ class LatencyProxy:
         async def downstream() -> None:
             while data := await server_r.read(1 << 16):
                 new_request[0] = True
+                self.bytes_down += len(data)
                 client_w.write(data)
                 await client_w.drain()
             client_w.close()

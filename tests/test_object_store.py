@@ -5,6 +5,7 @@ written locally; a server stopped mid-run gives ``StoreUnavailableError`` in the
 bounded time (never zeros, never a hang); a slow, jittery server gives bit-identical batches.
 """
 
+import threading
 import time
 import uuid
 
@@ -16,7 +17,14 @@ from jax.sharding import Mesh
 from object_store import GCSServer, LatencyProxy, S3Server
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
-from meshbatch.cache import CacheWriter, ShardedCacheWriter, StoreUnavailableError, TokenCache, read_ledger
+from meshbatch.cache import (
+    BlockCache,
+    CacheWriter,
+    ShardedCacheWriter,
+    StoreUnavailableError,
+    TokenCache,
+    read_ledger,
+)
 from meshbatch.cache.stores import store_context_spec
 
 SEQ = 32
@@ -184,3 +192,37 @@ def test_slow_jittery_server_gives_bit_identical_batches(object_stores, referenc
         front = object_stores["gcs_front"]
         front.low, front.high, front.tail_p, front.tail_s = 0.0, 0.0, 0.0, 0.0
         proxy.stop()
+
+
+def test_threads_share_block_reads_in_flight(object_stores, tmp_path):
+    """Eight threads ask for the same blocks of a slow store at once: each block is read once."""
+    rows = docs()
+    remote, local = url("gs"), str(tmp_path / "cache")
+    write(remote, rows)
+    write(local, rows)
+    front = object_stores["gcs_front"]
+    front.low, front.high = 0.05, 0.05
+    try:
+        lru = BlockCache(1 << 24, block_tokens=4096)
+        context = ts.Context(store_context_spec(cache_bytes=1 << 20))
+        cache = TokenCache.open(remote, block_cache=lru, context=context)
+        starts = np.random.default_rng(4).integers(0, cache.num_tokens - 300, 40)
+        want = TokenCache.open(local).read_spans(starts, 300)
+        got, barrier = [None] * 8, threading.Barrier(8, timeout=30)
+
+        def read(i):
+            barrier.wait()
+            got[i] = cache.read_spans(starts, 300)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        distinct = len({k for s in starts.tolist() for k in range(s // 4096, (s + 299) // 4096 + 1)})
+        assert lru.stats()["misses"] == distinct  # no block read twice
+        for result in got:
+            for a, b in zip(result, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        front.low, front.high = 0.0, 0.0
