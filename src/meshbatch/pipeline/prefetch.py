@@ -122,7 +122,7 @@ class Prefetcher(Generic[T], Iterator[T]):
         depth: int | str = 4,
         workers: int = 1,
         on_take: Callable[[int], None] | None = None,
-        max_depth: int = 16,
+        max_depth: int = 8,
     ):
         self.auto = None
         if depth == "auto":
@@ -234,7 +234,7 @@ class AutoDepth:
 
     min_depth = 2
 
-    def __init__(self, *, max_depth: int = 16, initial: int = 4, window: int = 32):
+    def __init__(self, *, max_depth: int = 8, initial: int = 4, window: int = 32):
         self.max_depth, self.window = max_depth, window
         self.initial = min(max(initial, self.min_depth), max_depth)
 
