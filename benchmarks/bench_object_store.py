@@ -6,7 +6,10 @@ wheel). Both loaders read it through TensorStore's ``gcs`` kvstore, pointed
 (``TENSORSTORE_GCS_HTTP_URL``) at a ``LatencyProxy`` (``tests/object_store.py``) that holds every
 request ``uniform(80, 120)`` ms, plus up to 300 ms more for 2% of them (seeded): a remote bucket's
 latency with a tail. Levanter reads its ledger once through gcsfs (``STORAGE_EMULATOR_HOST``,
-no delay); every token it reads goes through the proxy, like ours.
+no delay); every token it reads goes through the proxy, like ours. The cache holds
+``--cache-factor`` (4) times the examples consumed: a loader that fetches a large group of batches
+at once (Levanter's ``prefetch_size`` 32 batches) reads each chunk once when the group covers most
+of the cache, so the per-example cost of a full shuffle shows only on a cache much larger than it.
 
 * Levanter ``DataLoader`` over ``PermutationDataset(TokenSeqDataset(cache, seq_len))`` (a Levanter
   user's ``shuffle: true``), its default prefetch;
@@ -43,7 +46,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from object_store import ENV, GCSServer, LatencyProxy  # noqa: E402
+from object_store import ENV, GCSServer, LatencyProxy
 
 BUCKET = "meshbatch"
 VOCAB = 32_768
@@ -89,9 +92,9 @@ def levanter_stream(path, args, mesh):
 
 
 def meshbatch_stream(path, args, mesh):
-    from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
     import tensorstore as ts
 
+    from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
     from meshbatch.cache import BlockCache, TokenCache
     from meshbatch.cache.stores import store_context_spec
 
@@ -189,25 +192,29 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--block-examples", type=int, default=256, help="examples per shuffle block")
+    parser.add_argument(
+        "--cache-factor", type=float, default=4.0, help="cache size in multiples of the examples consumed"
+    )
     args = parser.parse_args()
-    args.steps = args.steps or (16 if args.quick else 40)
+    args.steps = args.steps or (24 if args.quick else 80)
     args.rounds = args.rounds or (1 if args.quick else 2)
 
     gcs, proxy = start_store()
     try:
         import jax
-
         from harness import banner, write_json
 
         payload = banner("bench_object_store")
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
         path = f"gs://{BUCKET}/cache"
-        # enough examples that no loader wraps around, whole windows of blocks
+        # cache_factor x the examples consumed (no loader wraps around), whole windows of blocks
         window = 8 * args.block_examples * args.seq_len
-        tokens = -(-(args.steps + 16) * args.batch * args.seq_len // window) * window + window
+        consumed = args.steps * args.batch * args.seq_len
+        tokens = -(-int(args.cache_factor * consumed) // window) * window + window
         began = time.perf_counter()
         write_cache(path, tokens)
-        print(f"cache: {tokens / 1e6:.0f}M tokens at {path} in {time.perf_counter() - began:.0f}s", flush=True)
+        seconds = time.perf_counter() - began
+        print(f"cache: {tokens / 1e6:.0f}M tokens at {path} in {seconds:.0f}s", flush=True)
         proxy.low, proxy.high, proxy.tail_p, proxy.tail_s = 0.08, 0.12, 0.02, 0.3
         sleeps = np.random.default_rng(1).uniform(0.1, 0.5, args.steps)
         loaders = {"levanter DataLoader (PermutationDataset)": levanter_stream,

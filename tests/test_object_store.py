@@ -226,3 +226,19 @@ def test_threads_share_block_reads_in_flight(object_stores, tmp_path):
                 np.testing.assert_array_equal(a, b)
     finally:
         front.low, front.high = 0.0, 0.0
+
+
+def test_context_sized_from_measured_latency():
+    from meshbatch.cache.stores import sized_context_spec
+
+    spec = sized_context_spec(
+        read_latency_s=0.1, step_s=0.25, requests_per_step=400, bytes_per_step=4 << 20, depth=4
+    )
+    assert spec["gcs_request_concurrency"] == spec["s3_request_concurrency"] == {"limit": 320}
+    assert spec["cache_pool"]["total_bytes_limit"] == 256 << 20
+    assert spec["s3_request_retries"]["max_delay"] == "2.0s"
+    ts.Context(spec)  # TensorStore accepts it
+    low = sized_context_spec(read_latency_s=0.01, step_s=1, requests_per_step=1, bytes_per_step=1, depth=1)
+    assert low["gcs_request_concurrency"] == {"limit": 32}
+    with pytest.raises(ValueError, match="step_s must be > 0"):
+        sized_context_spec(read_latency_s=0.1, step_s=0, requests_per_step=1, bytes_per_step=1, depth=1)

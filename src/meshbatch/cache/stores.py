@@ -112,6 +112,32 @@ def store_context_spec(
     return spec
 
 
+def sized_context_spec(
+    *, read_latency_s: float, step_s: float, requests_per_step: float, bytes_per_step: int, depth: int
+) -> dict[str, Any]:
+    """A context sized from measured latency (``Pipeline.stats()``), by Little's law.
+
+    Requests in flight = requests per second x latency; the limit is twice that (a tail), at least
+    32 (TensorStore's default) and at most 1024. The cache pool holds every step in the making
+    twice over, at least 256 MiB. Retries back off up to ten latencies (at least 2 s)::
+
+        100 ms latency, 40 requests per 0.25 s step, 4 MiB a step, depth 4
+        -> request concurrency 2 * 40 / 0.25 * 0.1 = 32, cache pool 256 MiB, max_delay 2 s
+    """
+    for name, value in (("read_latency_s", read_latency_s), ("step_s", step_s)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 (got {name}={value})")
+    in_flight = requests_per_step / step_s * read_latency_s
+    concurrency = min(max(int(2 * in_flight + 0.999), 32), 1024)
+    pool = max(2 * depth * int(bytes_per_step), 256 << 20)
+    return store_context_spec(
+        cache_bytes=pool,
+        request_concurrency=concurrency,
+        max_delay_s=max(2.0, 10 * read_latency_s),
+        copy_concurrency=os.cpu_count() or 1,
+    )
+
+
 def read_timeout_s() -> float:
     """Seconds meshbatch waits on one batch of reads: ``MESHBATCH_READ_TIMEOUT_S`` (default 120)."""
     return float(os.environ.get("MESHBATCH_READ_TIMEOUT_S", DEFAULT_READ_TIMEOUT_S))
