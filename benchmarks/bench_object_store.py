@@ -146,6 +146,14 @@ def run_one(name, make, path, args, mesh, proxy, sleeps) -> dict:
     close = getattr(stream, "close", None)
     if close is not None:
         close()
+    del stream
+    # a loader may go on reading ahead after its last step: wait (bounded) until the store is quiet,
+    # so the next loader's requests are its own
+    for _ in range(120):
+        before = len(proxy.delays)
+        time.sleep(1.0)
+        if len(proxy.delays) == before:
+            break
     print(
         f"  {name}: wait p50 {result['wait_p50_s'] * 1e3:.1f} ms, p99 {result['wait_p99_s'] * 1e3:.1f} ms, "
         f"stall {result['stall_fraction']:.3f}, {result['requests_per_example']:.4f} req/ex, "

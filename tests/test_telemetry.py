@@ -65,7 +65,7 @@ def test_quantiles_are_numpy_percentiles():
 
 
 def test_auto_depth_rule():
-    """depth = clamp(ceil(make_p90 / step_p50) + 1, 2, max_depth), from the recorded times."""
+    """depth = clamp(ceil(make_max / step_p50) + 1, 2, max_depth), from the recorded times."""
     rule = AutoDepth(max_depth=6, initial=3, window=8)
     log = StreamLog()
     assert rule.depth(log) == 3  # nothing measured yet
@@ -75,7 +75,7 @@ def test_auto_depth_rule():
     log.made.extend((s, 0.9) for s in range(8, 16))
     assert rule.depth(log) == 6  # ceil(9) + 1, capped
     log.made.extend((s, 0.01) for s in range(16, 24))
-    assert rule.depth(log) == 2  # floor
+    assert rule.depth(log) == 2  # floor: the window holds only fast steps now
 
 
 def test_auto_depth_keeps_enough_steps_in_the_making():
