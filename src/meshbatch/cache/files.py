@@ -21,6 +21,7 @@ from typing import Any
 
 import tensorstore as ts
 
+from .arrays import shared_context
 from .stores import is_url, kvstore_spec
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,6 @@ def directory_exists(path: str) -> bool:
 
 
 def _kvstore(directory: str) -> ts.KvStore:
-    from .arrays import shared_context
-
     return ts.KvStore.open(kvstore_spec(directory), context=shared_context()).result()
 
 
