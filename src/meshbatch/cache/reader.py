@@ -269,7 +269,15 @@ class TokenCache:
             bytes_read=nbytes,
         )
         check = self._watch.start if self._watch is not None else None
-        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish, check)
+        return PendingRead(
+            runs.span_starts + at,
+            at + int(runs.run_offsets[-1]),
+            targets,
+            finish,
+            check,
+            publish=getattr(finish, "publish", None),
+            abort=getattr(finish, "abort", None),
+        )
 
     def read_spans(self, starts, lengths) -> SpanRead:
         """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""
