@@ -104,6 +104,46 @@ def check_data_end(end: int, *, data: ts.TensorStore, recorded: int | None, wher
         ) from e
 
 
+def check_extent(end: int, *, data: ts.TensorStore, offsets: ts.TensorStore, rows: int, where: str) -> None:
+    """Checks that a finished part stops where its last offset says: what lies past it is fill.
+
+    Writers never write past the last row (Levanter's and meshbatch's, whose resume zeroes rows
+    it truncates), so the rest of the chunk holding the last token reads 0, and so does
+    ``offsets[rows + 1]`` (or its chunk is not stored). A last offset moved back, or a chunk copied
+    over from a larger cache, leaves tokens there: one chunk decode, no checksum needed::
+
+        offsets [3, 2, 3, 6], data [5, 6, 7, 8, 9, 9, 0, 0]   -> fine
+        offsets [3, 2, 3, 5], data [5, 6, 7, 8, 9, 9, 0, 0]   -> data[5] = 9 past the last row
+
+    Args:
+        end: the last offset; rows: the part's rows; where: the offsets array's path, for messages.
+    """
+    size = int(data.chunk_layout.read_chunk.shape[0] or 1)
+    stop = min(-(-end // size) * size, data.domain.exclusive_max[0]) if end % size else end + 1
+    stop = min(stop, data.domain.exclusive_max[0])
+    with ts.Batch() as batch:
+        tail = data[end:stop].read(batch=batch) if stop > end else None
+        after = offsets[rows + 1 : rows + 2].read(batch=batch)
+    for name, future, first in (("data", tail, end), ("offsets", after, rows + 1)):
+        if future is None:
+            continue
+        try:
+            values = future.result()
+        except ValueError as e:
+            if "NOT_FOUND" in str(e):
+                continue  # nothing stored past the end
+            raise CacheIntegrityError(
+                f"{where}: the chunk past the last row of {name} cannot be read: {e}"
+            ) from e
+        bad = np.flatnonzero(values)
+        if bad.size:
+            at, value = first + int(bad[0]), int(values[bad[0]])
+            raise CacheIntegrityError(
+                f"{where}: the last row ends at token {end}, but {name}[{at}] = {value} past it "
+                "is not the fill value 0 (a last offset moved back, or a chunk from another cache)"
+            )
+
+
 # -- arguments at the host boundary -------------------------------------------------------------
 
 

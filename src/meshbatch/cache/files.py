@@ -1,4 +1,4 @@
-"""Small local files of a cache (ledger, checksum sidecar): atomic JSON writes and their leftovers.
+"""Small files of a cache (ledger, checksum sidecar): atomic JSON writes and their leftovers.
 
 write_json_atomic("/c/shard_ledger.json", {...})
   -> /c/shard_ledger.json.tmp-4242-<32 hex>   written, fsynced
@@ -18,6 +18,9 @@ by the stale tail::
 A zarr v3 shard keeps its index (with a CRC-32C) in its last bytes, so the whole shard, every
 committed row in it, then fails with ``DATA_LOSS ... Digest mismatch``. ``remove_stale_lock_files``
 deletes the lock files no live writer holds before a cache writer's first write.
+
+At an object-store URL (``gs://``, ``s3://``) the file is one object written with one PUT through
+TensorStore's kvstore: a reader sees the old object or the new one, so no temp file is needed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ import os
 import re
 import uuid
 from typing import Any
+
+import tensorstore as ts
+
+from .arrays import shared_context
+from .stores import is_url, kvstore_spec
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +52,10 @@ def write_json_atomic(path: str, value: Any) -> None:
     ``path``, and the directory is fsynced. A writer killed before the rename leaves the temp file;
     ``remove_stale_temp_files`` deletes it when a writer next opens the cache.
     """
-    if "://" in path:
-        raise ValueError(f"cache metadata is written to local paths only (got path={path!r})")
+    if is_url(path):
+        directory, name = path.rsplit("/", 1)
+        _kvstore(directory).write(name, json.dumps(value).encode()).result()
+        return
     root = os.path.dirname(path)
     os.makedirs(root, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -67,8 +77,8 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     A temp file whose process is still alive on this host (and is not this process) is kept: it may
     be another writer mid-commit. Returns the names removed.
     """
-    if not os.path.isdir(directory):
-        return []
+    if is_url(directory) or not os.path.isdir(directory):
+        return []  # object stores get no temp files
     removed = []
     for name in os.listdir(directory):
         match = _TEMP_FILE.match(name)
@@ -91,8 +101,10 @@ def remove_stale_lock_files(directory: str) -> list[str]:
     A lock file is stale when its byte-range lock can be taken without waiting (a writer holds it
     only while it writes, and the lock dies with its process). Deleting it while holding its lock,
     after checking it is still the file at that path, is what TensorStore's own locking rule allows.
-    Returns the paths removed (relative to ``directory``).
+    Returns the paths removed (relative to ``directory``). Object stores have no lock files.
     """
+    if is_url(directory):
+        return []
     removed = []
     for parent, _, names in os.walk(directory):
         for name in names:
@@ -130,9 +142,24 @@ def _remove_unheld_lock(path: str) -> bool:
 
 def remove_file(path: str) -> None:
     """Deletes ``path`` if it exists, durably (the directory is fsynced)."""
+    if is_url(path):
+        directory, name = path.rsplit("/", 1)
+        _kvstore(directory).write(name, None).result()  # None deletes
+        return
     if os.path.exists(path):
         os.unlink(path)
         _fsync_dir(os.path.dirname(path))
+
+
+def directory_exists(path: str) -> bool:
+    """Whether anything is stored under directory ``path`` (an object-store prefix or a local dir)."""
+    if not is_url(path):
+        return os.path.exists(path)
+    return bool(_kvstore(path).list().result())
+
+
+def _kvstore(directory: str) -> ts.KvStore:
+    return ts.KvStore.open(kvstore_spec(directory), context=shared_context()).result()
 
 
 def _process_alive(pid: int) -> bool:

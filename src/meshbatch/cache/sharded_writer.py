@@ -62,8 +62,6 @@ class ShardedCacheWriter:
     ):
         root = check_path("root", root)
         check_choice("if_exists", if_exists, IfExists)
-        if "://" in root:
-            raise ValueError(f"ShardedCacheWriter writes local paths only (got {root=})")
         self.root, self.field = root, check_component("field", field)
         self.dtype = as_token_dtype("dtype", dtype)
         self._metadata = ledger_metadata(check_metadata(metadata))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping
@@ -36,7 +35,13 @@ from meshbatch.arguments import check_choice, check_int
 from .arrays import DEFAULT_CHUNK_SIZE, create_field, open_field
 from .checks import CacheIntegrityError, as_token_dtype, check_component, check_dtype, check_path
 from .checksums import Checksums, OffsetsChecksums, RunningChecksums, sidecar_path
-from .files import remove_file, remove_stale_lock_files, remove_stale_temp_files, write_json_atomic
+from .files import (
+    directory_exists,
+    remove_file,
+    remove_stale_lock_files,
+    remove_stale_temp_files,
+    write_json_atomic,
+)
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 from .resume import resume_checksums, zero_past
 
@@ -66,10 +71,10 @@ def check_metadata(value) -> Mapping[str, Any] | None:
 
 
 class CacheWriter:
-    """Appends rows of tokens to a consolidated cache at a local path.
+    """Appends rows of tokens to a consolidated cache at a local path or ``gs://`` / ``s3://`` URL.
 
     Args:
-        path: cache root.
+        path: cache root (a local path or an object-store URL, see ``stores.py``).
         field: the jagged field written (Levanter's ``input_ids``).
         dtype: token dtype on disk; with ``if_exists="resume"`` it must match the existing cache's.
         if_exists: what to do with an existing cache: ``"error"``, ``"resume"`` from its committed rows,
@@ -97,8 +102,6 @@ class CacheWriter:
     ):
         path = check_path("path", path)
         check_choice("if_exists", if_exists, IfExists)
-        if "://" in path:
-            raise ValueError(f"CacheWriter writes local paths only (got {path=})")
         self.path, self.field = path, check_component("field", field)
         self.flush_tokens = check_int("flush_tokens", flush_tokens, low=1)
         self.dtype = as_token_dtype("dtype", dtype)
@@ -106,7 +109,7 @@ class CacheWriter:
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._finished = False
-        self._field_root = os.path.join(path, field)
+        self._field_root = posixpath.join(path, field)
         remove_stale_temp_files(path)
         remove_stale_temp_files(self._field_root)
         remove_stale_lock_files(self._field_root)  # before any write: see files.py
@@ -115,7 +118,7 @@ class CacheWriter:
         if existing is not None and if_exists == "resume":
             self._resume(existing)
             return
-        if (existing is not None or os.path.exists(self._field_root)) and if_exists == "error":
+        if (existing is not None or directory_exists(self._field_root)) and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {path}; pass if_exists='resume' or 'overwrite'")
         remove_ledger(path)  # before touching arrays: an old finished ledger must not outlive its data
         remove_file(sidecar_path(self._field_root))

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from meshbatch.cache import TokenCache, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 
+from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS
 from .pack_layout import Layout
 
@@ -40,7 +41,7 @@ def write_blocks(
     offsets = cache.doc_offsets()
     real = layout.real_tokens()[layout.block_order]
     store = _create(output, BLOCKS, [N, S], [chunk_rows, S]) if output_format == "zarr" else None
-    literal, pending = 0, None
+    literal, pending, sums = 0, None, []
     with tqdm(total=N, desc=f"writing {output}", unit="block", disable=disable) as bar:
         for p0 in range(0, N, batch_rows):
             p1 = min(N, p0 + batch_rows)
@@ -50,6 +51,7 @@ def write_blocks(
                 pending.result()
             if store is not None:
                 pending = store[p0:p1].write(rows)
+                sums += chunk_sums(np.asarray(rows, np.int32), chunk_rows)  # whole chunks but the last
             else:
                 for c0 in range(p0, p1, chunk_rows):
                     name = f"chunk{c0 // chunk_rows:06d}.npy"
@@ -59,6 +61,15 @@ def write_blocks(
         pending.result()
     if store is not None:
         _create(output, REAL_TOKENS, [N], [max(1, CHUNK_TOKENS)])[:].write(real).result()
+        write_sidecar(
+            output,
+            blocks=N,
+            block_size=S,
+            chunk_rows=chunk_rows,
+            real_chunk=CHUNK_TOKENS,
+            data=sums,
+            real=chunk_sums(np.asarray(real, np.int32), CHUNK_TOKENS),
+        )
     else:
         _save_hidden(output, REAL_TOKENS_NPY, real)
     return {"blocks": N, "literal_markers": literal}
@@ -83,10 +94,16 @@ def publish_npy(output: str) -> None:
 
 
 def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:
-    codecs = [{"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}}]
+    # crc32c after compression: TensorStore checks every chunk as it reads it (Levanter never
+    # reads block stores, so its codec list need not match)
+    codecs = [
+        {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}},
+        {"name": "crc32c"},
+    ]
     spec = {
         "driver": "zarr3",
         "kvstore": kvstore_spec(os.path.join(root, name)),
+        "store_data_equal_to_fill_value": True,  # every chunk stored: a missing one is missing data
         "metadata": {
             "shape": shape,
             "data_type": "int32",

@@ -29,7 +29,15 @@ from meshbatch.cache.files import remove_file, write_json_atomic
 from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 
 from .assemble import publish_npy, write_blocks
-from .block_store import BLOCKS, HEADER_FILE, Header, check_path, check_paths, write_header
+from .block_store import (
+    BLOCKS,
+    HEADER_FILE,
+    Header,
+    check_path,
+    check_paths,
+    check_structural_ids,
+    write_header,
+)
 from .escape import EscapingTokenizer
 from .pack_layout import SHUFFLE_LEVELS, PackSpec, ShuffleLevel, plan_layout
 
@@ -118,6 +126,9 @@ def preblock(
         named = _named_markers(tokenizer)
         vocab = vocab_size if vocab_size is not None else tokenizer.vocab_size
     vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
+    given_ids = {
+        n: v for n, v in (("doc_id", doc_id), ("eod_id", eod_id), ("pad_id", pad_id)) if v is not None
+    }
     ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
     _prepare_output(output, if_exists)
 
@@ -141,6 +152,7 @@ def preblock(
             "kind": "text",
             "inputs": [os.path.abspath(p) for p in inputs],
             "tokenizer": encoder.metadata(),
+            "tokenizer_markers": [n for n in named if n not in given_ids],
         }
     if cache.num_rows == 0:
         raise ValueError(f"no documents to pack in {inputs}")
@@ -237,6 +249,6 @@ def _marker_ids(doc_id, eod_id, pad_id, vocab: int, named: dict[str, int]) -> tu
     defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
     given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
     ids = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
-    if len(set(ids.values())) != 3:
-        raise ValueError(f"doc_id, eod_id and pad_id must differ (got {ids})")
+    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
+    check_structural_ids(ids, vocab, in_vocab=in_vocab)
     return ids["doc_id"], ids["eod_id"], ids["pad_id"]
