@@ -88,7 +88,7 @@ class MixtureSchedule(eqx.Module):
     def lookup(
         self,
         rows: Integer[Array | np.ndarray, " n"],
-        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int | np.integer = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"]]:
         """``(source int32[n], index uint32[n])`` of each row (jitted); see ``locate``. Host
         callers pass numpy rows on purpose (range-checked when finite, then made ``uint32``)."""
@@ -98,7 +98,7 @@ class MixtureSchedule(eqx.Module):
     def locate(
         self,
         rows: Integer[Array | np.ndarray, " n"],
-        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int | np.integer = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"], UInt32[Array, " n"]]:
         """``(source, index, source_epoch)`` of each row of pass ``epoch`` (jitted).
 

@@ -123,7 +123,7 @@ class IndexShuffle(eqx.Module):
     def __call__(
         self,
         indices: Integer[Array | np.ndarray, "*shape"] | Sequence[int],
-        epoch: Integer[Array | np.ndarray, "..."] | int | None = None,
+        epoch: Integer[Array | np.ndarray, "..."] | int | np.integer | None = None,
     ) -> UInt32[Array, "*shape"]:
         """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index
         (broadcast to the indices).

@@ -164,7 +164,7 @@ class SpliceSchedule(eqx.Module):
     def lookup(
         self,
         rows: Integer[Array | np.ndarray, " n"],
-        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int | np.integer = 0,
     ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Map epoch rows to placements (jitted).
 
