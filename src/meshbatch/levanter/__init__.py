@@ -3,7 +3,8 @@
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
   meshbatch dataset, the seed-named splice datasets, marin's ``BlockShufflingDataset``);
 * ``config``, ``splice_config``, ``mixture_config``, ``sources``: the ``data:`` config types a
-  Levanter YAML names (draccus) and the text behind them;
+  Levanter YAML names (draccus), Levanter's own config classes extended; ``caches``: caches
+  built by Levanter's machinery; ``fields``: every Levanter field honoured or refused;
 * ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop;
 * ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml``.
 """
@@ -13,10 +14,12 @@ from .config import MeshbatchLMConfig as MeshbatchLMConfig
 from .datasets import BlockShufflingDataset as BlockShufflingDataset
 from .datasets import MeshbatchDataset as MeshbatchDataset
 from .datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
+from .datasets import ShuffledDataset as ShuffledDataset
 from .datasets import SpliceDocumentDataset as SpliceDocumentDataset
 from .datasets import lm_examples as lm_examples
 from .datasets import loader_key as loader_key
 from .fast import PipelineLoader as PipelineLoader
+from .fields import FIELDS as FIELDS
 from .fast import batched_lm_example as batched_lm_example
 from .fast import fast_path as fast_path
 from .mixture_config import StableMixtureLMConfig as StableMixtureLMConfig
@@ -24,7 +27,6 @@ from .mixture_config import TokenBalancedMixtureLMConfig as TokenBalancedMixture
 from .sources import BaseDataConfig as BaseDataConfig
 from .sources import ConfigError as ConfigError
 from .sources import MixtureBaseConfig as MixtureBaseConfig
-from .sources import SourceConfig as SourceConfig
 from .sources import UrlBaseConfig as UrlBaseConfig
 from .splice_config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
 from .splice_config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig

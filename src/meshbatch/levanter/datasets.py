@@ -294,3 +294,52 @@ class BlockShufflingDataset(AsyncDataset[T]):
 
     async def getitem_async(self, index: int) -> T:
         return (await self.get_batch([index]))[0]
+
+
+class ShuffledDataset(AsyncDataset[T]):
+    """A finite Levanter dataset (e.g. its packed chat or supervised dataset, whose loss masks
+    come from the cache's mask fields) read in the order of a meshbatch ``ShuffleSpec``: index
+    ``g`` is element ``spec(g mod n)`` of epoch ``g // n``; ``ShuffleSpec("none")`` keeps order.
+
+    Args:
+        dataset: a finite ``AsyncDataset``.
+        spec: the order (``compat="levanter"`` gives Levanter's own permutations).
+        key: the data key.
+        epochs: see ``loader_epochs``.
+    """
+
+    def __init__(self, dataset: AsyncDataset[T], spec, *, key: PRNGKeyArray | int, epochs: int | None = None):
+        super().__init__()
+        self.dataset, self.spec, self.key = dataset, spec, loader_key(key)
+        self.epochs = loader_epochs(epochs)
+        self._tables, self._n = None, None
+
+    async def _order(self):
+        if self._n is None:
+            self._n = await self.dataset.async_len()
+            with local_cpu_mesh():
+                self._tables = self.spec.create(self._n, self.key, default_block=1)
+        return self._tables, self._n
+
+    async def async_len(self) -> int:
+        if self.epochs is None:
+            raise ValueError("ShuffledDataset streams every epoch (epochs=None): it has no length")
+        return (await self._order())[1] * self.epochs
+
+    async def final_length_is_known(self) -> bool:
+        return self.epochs is not None
+
+    def is_finite(self) -> bool:
+        return self.epochs is not None
+
+    async def current_len(self) -> int | None:
+        return None if self.epochs is None else await self.async_len()
+
+    async def get_batch(self, indices: Sequence[int]) -> Sequence[T]:
+        if len(indices) == 0:
+            return []
+        tables, n = await self._order()
+        epoch, position = split_indices(np.asarray(indices, dtype=np.int64), n)
+        with local_cpu_mesh():
+            mapped = self.spec.apply(tables, jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
+        return await self.dataset.get_batch([int(i) for i in np.asarray(mapped)])

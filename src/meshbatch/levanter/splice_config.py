@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from haliax import Axis
@@ -20,7 +20,8 @@ from ..select import select_documents
 from ..splice.spec import SpliceSpec
 from .config import MeshbatchLMConfig
 from .datasets import lm_examples, loader_key
-from .sources import ConfigError, _checked
+from .fields import refuse
+from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
@@ -62,14 +63,73 @@ class _SelectionFields:
 
 @dataclass(frozen=True)
 class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
+    """The seed's layout: Levanter's ``LMTaskConfig`` fields (the tokenizer), ``base`` (Levanter's
+    single-dataset or mixture config: the text) and ``dataset_name`` (the component read)."""
+
+    base: BaseDataConfig = field(default_factory=UrlBaseConfig)
+    dataset_name: str | None = None
+
     def __post_init__(self):
-        super().__post_init__()
+        MeshbatchLMConfig.__post_init__(self)
+        refuse(self, "splice")
+        refuse(self.base, "splice base")
+        self._check_base()
         _checked(self, lambda: self.spec(seq_len=max(2, self.content_length or 2)))  # by name, now
         if (self.validation_starts == 0) != (self.validation_offsets == 0):
             raise ConfigError(
                 f"validation_starts={self.validation_starts} and validation_offsets="
                 f"{self.validation_offsets}: both 0 (no validation set) or both positive"
             )
+
+    def _check_base(self) -> None:
+        names = sorted(self.base.components())
+        if isinstance(self.base, MixtureBaseConfig):
+            if self.dataset_name is None and len(names) > 1:
+                raise ConfigError(f"base has components {names}: choose one with dataset_name")
+            if self.dataset_name not in (None, *names):
+                raise ConfigError(f"dataset_name={self.dataset_name!r} is not a component of base: {names}")
+            weights = [w.get(self.component[0]) for _, w in self.base.stages()]
+            if any(w is not None and w <= 0 for w in weights):
+                raise ConfigError(f"train_weights gives dataset_name={self.component[0]!r} no weight: nothing to read")
+        if self.base.tokenizer not in ("gpt2", self.tokenizer):
+            raise ConfigError(
+                f"base.tokenizer={self.base.tokenizer!r} differs from tokenizer={self.tokenizer!r}: "
+                "the model's tokenizer is the top-level one; set both alike"
+            )
+
+    @property
+    def component(self) -> tuple[str, object, str | None]:
+        """``(name, source, cache_dir)`` read: ``dataset_name``'s component of a mixture base (or
+        its only one), or a single-dataset base, which ``dataset_name`` names when given."""
+        components = self.base.components()
+        if isinstance(self.base, UrlBaseConfig) or self.dataset_name is None:
+            (name, (source, cache_dir)), *_ = components.items()
+            return self.dataset_name or name, source, cache_dir
+        return (self.dataset_name, *components[self.dataset_name])
+
+    @property
+    def sources(self) -> Mapping[str, object]:
+        name, source, _ = self.component
+        return {name: source}
+
+    def cache(self, split: str = "train") -> TokenCache | None:
+        _, source, cache_dir = self.component
+        path = self.build_split(source, split, cache_dir)
+        return None if path is None else TokenCache.open(path)
+
+    def build_caches(self, split: str, monitors=True) -> Mapping[str, TokenCache]:
+        cache = self.cache(split)
+        return {} if cache is None else {self.component[0]: cache}
+
+    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
+        from .datasets import MeshbatchDataset
+
+        dataset = self.dataset(Pos.size)
+        self.announce(type(self).__name__, "splice schedule", None, {self.component[0]: self.component[2]})
+        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+
+    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
+        return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
 
     def spec(self, seq_len: int) -> SpliceSpec:
         fields = {name: getattr(self, name) for name in SPLICE_FIELDS}
