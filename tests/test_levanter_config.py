@@ -227,9 +227,7 @@ def test_bad_configs_fail_naming_the_field(root, data, named):
 
 
 def test_byte_tokenizer_directory_matches_for_levanter_and_meshbatch(root):
-    config = parse(
-        root, f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/t\n"
-    ).data
+    config = parse(root, f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/t\n").data
     texts = ["héllo wörld\n\tx", "a  b", ""]
     levanter_ids = [config.the_tokenizer(t)["input_ids"] for t in texts]
     ours = [list(map(int, ids)) for ids in ByteTokenizer().encode_batch(texts)]
@@ -315,7 +313,10 @@ def test_mixture_configs_refuse_what_does_not_apply(root):
     for data, named in (
         (f"type: stable_mixture\ntokenizer: {root}/tok\n", "mixture"),
         ("type: stable_mixture\nconfigs: {a: {}}\ndataset_name: a\n", "dataset_name"),
-        ("type: stable_mixture\nconfigs: {a: {}}\nmixture_block_size: 16\nstop_strategy: never\n", "stop_strategy"),
+        (
+            "type: stable_mixture\nconfigs: {a: {}}\nmixture_block_size: 16\nstop_strategy: never\n",
+            "stop_strategy",
+        ),
     ):
         with pytest.raises(Exception, match=named):
             parse(root, data)

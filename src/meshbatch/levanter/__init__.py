@@ -19,9 +19,9 @@ from .datasets import SpliceDocumentDataset as SpliceDocumentDataset
 from .datasets import lm_examples as lm_examples
 from .datasets import loader_key as loader_key
 from .fast import PipelineLoader as PipelineLoader
-from .fields import FIELDS as FIELDS
 from .fast import batched_lm_example as batched_lm_example
 from .fast import fast_path as fast_path
+from .fields import FIELDS as FIELDS
 from .mixture_config import StableMixtureLMConfig as StableMixtureLMConfig
 from .mixture_config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
 from .sources import BaseDataConfig as BaseDataConfig

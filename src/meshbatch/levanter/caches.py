@@ -27,6 +27,7 @@ import logging
 import os
 import time
 
+from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter
 
@@ -64,8 +65,6 @@ def build_split(
     options = options or CacheOptions.default()
     fmt = source_format(source, chat_template)
     path = os.path.join(cache_dir, split)
-    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
-    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     found = try_read_ledger(path)
     if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
         logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
@@ -73,6 +72,13 @@ def build_split(
     shards = source.get_shard_source(split)
     if shards is None:
         return None
+    if isinstance(tokenizer, PassthroughTokenizer):
+        raise ValueError(
+            f"tokenizer='passthrough' reads pre-tokenized caches: {path} holds no finished cache (Levanter's "
+            "BatchTokenizer cannot tokenize text with the passthrough tokenizer)"
+        )
+    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
+    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     start = time.monotonic()
     logger.info("meshbatch: building cache %s with Levanter's %s builder", path, builder)
     if builder == "ray":
@@ -97,7 +103,9 @@ def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int
                     writer.write_batch(processor(batch))
                     rows, batch = rows + len(batch), []
                     if rows % PROGRESS_EVERY < batch_size:
-                        logger.info("meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard)
+                        logger.info(
+                            "meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard
+                        )
             if batch:
                 writer.write_batch(processor(batch))
                 rows += len(batch)

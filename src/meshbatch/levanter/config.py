@@ -78,9 +78,13 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         fmt = source_format(source, self.chat_template)
         from levanter.data.text import preprocessor_for_format
 
-        processor = preprocessor_for_format(fmt, self.the_tokenizer, enforce_bos=True, enforce_eos=self.enforce_eos)
+        processor = preprocessor_for_format(
+            fmt, self.the_tokenizer, enforce_bos=True, enforce_eos=self.enforce_eos
+        )
         cache = TreeCache.load(path, processor.output_exemplar)
-        return dataset_for_format(fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id)
+        return dataset_for_format(
+            fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id
+        )
 
     def announce(self, kind: str, shuffle, compat, caches: Mapping[str, str]) -> None:
         """The start line: dataset type, shuffle, compat, fast path, caches."""
@@ -101,9 +105,13 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
     era_length = config.era_length
     if isinstance(strategy, int):
         if strategy < 0:
-            raise ValueError(f"shuffle must be true, false, an era length >= 1 or a strategy (got shuffle={shuffle})")
+            raise ValueError(
+                f"shuffle must be true, false, an era length >= 1 or a strategy (got shuffle={shuffle})"
+            )
         if config.era_length is not None:
-            raise ValueError(f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it")
+            raise ValueError(
+                f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it"
+            )
         strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
     if strategy == "none":
         return ShuffleSpec("none", era_length=era_length)
@@ -154,7 +162,9 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
                 "cache's final length; use shuffle: era (or none) to train while it is written"
             )
         if self.quick_start and not self.fast_path:
-            raise ConfigError("quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)")
+            raise ConfigError(
+                "quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)"
+            )
         if self.quick_start and not isinstance(self.format, TextLmDatasetFormat):
             raise ConfigError(f"quick_start=true needs a text format (got format={self.format!r})")
 
@@ -182,12 +192,16 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        self.announce("causal_lm", self.shuffle, self.compat, {"": os.path.join(str(self.cache_dir), "train")})
+        self.announce(
+            "causal_lm", self.shuffle, self.compat, {"": os.path.join(str(self.cache_dir), "train")}
+        )
         if not self.text:
             path = self.build_split(self, "train", self.cache_dir)
             if path is None:
                 raise ValueError("No training set!")
-            return ShuffledDataset(self.levanter_dataset(self, path, Pos), self.shuffle_spec(), key=key, epochs=epochs)
+            return ShuffledDataset(
+                self.levanter_dataset(self, path, Pos), self.shuffle_spec(), key=key, epochs=epochs
+            )
         dataset = self.dataset(Pos.size)
         return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
 
@@ -200,6 +214,6 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
             return {}
         if not self.text:
             return {"": self.levanter_dataset(self, path, Pos)}
-        dataset = CausalLMDataset(TokenCache.open(path), Pos.size, shuffle=ShuffleSpec("none"), eos_id=self.eos,
-                                  ignore_id=self.ignore)  # fmt: skip
+        none = ShuffleSpec("none")
+        dataset = CausalLMDataset(TokenCache.open(path), Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}

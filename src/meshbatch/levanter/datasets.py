@@ -341,5 +341,7 @@ class ShuffledDataset(AsyncDataset[T]):
         tables, n = await self._order()
         epoch, position = split_indices(np.asarray(indices, dtype=np.int64), n)
         with local_cpu_mesh():
-            mapped = self.spec.apply(tables, jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
+            mapped = self.spec.apply(
+                tables, jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)
+            )
         return await self.dataset.get_batch([int(i) for i in np.asarray(mapped)])

@@ -44,7 +44,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         MeshbatchLMConfig.__post_init__(self)
         refuse(self, self.KIND)
         if self.quick_start:
-            raise ConfigError("quick_start=true is for causal_lm (one source); a mixture needs its caches built")
+            raise ConfigError(
+                "quick_start=true is for causal_lm (one source); a mixture needs its caches built"
+            )
         _checked(self, lambda: shuffle_spec(self, self.shuffle))
         for name, source in self.configs.items():
             if not isinstance(source.format, TextLmDatasetFormat):
@@ -94,7 +96,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         if epochs:
             raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
         dataset = self.dataset(Pos.size, batch_schedule)
-        self.announce(self.KIND, self.shuffle, self.compat, {n: c.path for n, c in self.caches("train").items()})
+        self.announce(
+            self.KIND, self.shuffle, self.compat, {n: c.path for n, c in self.caches("train").items()}
+        )
         return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
 
 

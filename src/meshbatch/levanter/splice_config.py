@@ -90,7 +90,9 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
                 raise ConfigError(f"dataset_name={self.dataset_name!r} is not a component of base: {names}")
             weights = [w.get(self.component[0]) for _, w in self.base.stages()]
             if any(w is not None and w <= 0 for w in weights):
-                raise ConfigError(f"train_weights gives dataset_name={self.component[0]!r} no weight: nothing to read")
+                raise ConfigError(
+                    f"train_weights gives dataset_name={self.component[0]!r} no weight: nothing to read"
+                )
         if self.base.tokenizer not in ("gpt2", self.tokenizer):
             raise ConfigError(
                 f"base.tokenizer={self.base.tokenizer!r} differs from tokenizer={self.tokenizer!r}: "
