@@ -1,7 +1,7 @@
 """Shuffle quality: the seed's metric table, both modes, and a chi-squared battery.
 
 Method: every order is materialised on device by the jitted shuffle over ``arange(n)`` and judged
-on the host by ``meshbatch.quality`` with the exact definitions of the seed's
+on the host by ``meshbatch.shuffles.quality`` with the exact definitions of the seed's
 ``bench_permutation_quality.py`` (mean over keys ``PRNGKey(0)`` ... ``PRNGKey(7)``). The seed's
 published values are printed beside Levanter mode's, with the difference. The chi-squared battery
 histograms (i mod 16, perm[i] mod 16) and (perm[i] mod 16, perm[i+1] mod 16) over 256 cells for the
@@ -21,7 +21,7 @@ import numpy as np
 from harness import banner, write_json
 
 import meshbatch
-from meshbatch.quality import chi2_battery, random_expectations, shuffle_metrics
+from meshbatch.shuffles.quality import chi2_battery, random_expectations, shuffle_metrics
 
 U32 = jnp.uint32
 METRICS = ("mean_abs_displacement_norm", "inversion_fraction", "spearman_rho", "same_block_transition_rate")

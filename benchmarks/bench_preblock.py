@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from meshbatch.datasets.preblocked.block_validation import validate_array
 from meshbatch.kernels import block_batch, pack_plan, validate_blocks
-from meshbatch.preblocked.validate import validate_array
 
 S = 128
 D, E, P, V = 257, 258, 259, 257
@@ -212,7 +212,7 @@ def bench_validator(args, rows, lengths_pool) -> None:
 def bench_pipeline(args, rows, lengths_pool) -> None:
     from meshbatch import Pipeline
     from meshbatch.datasets import Plan, Rows
-    from meshbatch.preblocked import BlockDataset
+    from meshbatch.datasets.preblocked import BlockDataset
 
     batch_size = 256
     blocks = packed_blocks(np.random.default_rng(2).choice(lengths_pool, 20_000))

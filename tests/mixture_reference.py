@@ -19,7 +19,7 @@ MASK32 = 0xFFFFFFFF
 
 
 def counts_per_block(names, weights, block_size, compat):
-    """Rows of each source per block, from the definition (not from meshbatch.mixtures)."""
+    """Rows of each source per block, from the definition (not from meshbatch.datasets.mixtures)."""
     if compat == "levanter":
         total = sum(weights.values())
         counts = [int(weights[n] / total * block_size) for n in names]

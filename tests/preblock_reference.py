@@ -26,7 +26,7 @@ def pack_greedy(lengths, block_size: int) -> tuple[list[tuple[int, int]], int]:
 
 
 def pack_ffd(lengths, block_size: int, buffer_docs: int) -> tuple[list[tuple[int, int]], int]:
-    """First-fit decreasing within buffers of ``buffer_docs`` documents (see kernels/packing.py)."""
+    """First-fit decreasing within buffers of ``buffer_docs`` documents (kernels/preblocked/packing.py)."""
     S = block_size
     out: list[tuple[int, int] | None] = [None] * len(lengths)
     first_block = 0
@@ -90,7 +90,7 @@ def validate(
     literal_window=8,
 ) -> list[tuple[int, int, str]]:
     """The structure check token by token: ``[(block, position, kind)]`` sorted (see
-    ``meshbatch.kernels.structure`` for the rules this restates)."""
+    ``meshbatch.kernels.preblocked.structure`` for the rules this restates)."""
     found = []
     carried = False
     structural = {doc_id, eod_id, pad_id}

@@ -313,7 +313,7 @@ def test_chunk_deleted_while_a_cache_is_open_fails_the_next_read(good, tmp_path)
 
 def test_read_errors_reach_the_consumer_of_a_prefetcher(good, tmp_path):
     from meshbatch.cache import run_reads
-    from meshbatch.prefetch import Prefetcher
+    from meshbatch.pipeline.prefetch import Prefetcher
 
     path = str(tmp_path / "copy")
     shutil.copytree(good, path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from levanter.models.lm_model import LmExample
 
-from meshbatch.kernels.causal import causal_lm_batch
+from meshbatch.kernels.causal_lm import causal_lm_batch
 from meshbatch.kernels.scan import compact, running_count
 
 

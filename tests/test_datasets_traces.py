@@ -8,8 +8,8 @@ import pytest
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
-from meshbatch.fetch import fetch
-from meshbatch.layout import RowLayout
+from meshbatch.pipeline.fetch import fetch
+from meshbatch.pipeline.row_layout import RowLayout
 
 
 def mesh_of(devices: int):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from mixture_reference import least_consumed, salts, tie_hash
 
-from meshbatch.kernels import Counts, interleave, select_scan, source_salts
+from meshbatch.kernels import Counts, select_scan, source_salts
+from meshbatch.kernels.mixtures import interleave
 
 U32 = jnp.uint32
 
@@ -24,7 +25,7 @@ def as_ints(counts: Counts) -> list[int]:
 
 
 def test_hand_worked_trace():
-    """Must-show 2, literally (the trace in kernels/interleave.py's docstring).
+    """Must-show 2, literally (the trace in kernels/mixtures/interleave.py's docstring).
 
     Sources a, b, c; next rows a: 3 3 3 .., b: 5 5 .., c: 2 4 4 ..; seed 4, whose tie-break
     order is b < a < c at count 0 and a < c at count 6.

@@ -17,6 +17,8 @@ from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import ByteTokenizer, HFTokenizer
 from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.datasets.splice.selection import select_documents
+from meshbatch.datasets.splice.splice_spec import SpliceSpec
 from meshbatch.levanter import (
     CausalLMConfig,
     MixtureBaseConfig,
@@ -27,8 +29,6 @@ from meshbatch.levanter import (
     TokenBalancedMixtureLMConfig,
 )
 from meshbatch.levanter.train_lm import TrainLmConfig
-from meshbatch.select import select_documents
-from meshbatch.splice.spec import SpliceSpec
 
 SEQ = 64
 

@@ -11,11 +11,11 @@ from mp_harness import assemble, run_processes
 
 import meshbatch
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
-from meshbatch.checks import as_key
 from meshbatch.datasets import Rows
+from meshbatch.datasets.mixtures import PositionLog, derive_keys
 from meshbatch.kernels import causal_lm_batch
-from meshbatch.mixtures import PositionLog, derive_keys
 
 SEQ = 16
 BATCH = 8

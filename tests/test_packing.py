@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from preblock_reference import assemble, pack_ffd, pack_greedy
 
-from meshbatch.kernels.packing import pack_plan
-from meshbatch.preblocked import PackSpec, plan_layout
+from meshbatch.datasets.preblocked import PackSpec, plan_layout
+from meshbatch.kernels.preblocked.packing import pack_plan
 
 D, E, P = -1, -2, -3  # marker and pad ids of the assembled blocks (documents hold ids >= 0)
 
@@ -25,7 +25,7 @@ def plan(lengths, n_pad: int = 1024, **kw):
 
 
 def test_golden_module_example():
-    # The trace in kernels/packing.py's docstring; docs/preblocked.md repeats it.
+    # The trace in kernels/preblocked/packing.py's docstring; docs/preblocked.md repeats it.
     assert plan([1, 4, 2, 9], block_size=8, rule="greedy") == ([(0, 0), (1, 0), (2, 0), (2, 4)], 4)
     assert plan([1, 4, 2, 9], block_size=8, rule="ffd") == ([(3, 0), (2, 0), (1, 3), (0, 0)], 4)
 
@@ -76,7 +76,7 @@ def test_ffd_fills_better_than_greedy_on_short_documents():
 
 
 def test_no_recompile_across_corpora_and_block_sizes():
-    from meshbatch.kernels import packing
+    from meshbatch.kernels.preblocked import packing
 
     before = packing._ffd._cache_size(), packing._greedy._cache_size()
     for seed, block_size in enumerate([8, 16, 128]):

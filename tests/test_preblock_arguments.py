@@ -14,7 +14,7 @@ import pytest
 from test_fuzz_arguments import ALLOWED, BAD, Call
 
 from meshbatch import ShuffleSpec
-from meshbatch.preblocked import (
+from meshbatch.datasets.preblocked import (
     BlockDataset,
     MLMMasking,
     PackSpec,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import HFTokenizer
-from meshbatch.preblocked import escape, open_blocks, preblock, unescape
-from meshbatch.preblocked.validate import validate_path
+from meshbatch.datasets.preblocked import escape, open_blocks, preblock, unescape
+from meshbatch.datasets.preblocked.block_validation import validate_path
 
 TEXTS = [
     "plain text without markers",

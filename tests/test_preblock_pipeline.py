@@ -14,8 +14,8 @@ from compiles import count_compiles
 from mp_harness import assemble, run_processes
 
 from meshbatch import Pipeline, ShuffleSpec
-from meshbatch.preblocked import PackSpec, preblock
-from meshbatch.preblocked.dataset import BlockDataset
+from meshbatch.datasets.preblocked import PackSpec, preblock
+from meshbatch.datasets.preblocked.block_dataset import BlockDataset
 
 BLOCK, BATCH, STEPS = 64, 32, 3  # ~100 blocks: the six steps of `masked_steps` cross epochs
 LEAVES = ("tokens", "loss_mask", "segment_ids", "labels")

@@ -23,7 +23,7 @@ import numpy as np
 def build_default(root: str, topics_limit: int | None = None) -> str:
     from pydoc_data.topics import topics
 
-    from meshbatch.preblocked import preblock
+    from meshbatch.datasets.preblocked import preblock
 
     text = os.path.join(root, "topics.jsonl")
     with open(text, "w") as f:
@@ -39,8 +39,8 @@ def build_default(root: str, topics_limit: int | None = None) -> str:
 def smoke(path: str, *, reads: int = 2000, batch: int = 256, seed: int = 0) -> dict[str, float]:
     """Opens ``path`` (index building), reads random blocks and checks them against a sequential
     read (random access), and times batched random reads (throughput)."""
-    from meshbatch.preblocked import open_blocks
-    from meshbatch.preblocked.dataset import BlockDataset
+    from meshbatch.datasets.preblocked import open_blocks
+    from meshbatch.datasets.preblocked.block_dataset import BlockDataset
 
     t0 = time.perf_counter()
     source = open_blocks(path)

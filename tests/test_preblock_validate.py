@@ -10,9 +10,9 @@ import pytest
 from preblock_reference import validate
 
 from meshbatch.cli import main
+from meshbatch.datasets.preblocked import preblock
+from meshbatch.datasets.preblocked.block_validation import validate_array, validate_path
 from meshbatch.kernels import ANOMALY_KINDS as KINDS
-from meshbatch.preblocked import preblock
-from meshbatch.preblocked.validate import validate_array, validate_path
 
 D, E, P, V = 257, 258, 259, 257  # [DOC], [EOD], pad, vocabulary size
 IDS = dict(doc_id=D, eod_id=E, pad_id=P, vocab_size=V)

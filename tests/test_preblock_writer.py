@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import ByteTokenizer, TokenCache
-from meshbatch.preblocked import detect_format, open_blocks, preblock
-from meshbatch.preblocked.sources import ChunkBlocks
-from meshbatch.preblocked.store import chunk_files
+from meshbatch.datasets.preblocked import detect_format, open_blocks, preblock
+from meshbatch.datasets.preblocked.block_sources import ChunkBlocks
+from meshbatch.datasets.preblocked.block_store import chunk_files
 
 BLOCK = 128
 DOC, EOD, PAD = 257, 258, 259  # the byte tokenizer's defaults: after its 257 ids
@@ -98,8 +98,8 @@ def test_shuffle_levels_keep_every_document(corpus, store, level):
     source = open_blocks(out)
     blocks = source.read_blocks(np.arange(source.num_blocks))
     if level == "segment":  # blocks were permuted after packing: undo it to read documents whole
-        from meshbatch.checks import as_key
-        from meshbatch.preblocked import PackSpec, plan_layout
+        from meshbatch.arguments import as_key
+        from meshbatch.datasets.preblocked import PackSpec, plan_layout
 
         layout = plan_layout(TokenCache.open(tokens).doc_lengths(), PackSpec(BLOCK, "segment"), as_key(3))
         unshuffled = np.empty_like(blocks)
@@ -187,9 +187,9 @@ def test_public_names():
     import sys
 
     code = (
-        "import meshbatch, meshbatch.preblocked.dataset\n"
+        "import meshbatch, meshbatch.datasets.preblocked.block_dataset\n"
         "assert callable(meshbatch.preblock) and meshbatch.BlockDataset and meshbatch.MLMMasking\n"
-        "assert meshbatch.PackSpec is meshbatch.preblocked.PackSpec\n"
+        "assert meshbatch.PackSpec is meshbatch.datasets.preblocked.PackSpec\n"
         "try:\n    meshbatch.preblock('unused', [], block_size=8)\n"
         "except ValueError as e:\n    assert 'inputs' in str(e)\n"
     )

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from meshbatch.prefetch import EndOfStream, Prefetcher
+from meshbatch.pipeline.prefetch import EndOfStream, Prefetcher
 
 
 def _live_prefetch_threads() -> int:

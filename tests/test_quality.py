@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import meshbatch
-from meshbatch.quality import chi2_battery, inversion_count, random_expectations, shuffle_metrics
+from meshbatch.shuffles.quality import chi2_battery, inversion_count, random_expectations, shuffle_metrics
 
 U32 = jnp.uint32
 

@@ -32,7 +32,7 @@ def test_thresholds_are_inclusive():
 
 
 def test_doc_index_is_honoured_when_it_qualifies(caplog):
-    with caplog.at_level(logging.INFO, logger="meshbatch.select"):
+    with caplog.at_level(logging.INFO, logger="meshbatch.datasets.splice.selection"):
         chosen = select(doc_index=4, min_doc_length=5)
     assert chosen.indices.tolist() == [4]
     assert chosen.reason == "doc_index=4 honoured"
@@ -95,7 +95,7 @@ def test_training_subset_keeps_documents_inside_the_trained_prefix():
 
 
 def test_fewer_candidates_than_requested_warns(caplog):
-    with caplog.at_level(logging.WARNING, logger="meshbatch.select"):
+    with caplog.at_level(logging.WARNING, logger="meshbatch.datasets.splice.selection"):
         chosen = select(num_docs=5, min_doc_length=30)
     assert chosen.indices.tolist() == [1, 3, 5]
     assert "num_docs=5 but only 3 documents qualify" in caplog.text

@@ -12,9 +12,9 @@ import pytest
 from test_splice_reference import ref_pairs
 
 import meshbatch
-import meshbatch.datasets.splice_indexed as splice_indexed
-import meshbatch.splice as splice_module
-from meshbatch.kernels.splice_schedule import lookup_rows
+import meshbatch.datasets.splice as splice_module
+import meshbatch.datasets.splice.indexed as splice_indexed
+from meshbatch.kernels.splice.splice_rows import lookup_rows
 
 P = -1
 
@@ -237,9 +237,9 @@ def test_kernels_import_nothing_but_jax(tmp_path):
         "sys.exit(1 if bad else 0)\n"
     )
     for module in (
-        "meshbatch.kernels.splice",
-        "meshbatch.kernels.splice_pairs",
-        "meshbatch.kernels.splice_balanced",
+        "meshbatch.kernels.splice.frames",
+        "meshbatch.kernels.splice.pairs",
+        "meshbatch.kernels.splice.coverage_balanced",
     ):
         assert subprocess.run([sys.executable, "-c", check.format(module=module)]).returncode == 0, module
     # The check can fail: a module that does import haliax is caught.
@@ -275,7 +275,7 @@ def test_plan_and_build_run_sharded_over_the_mesh(spec):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as Spec
 
-    from meshbatch.kernels.splice import pool_frames
+    from meshbatch.kernels.splice.frames import pool_frames
 
     data = meshbatch.SpliceDataset([np.arange(40), np.arange(9) + 100], seq_len=12, pad_token_id=P, **spec)
     mesh = jax.make_mesh((len(jax.devices()),), ("data",))

@@ -163,7 +163,7 @@ def test_low_discrepancy_jitter_is_balanced_and_rotates():
 
 
 def test_jitter_never_pushes_s_below_zero(caplog):
-    with caplog.at_level(logging.WARNING, logger="meshbatch.splice"):
+    with caplog.at_level(logging.WARNING, logger="meshbatch.datasets.splice"):
         schedule = balanced(
             [50, 6], seq_len=8, content_length=8, offset_jitter=2, jitter_mode="low_discrepancy"
         )  # doc 0: K_0 = S, no room; doc 1: K_1 = 6, room for 2

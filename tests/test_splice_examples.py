@@ -150,7 +150,7 @@ def test_by_coverage_vs_by_document_10k_5k_2k():
 
 def test_debug_summary_is_logged(caplog):
     lengths = [45231, 43890, 42105, 38234, 35678, 33421, 31209, 29834, 28456, 27891]
-    with caplog.at_level(logging.INFO, logger="meshbatch.splice"):
+    with caplog.at_level(logging.INFO, logger="meshbatch.datasets.splice"):
         schedule = meshbatch.splice_schedule(
             lengths,
             seq_len=4096,
@@ -166,7 +166,7 @@ def test_debug_summary_is_logged(caplog):
 
 
 def test_by_temperature_summary_is_logged(caplog):
-    with caplog.at_level(logging.INFO, logger="meshbatch.splice"):
+    with caplog.at_level(logging.INFO, logger="meshbatch.datasets.splice"):
         meshbatch.splice_schedule(
             [4000, 2000, 1000], seq_len=512, content_start_mode="coverage_balanced",
             balance_mode="by_temperature", balance_tau=0.7,

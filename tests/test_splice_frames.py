@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_splice_reference import ref_frame
 
+from meshbatch.datasets.splice.tables import document_pool
 from meshbatch.kernels import cyclic_read_split, pool_frames, splice_frames
-from meshbatch.splice.tables import document_pool
 
 P = -1
 
@@ -20,7 +20,7 @@ def as32(x):
 
 
 def test_golden_module_docstring_trace():
-    # Pinned: the trace in kernels/splice.py's docstring and docs/splice.md rely on this row.
+    # Pinned: the trace in kernels/splice/frames.py's docstring and docs/splice.md rely on this row.
     pool = document_pool([np.arange(5)])
     batch = pool_frames(pool, as32([0]), as32([1]), as32([2]), as32([3]), seq_len=5, pad_token_id=P)
     assert np.asarray(batch.tokens).tolist() == [[P, P, 1, 2, 3]]

@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .preblocked.cli import add_preblock, add_validate_blocks
+from .datasets.preblocked.block_cli import add_preblock, add_validate_blocks
 
 
 def _add_validate_cache(sub: argparse._SubParsersAction) -> None:

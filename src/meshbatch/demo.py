@@ -35,9 +35,10 @@ import numpy as np
 from tqdm import tqdm
 
 from meshbatch import Pipeline, SpliceLMDataset, select_documents
-from meshbatch.cache import ByteTokenizer, TokenCache, build_cache
-from meshbatch.kernels import lookup_rows
-from meshbatch.splice import coverage_counts, pairs_per_doc
+
+from .cache import ByteTokenizer, TokenCache, build_cache
+from .datasets.splice import coverage_counts, pairs_per_doc
+from .kernels import lookup_rows
 
 PAD, EOS = 0, ByteTokenizer.eos_id  # NUL never occurs in the text; EOS marks the splice point
 

@@ -23,7 +23,7 @@ from levanter.layers.attention import AttentionMask
 from levanter.models.lm_model import LmExample, compute_next_token_loss
 
 from meshbatch.datasets import Rows
-from meshbatch.datasets.splice_indexed import SpliceDataset
+from meshbatch.datasets.splice.indexed import SpliceDataset
 from meshbatch.levanter import MeshbatchDataset
 from meshbatch.levanter.train_lm import TrainLmConfig
 

@@ -2,7 +2,6 @@
 
 from .arrays import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
 from .arrays import shared_context as shared_context
-from .blocks import BlockCache as BlockCache
 from .build import build_cache as build_cache
 from .build import iter_documents as iter_documents
 from .checks import CacheChangedError as CacheChangedError
@@ -12,15 +11,16 @@ from .coalesce import ReadCounters as ReadCounters
 from .coalesce import RunRead as RunRead
 from .coalesce import SpanRead as SpanRead
 from .coalesce import coalesce_spans as coalesce_spans
-from .fetch import PendingRead as PendingRead
-from .fetch import run_reads as run_reads
 from .ledger import Ledger as Ledger
 from .ledger import read_ledger as read_ledger
+from .lru import BlockCache as BlockCache
 from .reader import TokenCache as TokenCache
-from .sharded import ShardedCacheWriter as ShardedCacheWriter
+from .reads import PendingRead as PendingRead
+from .reads import run_reads as run_reads
+from .sharded_writer import ShardedCacheWriter as ShardedCacheWriter
 from .tokenizers import ByteTokenizer as ByteTokenizer
 from .tokenizers import HFTokenizer as HFTokenizer
 from .tokenizers import Tokenizer as Tokenizer
-from .validate import ValidationReport as ValidationReport
-from .validate import validate_cache as validate_cache
+from .validation import ValidationReport as ValidationReport
+from .validation import validate_cache as validate_cache
 from .writer import CacheWriter as CacheWriter

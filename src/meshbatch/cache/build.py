@@ -26,7 +26,8 @@ from typing import IO, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..checks import check_choice, check_int
+from meshbatch.arguments import check_choice, check_int
+
 from .checks import as_token_dtype, check_name, check_path
 from .ledger import Ledger, ledger_metadata, try_read_ledger
 from .tokenizers import ByteTokenizer, Tokenizer

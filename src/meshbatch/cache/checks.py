@@ -9,7 +9,7 @@ Two kinds of check live here. *Cache checks* look at what is on disk; a failure 
 
 *Argument checks* refuse what a caller passes at the host boundary (``TypeError`` for a wrong type,
 ``ValueError`` for a wrong value), naming the parameter: ``starts must be integers (got dtype
-float64)``. Reading itself (``fetch.py``) raises ``CacheIntegrityError`` for a chunk that is missing or
+float64)``. Reading itself (``reads.py``) raises ``CacheIntegrityError`` for a chunk that is missing or
 does not decode, and ``CacheChangedError`` when the cache was replaced under an open reader.
 """
 
@@ -20,7 +20,7 @@ import os
 import numpy as np
 import tensorstore as ts
 
-from ..checks import check_int
+from meshbatch.arguments import check_int
 
 
 class CacheIntegrityError(ValueError):

@@ -19,10 +19,10 @@ import tensorstore as ts
 
 from .arrays import FieldArrays
 from .checks import CacheIntegrityError, check_dtype
-from .fetch import Segment
 from .ledger import CONSOLIDATED, Ledger
 from .parts import load_part
-from .shards import shard_table
+from .reads import Segment
+from .shard_table import shard_table
 
 
 @dataclasses.dataclass(frozen=True)

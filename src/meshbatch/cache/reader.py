@@ -25,14 +25,15 @@ import time
 import numpy as np
 import tensorstore as ts
 
-from ..checks import check_bool, check_float, check_int
+from meshbatch.arguments import check_bool, check_float, check_int
+
 from .arrays import shared_context
-from .blocks import BlockCache
 from .checks import as_index_array, as_token_dtype, check_name, check_out_buffer, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
 from .contents import Contents, load_contents
-from .fetch import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .ledger import CONSOLIDATED, Ledger, LedgerFile
+from .lru import BlockCache
+from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .watch import LedgerWatch
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..checks import check_choice, check_int
+from meshbatch.arguments import check_choice, check_int
+
 from .arrays import DEFAULT_CHUNK_SIZE, FieldArrays, create_field, open_field
 from .checks import CacheIntegrityError, as_token_dtype, check_dtype, check_name, check_path
 from .checksums import Checksums, OffsetsChecksums, RunningChecksums, chunk_crc, read_checksums, sidecar_path

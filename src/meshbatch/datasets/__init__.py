@@ -1,11 +1,15 @@
-"""Pipeline datasets: the protocol (``base``) and its implementations. This module only re-exports."""
+"""Pipeline datasets: the protocol (``protocol``) and its families, one folder each.
 
-from .base import BuildStage as BuildStage
-from .base import Content as Content
-from .base import Dataset as Dataset
-from .base import Plan as Plan
-from .base import Rows as Rows
-from .base import Spans as Spans
-from .base import TokenSource as TokenSource
+``causal`` (windows of a token cache), ``splice/``, ``mixtures/``, ``preblocked/``. This module
+only re-exports.
+"""
+
 from .causal import CausalLMDataset as CausalLMDataset
-from .splice import SpliceLMDataset as SpliceLMDataset
+from .protocol import BuildStage as BuildStage
+from .protocol import Content as Content
+from .protocol import Dataset as Dataset
+from .protocol import Plan as Plan
+from .protocol import Rows as Rows
+from .protocol import Spans as Spans
+from .protocol import TokenSource as TokenSource
+from .splice.splice_dataset import SpliceLMDataset as SpliceLMDataset

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
+from meshbatch.arguments import check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE
-from meshbatch.checks import check_int, check_token_id
 from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from ..shuffle import ShuffleSpec
-from .base import Content, Dataset, Plan, Rows, Spans
+from .protocol import Content, Dataset, Plan, Rows, Spans
 
 logger = logging.getLogger(__name__)
 MAX_EXAMPLES = 2**32 - 1

@@ -9,15 +9,15 @@
 * ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml``.
 """
 
+from .async_datasets import BlockShufflingDataset as BlockShufflingDataset
+from .async_datasets import MeshbatchDataset as MeshbatchDataset
+from .async_datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
+from .async_datasets import ShuffledDataset as ShuffledDataset
+from .async_datasets import SpliceDocumentDataset as SpliceDocumentDataset
+from .async_datasets import lm_examples as lm_examples
+from .async_datasets import loader_key as loader_key
 from .config import CausalLMConfig as CausalLMConfig
 from .config import MeshbatchLMConfig as MeshbatchLMConfig
-from .datasets import BlockShufflingDataset as BlockShufflingDataset
-from .datasets import MeshbatchDataset as MeshbatchDataset
-from .datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
-from .datasets import ShuffledDataset as ShuffledDataset
-from .datasets import SpliceDocumentDataset as SpliceDocumentDataset
-from .datasets import lm_examples as lm_examples
-from .datasets import loader_key as loader_key
 from .fast import PipelineLoader as PipelineLoader
 from .fast import batched_lm_example as batched_lm_example
 from .fast import fast_path as fast_path

@@ -31,7 +31,7 @@ from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter
 
-from ..cache.ledger import try_read_ledger
+from meshbatch.cache.ledger import try_read_ledger
 
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY = 10_000  # documents between two progress lines of an in-process build

@@ -31,11 +31,12 @@ from levanter.data.text import LMTaskConfig, TextLmDatasetFormat, UrlSingleDatas
 from levanter.models.lm_model import LmExample
 from levanter.store.cache import TreeCache
 
-from ..cache import TokenCache
-from ..datasets.causal import GROWING_ORDERS, CausalLMDataset
-from ..shuffle import ShuffleSpec
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.causal import GROWING_ORDERS, CausalLMDataset
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
+
+from .async_datasets import MeshbatchDataset, ShuffledDataset
 from .caches import build_split, source_format
-from .datasets import MeshbatchDataset, ShuffledDataset
 from .fields import refuse
 from .sources import ConfigError, _checked
 
@@ -214,6 +215,6 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
             return {}
         if not self.text:
             return {"": self.levanter_dataset(self, path, Pos)}
-        none = ShuffleSpec("none")
-        dataset = CausalLMDataset(TokenCache.open(path), Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
+        cache, none = TokenCache.open(path), ShuffleSpec("none")
+        dataset = CausalLMDataset(cache, Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}

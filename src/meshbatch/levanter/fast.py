@@ -22,9 +22,9 @@ from levanter.models.lm_model import LmExample
 from levanter.trainer import Trainer
 
 from meshbatch.kernels import Batch
+from meshbatch.pipeline.pipeline import Pipeline
 
-from ..pipeline import Pipeline
-from .datasets import MeshbatchDataset
+from .async_datasets import MeshbatchDataset
 
 
 def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExample:

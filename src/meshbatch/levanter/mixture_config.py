@@ -22,12 +22,13 @@ from levanter.data.dataset import AsyncDataset
 from levanter.data.text import LMMixtureDatasetConfig, TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
 
-from ..cache import TokenCache
-from ..datasets.causal import CausalLMDataset
-from ..mixtures import Mixture, TokenBalancedMixture
-from ..shuffle import ShuffleSpec
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.causal import CausalLMDataset
+from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
+
+from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
-from .datasets import MeshbatchDataset
 from .fields import refuse
 from .sources import ConfigError, MixtureBaseConfig, _checked
 

@@ -19,8 +19,8 @@ import draccus
 from draccus.utils import ParsingError
 from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
-from ..cache import HFTokenizer, TokenCache, build_cache
-from ..cache.ledger import try_read_ledger
+from meshbatch.cache import HFTokenizer, TokenCache, build_cache
+from meshbatch.cache.ledger import try_read_ledger
 
 logger = logging.getLogger(__name__)
 QUICK_START_FLUSH_TOKENS = 1 << 20  # a quick-start build commits every 1Mi tokens

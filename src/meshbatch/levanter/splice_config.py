@@ -13,13 +13,14 @@ from levanter.data.dataset import AsyncDataset, ListAsyncDataset
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import local_cpu_mesh
 
-from ..cache import TokenCache
-from ..datasets.splice import SpliceLMDataset
-from ..datasets.splice_indexed import splice_validation_set
-from ..select import select_documents
-from ..splice.spec import SpliceSpec
+from meshbatch.cache import TokenCache
+from meshbatch.datasets.splice.indexed import splice_validation_set
+from meshbatch.datasets.splice.selection import select_documents
+from meshbatch.datasets.splice.splice_dataset import SpliceLMDataset
+from meshbatch.datasets.splice.splice_spec import SpliceSpec
+
+from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
-from .datasets import lm_examples, loader_key
 from .fields import refuse
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
@@ -124,7 +125,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         return {} if cache is None else {self.component[0]: cache}
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        from .datasets import MeshbatchDataset
+        from .async_datasets import MeshbatchDataset
 
         dataset = self.dataset(Pos.size)
         self.announce(type(self).__name__, "splice schedule", None, {self.component[0]: self.component[2]})

@@ -1,0 +1,149 @@
+"""Enumerated splice pairs: a document's ``(t, s)`` placements in closed form, never listed.
+
+For suffix length ``v = L - t`` a start ``t`` fits ``count(v) = floor(max(0, S - min(K, v)) / k_s) + 1``
+placements ``s = 0, k_s, ...`` (the seed's tight bound ``s <= S - min(K, L - t)``) and copies
+``min(K, v, S)`` tokens; starts whose copy is shorter than ``min_copy_len`` are pruned. Item ``p``
+of a document is its ``p``-th pair, ``t`` ascending then ``s`` ascending (the seed's default order):
+
+    S = 5, L = 5, K = 3 (slide_within):  v = 5 4 3 2 (1 pruned) -> counts 3 3 3 4 -> 13 pairs
+    item 9 -> past t = 0, 1, 2 (9 pairs) -> t = 3, s = 0, copy_len = 2 -> [3, 4, P, P, P]
+
+``uniform`` layouts have one count per document (anchor_start: the single start ``t = 0``;
+cyclic_roll: every start reads a full cyclic ``min(K, L)``; slide: windows of ``S`` at ``s = 0``),
+so ``p -> (p // count, p % count)``. ``ragged`` (slide_within) counts grow once the suffix is
+shorter than ``min(K, S)``; there ``p`` is found by binary search over the cumulative count
+
+    C(k) = D(L) - D(L - k * k_t),    D(v) = sum of count(u) for u = v, v - k_t, ... >= 0,
+
+where ``D`` is one table of ``min(K, S)`` entries shared by all documents (``count`` is constant
+above it, so ``D`` extends linearly). Sums wrap modulo 2^32, which keeps differences exact.
+
+``shuffle_content`` lays the epoch out in rounds: round ``i`` visits, in a permuted order, every
+start that has an ``i``-th placement; ``shuffle_offsets`` permutes the placements of each start.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, UInt32
+
+from .splice_rows import U32, midpoint_item, search_last
+
+PairLayout = Literal["uniform", "ragged"]
+StartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "slide"]
+UNBOUNDED = 2**31 - 1  # content_length=None: as many tokens as fit
+
+
+def pair_count(v, *, seq_len: int, content_length: int, offset_stride: int):
+    """Placements of a start with suffix length ``v`` (numpy or jax, elementwise)."""
+    room = np.maximum(seq_len - np.minimum(v, content_length), 0)
+    return room // offset_stride + 1
+
+
+class PairPlacement(eqx.Module):
+    """Per-document tables of an enumerated pair schedule (built by ``meshbatch.datasets.splice.tables``).
+
+    Attributes:
+        doc_len: ``int32[docs]`` document lengths ``L``.
+        slots: ``uint32[docs]`` valid starts ``t = 0, t_stride, ...`` per document.
+        per_slot: ``uint32[docs]`` placements per start (uniform layout).
+        copy: ``int32[docs]`` tokens copied per row (uniform layout).
+        prefix: ``uint32[min(K, S)]`` the shared table ``D`` (ragged layout; empty otherwise).
+        content_perm: optional lane permutation ``perm(x, length, epoch, doc, salt)`` of starts.
+        offset_perm: optional lane permutation of placements within a start.
+    """
+
+    doc_len: Int[Array, " docs"]
+    slots: UInt32[Array, " docs"]
+    per_slot: UInt32[Array, " docs"]
+    copy: Int[Array, " docs"]
+    prefix: UInt32[Array, " table"]
+    content_perm: eqx.Module | None
+    offset_perm: eqx.Module | None
+    layout: PairLayout = eqx.field(static=True)
+    cyclic: bool = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
+    content_length: int = eqx.field(static=True)  # 2^31 - 1 for "as many as fit"
+    t_stride: int = eqx.field(static=True)
+    s_stride: int = eqx.field(static=True)
+    search_steps: int = eqx.field(static=True)
+
+    # count(v) and the table D, for the ragged layout --------------------------------------------
+    def count(self, v: Int[Array, "..."]) -> UInt32[Array, "..."]:
+        room = jnp.maximum(self.seq_len - jnp.minimum(v, self.content_length), 0)
+        return (room // self.s_stride + 1).astype(U32)
+
+    def _table(self, v: Int[Array, "..."]) -> UInt32[Array, "..."]:
+        """``D(v)``: the table below ``min(K, S)``, extended by the constant count above it."""
+        top = self.prefix.shape[0]  # min(K, S); count(u) is constant for u >= top
+        steps = jnp.maximum(v - (top - 1) + self.t_stride - 1, 0) // self.t_stride
+        base = v - steps * self.t_stride
+        below = jnp.where(base >= 0, self.prefix[jnp.clip(base, 0, top - 1)], U32(0))
+        return below + steps.astype(U32) * self.count(jnp.int32(top))
+
+    def cumulative(self, doc_len: Int[Array, "..."], k: Int[Array, "..."]) -> UInt32[Array, "..."]:
+        """``C(k)``: pairs of the first ``k`` starts."""
+        return self._table(doc_len) - self._table(doc_len - k * self.t_stride)
+
+    def _first_with_more(self, doc_len, slots, i):
+        """Index of the first start with more than ``i`` placements (counts grow with ``t``)."""
+        i = i.astype(jnp.int32)
+        cap = self.count(jnp.int32(self.prefix.shape[0])).astype(jnp.int32)
+        threshold = self.seq_len - i * self.s_stride  # count(v) <= i  <=>  v > threshold
+        above = jnp.maximum(doc_len - threshold + self.t_stride - 1, 0) // self.t_stride
+        return jnp.where(i < cap, 0, jnp.minimum(above, slots.astype(jnp.int32)))
+
+    # the map -------------------------------------------------------------------------------------
+    def place(
+        self,
+        doc: Int[Array, " n"],
+        j: UInt32[Array, " n"],
+        quota: UInt32[Array, " n"],
+        items: UInt32[Array, " n"],
+        *,
+        rows: UInt32[Array, " n"],
+        epoch: UInt32[Array, "*n"],
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
+        """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
+        del rows
+        item = midpoint_item(j, quota, items)
+        slots = self.slots[doc]
+        doc_len = self.doc_len[doc]
+        if self.layout == "uniform":
+            per_slot = self.per_slot[doc]
+            if self.content_perm is None:
+                k, i = item // per_slot, item % per_slot
+            else:
+                i, rank = item // slots, item % slots
+                k = self.content_perm(rank, slots, epoch, doc, i)
+            copy_len = self.copy[doc]
+        else:
+            if self.content_perm is None:
+                k = search_last(lambda k: self.cumulative(doc_len, k), item, slots, steps=self.search_steps)
+                i = item - self.cumulative(doc_len, k)
+            else:
+                last = doc_len - (slots.astype(jnp.int32) - 1) * self.t_stride
+                rounds = self.count(last)
+
+                def before(i):  # rows of rounds < i: sum over starts of min(count, i)
+                    first = self._first_with_more(doc_len, slots, i)
+                    return self.cumulative(doc_len, first) + i.astype(U32) * (slots - first.astype(U32))
+
+                i = search_last(before, item, rounds, steps=self.search_steps).astype(U32)
+                first = self._first_with_more(doc_len, slots, i)
+                rank = item - before(i)
+                k = first.astype(U32) + self.content_perm(rank, slots - first.astype(U32), epoch, doc, i)
+            k = k.astype(jnp.int32)
+            v = doc_len - k * self.t_stride
+            copy_len = jnp.minimum(jnp.minimum(v, self.content_length), self.seq_len)
+            per_slot = self.count(v)
+        k = k.astype(jnp.int32)
+        if self.offset_perm is not None:
+            i = self.offset_perm(i, per_slot, epoch, doc, k)
+        t = k * self.t_stride
+        s = i.astype(jnp.int32) * self.s_stride
+        return t, s, copy_len.astype(jnp.int32)

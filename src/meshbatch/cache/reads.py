@@ -1,0 +1,264 @@
+"""Fetching coalesced runs: one TensorStore read per run, all in one batch, into place.
+
+The global token space is the concatenation of *segments*, one per data array (one for a
+consolidated cache, one per non-empty shard of a sharded cache). A run that crosses a segment
+boundary is read as one piece per segment::
+
+    segments: part-0 holds tokens [0, 7), part-1 holds [7, 16)
+    run (5, 4) = tokens [5, 9) -> part-0 data[5:7] and part-1 data[0:2]: 2 reads, buffer[0:2], [2:4]
+
+Reads are planned first (``plan_runs``: which slice of which array goes where) and issued later by
+``run_reads``, so the reads of several requests (several caches, several devices' rows) share one
+``ts.Batch`` with ``batch=`` on every read (a bare ``with ts.Batch():`` batches nothing). TensorStore
+decodes each read straight into its place in the output buffer.
+With a ``BlockCache``, reads cover whole aligned blocks instead, missing blocks that are consecutive
+in a segment share one read, and cached blocks cost no read.
+
+Nothing damaged or replaced is served: a read that fails (a chunk missing, since the arrays never
+fill missing chunks, or one that does not decode) raises ``CacheIntegrityError`` naming the cache,
+the array and the token range; and after the reads, each cache read checks that its ledger is the
+one it loaded (one conditional read per cache per batch), raising ``CacheChangedError`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import tensorstore as ts
+
+from .checks import CacheIntegrityError
+from .lru import BlockCache
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One data array placed in the global token space.
+
+    Attributes:
+        key: the data array's path; identifies its blocks in a (possibly shared) ``BlockCache``.
+        token_start: global offset of the array's first token.
+        tokens: committed tokens in the array.
+        data: the open array.
+        cache: the root of the cache it belongs to, for messages.
+    """
+
+    key: str
+    token_start: int
+    tokens: int
+    data: ts.TensorStore
+    cache: str = ""
+
+
+class Target(NamedTuple):
+    """One TensorStore read: ``source`` (``segment.data[start : start + len(dest)]``) into ``dest``."""
+
+    dest: np.ndarray
+    source: ts.TensorStore
+    segment: Segment
+    start: int
+
+    def describe(self) -> str:
+        seg, end = self.segment, self.start + self.dest.shape[0]
+        return (
+            f"cache {seg.cache}: array {seg.key}, tokens [{self.start}, {end}) "
+            f"(global tokens [{seg.token_start + self.start}, {seg.token_start + end}))"
+        )
+
+
+@dataclass
+class PendingRead:
+    """A planned read: TensorStore reads not yet issued, and what to do once they are done.
+
+    Attributes:
+        span_starts: int64 ``[m]``, where each requested span begins in the output buffer.
+        end: the output buffer position just past this read's tokens.
+        targets: the TensorStore reads, in any order.
+        finish: called after every target is read (block-cache copies, dtype checks), or ``None``.
+        check: starts checking that the cache read is unchanged and returns the function that
+            completes the check (raising ``CacheChangedError``); reads of one cache share one check.
+    """
+
+    span_starts: np.ndarray
+    end: int
+    targets: list[Target]
+    finish: Callable[[], None] | None
+    check: Callable[[], Callable[[], None]] | None = None
+
+
+def plan_runs(
+    segments: list[Segment],
+    run_starts: np.ndarray,
+    run_offsets: np.ndarray,
+    dest: np.ndarray,
+    *,
+    block_cache: BlockCache | None = None,
+) -> tuple[list[Target], Callable[[], None] | None, int]:
+    """Plans reading runs ``[run_starts[r], run_starts[r] + run_offsets[r+1] - run_offsets[r])``.
+
+    Args:
+        segments: non-empty segments in token order, covering every run.
+        run_starts: int64 ``[R]`` global first token of each run.
+        run_offsets: int64 ``[R + 1]`` position of each run in ``dest``.
+        dest: the buffer the runs are read into (``run_offsets[-1]`` elements); TensorStore
+            decodes straight into it, converting to its dtype.
+        block_cache: read whole blocks through this LRU instead of exact ranges.
+
+    Returns:
+        ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
+    """
+    pieces = list(_pieces(segments, run_starts, run_offsets))
+    if not pieces:
+        return [], None, 0
+    if block_cache is None:
+        targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
+        return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+    return _plan_blocks(pieces, dest, block_cache)
+
+
+def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
+    """``read`` (planned into ``aside``) that, once run, also copies ``aside`` into ``view`` in
+    ``view``'s dtype, refusing any token that does not fit it."""
+    finish = read.finish
+
+    def convert() -> None:
+        if finish is not None:
+            finish()
+        view[:] = checked_cast(aside, view.dtype, where=where)
+
+    read.finish = convert
+    return read
+
+
+def run_reads(reads: Sequence[PendingRead]) -> None:
+    """Issues every planned read of ``reads`` in one ``ts.Batch``, checks the caches, then finishes each.
+
+    Raises:
+        CacheChangedError: a cache read was replaced or changed since it was opened (checked after
+            the reads, so no token of a replaced cache is returned).
+        CacheIntegrityError: a read failed: a chunk is missing or does not decode.
+    """
+    checks = list(dict.fromkeys(read.check for read in reads if read.check is not None))
+    try:
+        _read_into([target for read in reads for target in read.targets])
+    except CacheIntegrityError:
+        _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
+        raise
+    _run_checks(checks)
+    for read in reads:
+        if read.finish is not None:
+            read.finish()
+
+
+def _run_checks(checks: list[Callable[[], Callable[[], None]]]) -> None:
+    for complete in [start() for start in checks]:  # all started before any is awaited
+        complete()
+
+
+def widens_exactly(found: np.dtype, target: np.dtype) -> bool:
+    """Every value of ``found`` is a value of ``target`` (so TensorStore may convert on decode)."""
+    return np.can_cast(found, target, casting="safe")
+
+
+def checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarray:
+    """``values`` as ``dtype``, refusing any value that does not fit (never wraps)."""
+    if values.size:
+        info = np.iinfo(dtype)
+        low, high = int(values.min()), int(values.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise OverflowError(f"token id {bad} in cache {where} does not fit {np.dtype(dtype)}")
+    return values.astype(dtype, copy=False)
+
+
+def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.ndarray):
+    """Yields ``(buffer position, segment, local start, local end)`` for each run split at segments."""
+    seg_starts = np.array([s.token_start for s in segments], dtype=np.int64)
+    for r, start in enumerate(run_starts.tolist()):
+        dest, end = int(run_offsets[r]), start + int(run_offsets[r + 1] - run_offsets[r])
+        i = int(np.searchsorted(seg_starts, start, side="right")) - 1
+        while start < end:
+            seg = segments[i]
+            hi = min(end, seg.token_start + seg.tokens)
+            yield dest, seg, start - seg.token_start, hi - seg.token_start
+            dest, start, i = dest + hi - start, hi, i + 1
+
+
+def _read_into(targets: list[Target]) -> None:
+    """Reads each source into its destination array, all in one ``ts.Batch``.
+
+    TensorStore decodes straight into the destination (a ``ts.array`` view of it): no intermediate
+    array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads). Every read is
+    awaited before the first failure is raised, so nothing writes into a buffer after this returns.
+    """
+    with ts.Batch() as batch:
+        futures = [
+            ts.array(target.dest, copy=False, write=True).write(target.source, batch=batch)
+            for target in targets
+        ]
+    failed = None
+    for target, future in zip(targets, futures, strict=True):
+        try:
+            future.result()
+        except Exception as e:  # TensorStore reports I/O and decode failures as ValueError and others
+            failed = failed or (target, e)
+    if failed is not None:
+        target, e = failed
+        raise CacheIntegrityError(f"{target.describe()}: read failed: {e}") from e
+
+
+def _block_key(seg: Segment, k: int, size: int) -> tuple:
+    """Block ``k`` of ``seg``; its length is part of the key, so a tail block that grew is a new block."""
+    return (seg.key, k, min(size, seg.tokens - k * size))
+
+
+def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
+    size = cache.block_tokens
+    dtype = np.dtype(pieces[0][1].data.dtype.numpy_dtype) if pieces else dest.dtype
+    blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
+    missing: dict[tuple, tuple[Segment, int]] = {}
+    for _, seg, lo, hi in pieces:
+        for k in range(lo // size, (hi - 1) // size + 1):
+            key = _block_key(seg, k, size)
+            if key in blocks or key in missing:
+                continue
+            block = cache.get(key)
+            if block is None:
+                missing[key] = (seg, k)
+            else:
+                blocks[key] = block
+
+    # consecutive missing blocks of one segment share a read
+    groups: list[list[tuple]] = []
+    for key in sorted(missing, key=lambda key: (missing[key][0].token_start, key[1])):
+        seg, k = missing[key]
+        previous = missing[groups[-1][-1]] if groups else None
+        if previous is not None and previous[0] is seg and previous[1] == k - 1:
+            groups[-1].append(key)
+        else:
+            groups.append([key])
+    targets = []
+    for group in groups:
+        seg, k0 = missing[group[0]]
+        lo, hi = k0 * size, min((k0 + len(group)) * size, seg.tokens)
+        targets.append(Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo))
+
+    def finish() -> None:
+        for group, target in zip(groups, targets, strict=True):
+            array = target.dest
+            for j, key in enumerate(group):
+                block = array if len(group) == 1 else array[j * size : (j + 1) * size].copy()
+                blocks[key] = block
+                cache.put(key, block)
+        for at, seg, lo, hi in pieces:
+            pos = lo
+            while pos < hi:
+                k = pos // size
+                block = blocks[_block_key(seg, k, size)]
+                take = min(hi, (k + 1) * size) - pos
+                dest[at : at + take] = block[pos - k * size : pos - k * size + take]
+                at, pos = at + take, pos + take
+
+    return targets, finish, sum(target.dest.nbytes for target in targets)

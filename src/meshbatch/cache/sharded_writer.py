@@ -1,0 +1,141 @@
+"""Writing a ``layout: "sharded"`` cache: each shard an ordinary consolidated cache in a subdirectory.
+
+    writer = ShardedCacheWriter("/c")
+    writer.write_shard("part-0", docs_0)   # /c/part-0/: a finished consolidated cache, and
+                                           # /c/shard_ledger.json: {"finished_shards": ["part-0"], ...}
+    writer.write_shard("part-1", docs_1)
+    writer.finish()                        # /c/shard_ledger.json {"is_finished": true, ...}
+
+The top-level ledger lists shards as they finish (so readers can start early), in write order, which
+is the global row order. Resuming skips finished shards and resumes the interrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import posixpath
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from meshbatch.arguments import check_choice, check_int
+
+from .checks import as_token_dtype, check_name, check_path
+from .files import remove_stale_temp_files
+from .ledger import (
+    SHARDED,
+    Ledger,
+    ledger_metadata,
+    remove_ledger,
+    try_read_ledger,
+    write_ledger,
+)
+from .shard_table import shard_table
+from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists, check_metadata
+
+logger = logging.getLogger(__name__)
+
+
+class ShardedCacheWriter:
+    """Writes a ``layout: "sharded"`` cache (see the module docstring).
+
+    Args:
+        root: cache root (local path).
+        field: the jagged field written.
+        dtype: token dtype on disk.
+        if_exists: ``"error"``, ``"resume"`` (skip finished shards) or ``"overwrite"``.
+        metadata: ``preprocessor_metadata`` recorded in every ledger; a resume must pass the same.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        field: str = "input_ids",
+        dtype: np.dtype | str = "int32",
+        if_exists: IfExists = "error",
+        metadata: Mapping[str, Any] | None = None,
+    ):
+        root = check_path("root", root)
+        check_choice("if_exists", if_exists, IfExists)
+        if "://" in root:
+            raise ValueError(f"ShardedCacheWriter writes local paths only (got {root=})")
+        self.root, self.field = root, check_name("field", field)
+        self.dtype = as_token_dtype("dtype", dtype)
+        self._metadata = ledger_metadata(check_metadata(metadata))
+        remove_stale_temp_files(root)
+        existing = try_read_ledger(root)
+        if existing is not None and if_exists == "error":
+            raise FileExistsError(f"a cache already exists at {root}; pass if_exists='resume' or 'overwrite'")
+        self._resumed = existing is not None and if_exists == "resume"
+        if self._resumed:
+            if existing.layout != SHARDED or existing.is_finished:
+                raise ValueError(
+                    f"cannot resume {root}: layout={existing.layout!r}, is_finished={existing.is_finished}"
+                )
+            if dict(existing.metadata) != self._metadata:
+                raise ValueError(
+                    f"cannot resume {root}: its ledger metadata {dict(existing.metadata)} "
+                    f"differs from {self._metadata}"
+                )
+            self._ledger = dataclasses.replace(existing, cache_id=existing.cache_id or uuid.uuid4().hex)
+        else:
+            remove_ledger(root)
+            self._ledger = Ledger(0, {}, layout=SHARDED, metadata=self._metadata, cache_id=uuid.uuid4().hex)
+            write_ledger(root, self._ledger)
+        self._shard_if_exists: IfExists = "resume" if self._resumed else if_exists
+
+    @property
+    def finished_shards(self) -> tuple[str, ...]:
+        return self._ledger.finished_shards
+
+    def write_shard(self, name: str, docs: Iterable, *, flush_tokens: int = DEFAULT_FLUSH_TOKENS) -> int:
+        """Writes shard ``name`` from ``docs`` (rows already committed by an earlier run are skipped).
+
+        Returns:
+            The shard's row count.
+        """
+        name = check_name("name", name)
+        check_int("flush_tokens", flush_tokens, low=1)
+        if name in self._ledger.finished_shards:
+            logger.info("shard %s of %s already finished; skipping", name, self.root)
+            return self._ledger.shard_rows[name]
+        shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
+        shard_root = posixpath.join(self.root, name)
+        done = try_read_ledger(shard_root) if self._resumed else None
+        if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
+            if dict(done.metadata) != self._metadata or self.field not in done.field_counts:
+                raise ValueError(f"cannot adopt finished shard {shard_root}: ledger {done.to_dict()}")
+            rows, tokens = done.total_num_rows, done.field_counts[self.field]
+        else:
+            with CacheWriter(
+                shard_root,
+                field=self.field,
+                dtype=self.dtype,
+                if_exists=self._shard_if_exists,
+                metadata=self._metadata["preprocessor_metadata"],
+                flush_tokens=flush_tokens,
+            ) as writer:
+                writer.write(itertools.islice(docs, writer.num_rows, None))
+            rows, tokens = writer.rows, writer.tokens
+        old = self._ledger
+        self._ledger = dataclasses.replace(
+            old,
+            total_num_rows=old.total_num_rows + rows,
+            shard_rows={**old.shard_rows, name: rows},
+            finished_shards=(*old.finished_shards, name),
+            field_counts={self.field: old.field_counts.get(self.field, 0) + tokens},
+            field_counts_by_shard={**old.field_counts_by_shard, name: {self.field: tokens}},
+        )
+        write_ledger(self.root, self._ledger)
+        return rows
+
+    def finish(self) -> Ledger:
+        """Marks the sharded cache finished; returns its ledger."""
+        self._ledger = dataclasses.replace(self._ledger, is_finished=True)
+        write_ledger(self.root, self._ledger)
+        return self._ledger

@@ -1,0 +1,10 @@
+"""Mixtures of several datasets: Levanter's stable mixture and the token-balanced interleave."""
+
+from .composite import Composite as Composite
+from .composite import derive_keys as derive_keys
+from .mixture_schedule import mixture_schedule as mixture_schedule
+from .positions import PositionLog as PositionLog
+from .positions import positions as positions
+from .stable import Mixture as Mixture
+from .token_balanced import BalancedState as BalancedState
+from .token_balanced import TokenBalancedMixture as TokenBalancedMixture

@@ -1,0 +1,104 @@
+"""``Mixture``: Levanter's stable mixture of datasets, on the pipeline.
+
+Row ``r`` of the mixture is ``mixture_schedule``'s ``(child, index, child epoch)``; the child's
+own plan turns ``(index, child epoch)`` into its example (so a child's shuffle, and its
+per-epoch reshuffle when a source restarts, stay the child's). Reads, builds and real-token
+counts go through ``Composite``:
+
+    Mixture({"web": CausalLMDataset(web, 512), "code": CausalLMDataset(code, 512)},
+            {"web": 0.75, "code": 0.25}, block_size=4)
+    rows 0..3 (one block)  ->  children [web, code, web, web], indices [0, 0, 2, 1]
+    plan   web's plan of rows 0, 2, 1 (its shuffle), code's of row 0
+    fetch  web's windows from the web cache, code's from the code cache: one ts.Batch
+
+Staged weights come by training step, ``[(start_step, {name: weight}), ...]``, and are turned
+into rows through the batch schedule (Levanter's ``rescale_mixture_schedule_for_batch_schedule``):
+each stage must then start on a block boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Literal
+
+from jaxtyping import PRNGKeyArray
+
+from meshbatch.datasets.protocol import Dataset, Plan, Rows
+from meshbatch.kernels import mixture_locate
+from meshbatch.pipeline.batch_schedule import BatchSchedule
+
+from .composite import Composite
+from .mixture_schedule import StopStrategy, mixture_schedule
+from .weights import Weights, rows_from_steps
+
+
+class Mixture(Composite):
+    """A stable mixture of named datasets; see the module docstring.
+
+    Args:
+        datasets: ``{name: Dataset}``, stateless, all with the same ``seq_len``.
+        weights: ``{name: weight}`` or stages ``[(start_step, {name: weight}), ...]``.
+        block_size: rows per block; every block holds a fixed count of rows of each child.
+        stop_strategy: ``"restart"`` (children wrap), ``"first_exhausted"`` or
+            ``"all_exhausted"`` (see ``meshbatch.mixture_schedule``).
+        compat: ``"levanter"``: Levanter's ``MixtureDataset`` rows exactly; ``None``: the default.
+        batch_size: the pipeline's batch schedule (an int, pairs or a ``BatchSchedule``);
+            needed only to place staged weights, whose starts are steps.
+
+    The mixture takes no key: ``init(key)`` derives its own and each child's from the
+    pipeline's (``derive_keys``; a subclass may override it, e.g. to reproduce a Levanter run's
+    own key derivation).
+
+    Raises:
+        ValueError, TypeError: naming the value: bad weights or stages, children of different
+            ``seq_len``, a stateful child, staged weights without ``batch_size``.
+    """
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Dataset],
+        weights: Weights,
+        *,
+        block_size: int = 2048,
+        stop_strategy: StopStrategy = "restart",
+        compat: Literal["levanter"] | None = None,
+        batch_size=None,
+    ):
+        super().__init__(datasets)
+        if not isinstance(weights, Mapping):
+            if batch_size is None:
+                raise ValueError(
+                    "staged weights start at training steps: pass the pipeline's batch_size "
+                    "(an int or its schedule) so they can be placed in rows"
+                )
+            schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
+            weights = rows_from_steps(list(weights), schedule.offset)
+        lengths = {name: child.num_examples for name, child in zip(self.names, self.children, strict=True)}
+        # The rows do not depend on the key until the in-block orders: any key sizes the mixture.
+        self.template = mixture_schedule(
+            lengths, weights, block_size=block_size, key=0, stop_strategy=stop_strategy, compat=compat
+        )
+        self.num_examples = int(self.template.num_rows)
+        self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
+
+    def init(self, key: PRNGKeyArray):
+        """The mixture's schedule under its key, and the children's tables."""
+        mixture_key, child_keys = self.derive_keys(key)
+        return {
+            "schedule": dataclasses.replace(self.template, key=mixture_key),
+            "children": self.init_children(child_keys),
+        }
+
+    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
+        """Each row's child and the child's plan; rows past a finite mixture get child ``-1``."""
+        source, index, epoch = mixture_locate(tables["schedule"], rows.position, rows.epoch)
+        plans = self.child_plans(tables["children"], source, index, epoch)
+        detail = {"groups": self.group_plans(source, plans)}
+        return Plan(rows=rows, source=source, example=index, detail=detail), None
+
+    def __repr__(self) -> str:
+        return (
+            f"Mixture({dict(zip(self.names, self.children, strict=True))}, block_size={self.block_size}, "
+            f"stop_strategy={self.stop_strategy!r}, compat={self.compat!r})"
+        )

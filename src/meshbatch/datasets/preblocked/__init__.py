@@ -1,0 +1,21 @@
+"""Preblocked document blocks: ``[DOC] ... [EOD]`` packing, shuffle levels, escaping, validation,
+``BlockDataset`` and masked-LM masking. This module only re-exports; the writer is
+``meshbatch.preblock`` (``meshbatch.datasets.preblocked.preblock``).
+"""
+
+from .block_dataset import BlockDataset as BlockDataset
+from .block_sources import BlockSource as BlockSource
+from .block_sources import open_blocks as open_blocks
+from .block_store import Header as Header
+from .block_store import detect_format as detect_format
+from .block_validation import BlockReport as BlockReport
+from .block_validation import validate_array as validate_array
+from .block_validation import validate_path as validate_path
+from .block_writer import preblock as preblock
+from .escape import EscapingTokenizer as EscapingTokenizer
+from .escape import escape as escape
+from .escape import unescape as unescape
+from .masking import MLMMasking as MLMMasking
+from .pack_layout import Layout as Layout
+from .pack_layout import PackSpec as PackSpec
+from .pack_layout import plan_layout as plan_layout

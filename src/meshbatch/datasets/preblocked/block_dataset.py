@@ -1,0 +1,287 @@
+"""``BlockDataset``: preblocked blocks as a pipeline dataset, from a store, ``chunk*.npy`` or a cache.
+
+The format is detected from the first path; every path must have the same one:
+
+* preblocked (a ``meshbatch.preblock`` store or ``chunk*.npy`` matrices): example ``b`` is block
+  ``b``; a row reads one span, the whole block, coalesced with its neighbours by the pipeline;
+* legacy (a jagged Levanter token cache): the documents are packed on the fly by the same packing
+  plan as the writer (``plan_layout``), so example ``b`` is the block the writer would have written
+  as row ``b``. A row reads up to ``spans_per_row`` spans, the tokens of each document piece in
+  the block; the build kernel inserts the markers and padding.
+
+Build (per shard): ``block_batch`` (segment ids from the ``[DOC]`` markers, padding its own segment,
+no loss on padding or across a document boundary). ``real_tokens`` is the block's non-pad count,
+stored (or computed from the layout) so it is known at plan time.
+
+    BlockDataset("/data/blocks")                                   # a store
+    BlockDataset("/data/cache", pack=PackSpec(128), vocab_size=257)  # legacy, packed on the fly
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, PRNGKeyArray
+
+from meshbatch.arguments import as_key, check_int, check_token_id
+from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
+from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
+from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
+from meshbatch.shuffles.shuffle_spec import ShuffleSpec
+
+from .block_sources import open_blocks
+from .block_store import check_paths, detect_format
+from .masking import MLMMasking
+from .pack_layout import PackSpec, plan_layout
+
+logger = logging.getLogger(__name__)
+
+
+class Tables(eqx.Module):
+    """Device tables of a ``BlockDataset`` (legacy-only leaves are ``None`` for preblocked data)."""
+
+    shuffle: eqx.Module | None
+    source_start: Int[Array, " sources_plus_1"]  # first global example of each source
+    real: Int[Array, " blocks"]  # non-pad tokens per example
+    packed: Int[Array, " blocks"] | None = None  # legacy: packed block of each example
+    first: Int[Array, " blocks"] | None = None  # legacy: first piece entry of each packed block
+    count: Int[Array, " blocks"] | None = None  # legacy: pieces of each packed block
+    start_block: Int[Array, " entries"] | None = None  # legacy: per entry (document, by position)
+    start_offset: Int[Array, " entries"] | None = None
+    size: Int[Array, " entries"] | None = None
+
+
+class BlockDataset(Dataset):
+    """Fixed blocks of ``[DOC] ... [EOD]`` documents (see the module docstring).
+
+    Args:
+        paths: one path or several of the same format.
+        shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
+        pack: legacy mode only: how the caches' documents are packed (``PackSpec``).
+        pack_key: legacy mode only: the packing key (an int seed or key), the writer's ``key``.
+        doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary; read from the
+            header of preblocked data when not given, required in legacy mode.
+        field: legacy mode: the cache field.
+
+    Raises:
+        ValueError: mixed formats, inconsistent block sizes or ids, missing ids.
+    """
+
+    def __init__(
+        self,
+        paths: str | Sequence[str],
+        *,
+        shuffle=None,
+        pack: PackSpec | None = None,
+        pack_key=0,
+        doc_id: int | None = None,
+        eod_id: int | None = None,
+        pad_id: int | None = None,
+        vocab_size: int | None = None,
+        field: str = "input_ids",
+    ):
+        paths = check_paths("paths", paths)
+        if not paths:
+            raise ValueError("paths must name at least one store, chunk directory or cache (got [])")
+        formats = [detect_format(p) for p in paths]
+        if len(set(formats)) > 1:
+            listing = ", ".join(f"{p} is {f}" for p, f in zip(paths, formats, strict=True))
+            raise ValueError(f"mixed formats in one dataset are not supported ({listing})")
+        self.format = formats[0]
+        self.legacy = self.format == "levanter"
+        self.shuffle_spec = ShuffleSpec() if shuffle is None else shuffle
+        if not isinstance(self.shuffle_spec, ShuffleSpec):
+            raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
+        given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+        if self.legacy:
+            if pack is None:
+                raise ValueError(
+                    "a jagged token cache needs pack=PackSpec(block_size, ...) to be packed on the fly"
+                )
+            missing = [name for name, v in given.items() if v is None]
+            if missing:
+                raise ValueError(f"legacy mode needs {missing} (a token cache has no preblock header)")
+            self.ids = {name: check_token_id(name, v) for name, v in given.items()}
+            if not isinstance(pack, PackSpec):
+                raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
+            if not isinstance(field, str):
+                raise TypeError(f"field must be a str (got field={field!r})")
+            self._init_legacy(paths, pack, as_key(pack_key, "pack_key"), field)
+        else:
+            if pack is not None:
+                raise ValueError("pack applies to jagged token caches; preblocked data is packed already")
+            self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
+            self.ids = _preblocked_ids(self.sources, given)
+            sizes = {s.block_size for s in self.sources}
+            if len(sizes) != 1:
+                raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")
+            self.seq_len = sizes.pop()
+            self.max_row_tokens, self.spans_per_row = self.seq_len, 1
+            self._blocks = [s.num_blocks for s in self.sources]
+            self._real = np.concatenate([s.real_tokens() for s in self.sources])
+        check_int("vocab_size", self.ids["vocab_size"], low=1)
+        total = sum(self._blocks)
+        if not 1 <= total <= 2**32 - 1:
+            raise ValueError(f"{total} blocks: need 1 <= blocks <= 2**32 - 1")
+        self.num_examples = total
+        self._source_start = np.concatenate([[0], np.cumsum(self._blocks)]).astype(np.int64)
+
+    def _init_legacy(self, paths, pack: PackSpec, key: PRNGKeyArray, field: str) -> None:
+        caches = [TokenCache.open(p, field) for p in paths]
+        layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
+        S = pack.block_size
+        packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
+        self._entry_doc, self._entry_source, self._doc_offsets = [], [], []
+        block_base = entry_base = 0
+        for i, (cache, layout) in enumerate(zip(caches, layouts, strict=True)):
+            order = layout.by_position()
+            lo, hi = layout.block_docs(order)
+            packed.append(layout.block_order + block_base)
+            first.append(lo + entry_base)
+            count.append(hi - lo)
+            start_block.append(layout.starts[order] // S + block_base)
+            start_offset.append(layout.starts[order] % S)
+            size.append(layout.sizes[order])
+            real.append(layout.real_tokens())
+            self._entry_doc.append(order)
+            self._entry_source.append(np.full(order.shape, i, np.int32))
+            self._doc_offsets.append(cache.doc_offsets())
+            block_base += layout.num_blocks
+            entry_base += layout.num_docs
+        if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
+            raise ValueError(
+                f"{block_base} blocks of {entry_base} documents: packing on the fly indexes them in "
+                "int32; write a store (meshbatch.preblock) or split the caches"
+            )
+        cat = lambda parts: np.concatenate(parts).astype(np.int32)  # noqa: E731
+        self._legacy = dict(
+            packed=cat(packed),
+            first=cat(first),
+            count=cat(count),
+            start_block=cat(start_block),
+            start_offset=cat(start_offset),
+            size=cat(size),
+        )
+        self._entry_doc = np.concatenate(self._entry_doc)
+        self._entry_source = np.concatenate(self._entry_source)
+        self._real = np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)])
+        self.sources = tuple(caches)
+        self.seq_len = S
+        self.spans_per_row = max(1, int(self._legacy["count"].max()))
+        self.max_row_tokens = S
+        self._blocks = [lay.num_blocks for lay in layouts]
+        self.layouts = layouts
+
+    # -- the protocol --------------------------------------------------------------------------
+
+    def init(self, key: PRNGKeyArray) -> Tables:
+        chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
+        shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
+        legacy = {k: jnp.asarray(v) for k, v in self._legacy.items()} if self.legacy else {}
+        return Tables(
+            shuffle=shuffle,
+            source_start=jnp.asarray(self._source_start.astype(np.uint32)),
+            real=jnp.asarray(self._real),
+            **legacy,
+        )
+
+    def plan(self, tables: Tables, rows: Rows, state=None) -> tuple[Plan, None]:
+        example = self.shuffle_spec.apply(tables.shuffle, rows.position, rows.epoch)
+        source = jnp.searchsorted(tables.source_start, example, side="right").astype(jnp.int32) - 1
+        local = (example - tables.source_start[source]).astype(jnp.int32)
+        detail = {"block": local}
+        if self.legacy:
+            detail = self._pieces(tables, tables.packed[example])
+        return Plan(rows=rows, source=source, example=example, detail=detail), None
+
+    def _pieces(self, tables: Tables, packed: Int[Array, " n"]) -> dict:
+        S, k = self.seq_len, self.spans_per_row
+        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
+        used = slot < tables.count[packed][:, None]
+        entry = jnp.where(used, tables.first[packed][:, None] + slot, 0)
+        start_block, start_offset, size = (
+            t[entry] for t in (tables.start_block, tables.start_offset, tables.size)
+        )
+        here = start_block == packed[:, None]
+        row_start = jnp.where(here, start_offset, 0)
+        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
+        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
+        return {
+            "entry": entry,
+            "row_start": row_start,
+            "slot_start": slot_start,
+            "slots": slots,
+            "size": size,
+        }
+
+    def spans(self, plan: Plan) -> Spans:
+        S = self.seq_len
+        if not self.legacy:
+            start = plan.detail["block"].astype(np.int64)[:, None] * S
+            return Spans(plan.source[:, None].astype(np.int32), start, np.full_like(start, S))
+        d = plan.detail
+        entry = d["entry"]
+        source = self._entry_source[entry]
+        doc = self._entry_doc[entry]
+        token_lo = np.maximum(d["slot_start"] - 1, 0).astype(np.int64)
+        token_hi = np.minimum(d["slot_start"] + d["slots"] - 1, d["size"] - 2).astype(np.int64)
+        length = np.where(d["slots"] > 0, np.maximum(token_hi - token_lo, 0), 0)
+        offsets = np.zeros(entry.shape, np.int64)
+        for i, doc_offsets in enumerate(self._doc_offsets):
+            mine = source == i
+            offsets[mine] = doc_offsets[doc[mine]]
+        start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
+        return Spans(source.astype(np.int32), start, length)
+
+    def build(self, tables: Tables, plan: Plan, content: Content | None) -> Batch:
+        ids = dict(doc_id=self.ids["doc_id"], eod_id=self.ids["eod_id"], pad_id=self.ids["pad_id"])
+        if self.legacy:
+            d = plan.detail
+            tokens = assemble_rows(
+                content.tokens,
+                content.offsets,
+                d["row_start"],
+                d["slot_start"],
+                d["slots"],
+                d["size"],
+                block_size=self.seq_len,
+                **ids,
+            )
+        else:
+            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
+        return block_batch(tokens, **ids)
+
+    def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:
+        return tables.real[plan.example]
+
+    # -- conveniences --------------------------------------------------------------------------
+
+    def masking(self, key, *, mask_id: int | None = None, **options) -> MLMMasking:
+        """An ``MLMMasking`` stage for these blocks: markers and padding are never masked; the
+        mask id defaults to one past the largest structural id."""
+        ids = self.ids
+        specials = (ids["doc_id"], ids["eod_id"], ids["pad_id"])
+        mask_id = max(max(specials), ids["vocab_size"] - 1) + 1 if mask_id is None else mask_id
+        return MLMMasking(key, mask_id=mask_id, vocab_size=ids["vocab_size"], special_ids=specials, **options)
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockDataset(format={self.format!r}, blocks={self.num_examples}, block_size={self.seq_len}, "
+            f"ids={self.ids}, shuffle={self.shuffle_spec})"
+        )
+
+
+def _preblocked_ids(sources, given: dict) -> dict[str, int]:
+    ids = {}
+    for name, value in given.items():
+        found = {getattr(s.header, name) for s in sources if s.header is not None}
+        if value is None:
+            if len(found) != 1 or any(s.header is None for s in sources):
+                raise ValueError(f"{name} is needed: the headers give {sorted(found) or 'none'}")
+            value = found.pop()
+        ids[name] = check_token_id(name, value)
+    return ids

@@ -1,0 +1,302 @@
+"""``BlockSource``: preblocked rows as a flat token space the pipeline reads coalesced.
+
+Block ``b`` is tokens ``[b * block_size, (b + 1) * block_size)``. ``prepare_read`` plans the reads
+of a step's spans (``meshbatch.cache.run_reads`` issues them, with every other source's, in one
+TensorStore batch); whole-row spans, the pipeline's case, are one gather straight into the
+output buffer:
+
+    source.read_blocks([7, 3])     # int32 [2, block_size]: one read (a store) or one copy per chunk
+
+``StoreBlocks`` reads a ``meshbatch.preblock`` store's ``blocks`` array; ``ChunkBlocks`` reads
+``chunk*.npy`` matrices lazily through an LRU of whole chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from typing import NamedTuple
+
+import numpy as np
+import tensorstore as ts
+
+from meshbatch.cache import BlockCache, ReadCounters, shared_context
+from meshbatch.cache.arrays import kvstore_spec
+from meshbatch.cache.coalesce import as_spans, coalesce_spans
+from meshbatch.cache.ledger import read_ledger
+from meshbatch.cache.reads import PendingRead, run_reads
+
+from .assemble import ramp
+from .block_store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, chunk_files, detect_format, read_header
+
+logger = logging.getLogger(__name__)
+
+
+class RowsTarget(NamedTuple):
+    """One TensorStore read of whole rows into ``dest`` (what ``meshbatch.cache.run_reads`` reads)."""
+
+    dest: np.ndarray
+    source: ts.TensorStore
+    what: str
+
+    def describe(self) -> str:
+        return self.what
+
+
+class BlockSource:
+    """Rows of ``block_size`` tokens as a flat token space; see the module docstring.
+
+    Subclasses implement ``_plan_rows`` (a run of rows) and ``_plan_gather`` (any rows).
+    """
+
+    def __init__(self, path: str, num_blocks: int, block_size: int, header: Header | None):
+        self.path, self.num_blocks, self.block_size, self.header = path, num_blocks, block_size, header
+        self.counters = ReadCounters()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def real_tokens(self) -> np.ndarray:
+        """``int32[num_blocks]`` non-pad tokens per block (needs the pad id where not stored)."""
+        raise NotImplementedError
+
+    def read_blocks(self, indices) -> np.ndarray:
+        """``int32[len(indices), block_size]``: the blocks, in the order given.
+
+        Raises:
+            IndexError: an index outside ``[0, num_blocks)``.
+        """
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = np.flatnonzero((indices < 0) | (indices >= self.num_blocks))
+        if bad.size:
+            raise IndexError(f"block {int(indices[bad[0]])} out of range for {self.num_blocks} blocks")
+        out = np.empty(indices.shape[0] * self.block_size, np.int32)
+        read = self.prepare_read(indices * self.block_size, np.full_like(indices, self.block_size), out, 0)
+        run_reads([read])
+        starts = read.span_starts[:, None] + np.arange(self.block_size)[None, :]
+        return out[starts] if starts.size else out.reshape(0, self.block_size)
+
+    def prepare_read(self, starts, lengths, out: np.ndarray, at: int) -> PendingRead:
+        """Plans reading token spans, coalesced, into ``out[at:]`` (``meshbatch.cache.run_reads``
+        issues it); whole-row runs are read straight into ``out``.
+
+        Raises:
+            ValueError: malformed spans or ``out`` too small.
+            IndexError: a span ends past ``num_tokens``.
+        """
+        starts, lengths = as_spans(starts, lengths)
+        ends = starts + lengths
+        if ends.size and ends.max() > self.num_tokens:
+            i = int(np.argmax(ends))
+            raise IndexError(
+                f"span {i} ends at token {int(ends[i])} > num_tokens={self.num_tokens} of {self.path}"
+            )
+        runs = coalesce_spans(starts, lengths)
+        total = int(runs.run_offsets[-1])
+        if at < 0 or at + total > out.shape[0]:
+            raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
+        S = self.block_size
+        if not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S):
+            # whole rows (the pipeline's case): one gather of every row, straight into out
+            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + ramp(runs.run_lengths // S)
+            targets, finish = self._plan_gather(rows, out[at : at + total].reshape(-1, S))
+            self.counters.add(
+                spans_requested=starts.shape[0],
+                unique_spans=runs.unique_spans,
+                runs=runs.run_starts.shape[0],
+                reads_issued=len(targets),
+                bytes_read=total * 4,
+            )
+            return PendingRead(runs.span_starts + at, at + total, targets, finish)
+        targets, finishes, nbytes = [], [], 0
+        for start, offset, length in zip(
+            runs.run_starts.tolist(), runs.run_offsets[:-1].tolist(), runs.run_lengths.tolist(), strict=True
+        ):
+            first, stop = start // S, -(-(start + length) // S)
+            dest = out[at + offset : at + offset + length]
+            if start % S == 0 and length % S == 0:
+                piece = dest.reshape(stop - first, S)
+                aside = None
+            else:
+                piece = aside = np.empty((stop - first, S), np.int32)
+            t, f = self._plan_rows(first, stop, piece)
+            targets += t
+            finishes += [f] if f is not None else []
+            if aside is not None:
+                finishes.append(_copier(dest, aside.reshape(-1), start - first * S))
+            nbytes += (stop - first) * S * 4
+        self.counters.add(
+            spans_requested=starts.shape[0],
+            unique_spans=runs.unique_spans,
+            runs=runs.run_starts.shape[0],
+            reads_issued=len(targets),
+            bytes_read=nbytes,
+        )
+
+        def finish() -> None:
+            for f in finishes:
+                f()
+
+        return PendingRead(runs.span_starts + at, at + total, targets, finish if finishes else None)
+
+    def _plan_rows(self, first: int, stop: int, dest: np.ndarray):
+        """``(targets, finish)`` that fill ``dest`` (``[stop - first, block_size]``) with rows."""
+        raise NotImplementedError
+
+    def _plan_gather(self, rows: np.ndarray, dest: np.ndarray):
+        """``(targets, finish)`` that fill ``dest`` (``[len(rows), block_size]``) with ``rows``."""
+        raise NotImplementedError
+
+
+class StoreBlocks(BlockSource):
+    """A preblocked TensorStore store (see the module docstring)."""
+
+    def __init__(self, path: str, header: Header, *, context: ts.Context | None = None):
+        context = context or shared_context()
+        spec = lambda name: {"driver": "zarr3", "kvstore": kvstore_spec(posixpath.join(path, name))}  # noqa: E731
+        self.blocks = ts.open(spec(BLOCKS), context=context, open=True, read=True).result()
+        shape = tuple(self.blocks.shape)
+        if len(shape) != 2 or shape[1] != header.block_size or shape[0] < header.num_blocks:
+            raise ValueError(
+                f"{path}/{BLOCKS} has shape {shape}; the header says "
+                f"[{header.num_blocks}, {header.block_size}]"
+            )
+        if self.blocks.dtype.numpy_dtype != np.int32:
+            raise ValueError(f"{path}/{BLOCKS} has dtype {self.blocks.dtype.numpy_dtype}, not int32")
+        self._real = ts.open(spec(REAL_TOKENS), context=context, open=True, read=True).result()
+        ledger = read_ledger(path, context=context)
+        if not ledger.is_finished or ledger.total_num_rows != header.num_blocks:
+            raise ValueError(
+                f"{path}: ledger is_finished={ledger.is_finished}, total_num_rows={ledger.total_num_rows}; "
+                f"the header says {header.num_blocks} blocks (an interrupted write?)"
+            )
+        super().__init__(path, header.num_blocks, header.block_size, header)
+
+    def real_tokens(self) -> np.ndarray:
+        return self._real[: self.num_blocks].read().result().astype(np.int32)
+
+    def _plan_rows(self, first, stop, dest):
+        return [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")], None
+
+    def _plan_gather(self, rows, dest):
+        if rows.size == 0:
+            return [], None
+        # one read of every row: TensorStore groups them by chunk
+        what = f"{self.path}: {rows.size} blocks in [{int(rows.min())}, {int(rows.max()) + 1})"
+        return [RowsTarget(dest, self.blocks.oindex[rows, :], what)], None
+
+
+class ChunkBlocks(BlockSource):
+    """``chunk*.npy`` matrices, opened lazily: only their headers are read until rows are asked
+    for; whole chunks are then loaded and kept in a ``BlockCache`` LRU (``cache_bytes``), so many
+    small chunk files are not reopened for every read.
+    """
+
+    def __init__(
+        self, path: str, header: Header | None, *, pad_id: int | None = None, cache_bytes: int = 1 << 28
+    ):
+        self.files = chunk_files(path)
+        if not self.files:
+            raise ValueError(f"no chunk*.npy files in {path}")
+        rows, width = [], None
+        for file in self.files:
+            array = np.load(file, mmap_mode="r")  # the header only; no data read
+            if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+                raise ValueError(
+                    f"{file} holds a {array.dtype} array of shape {array.shape}; need [rows, block]"
+                )
+            if width is not None and array.shape[1] != width:
+                raise ValueError(f"{file} has rows of {array.shape[1]} tokens; the first chunk has {width}")
+            width = array.shape[1]
+            rows.append(array.shape[0])
+        self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        # equal chunks (all but the last): a row's chunk is one division, O(1)
+        self._rows_per_chunk = rows[0] if rows[0] and len(set(rows[:-1])) <= 1 and rows[-1] <= rows[0] else 0
+        self.cache = BlockCache(cache_bytes)
+        self.pad_id = header.pad_id if header is not None else pad_id
+        super().__init__(path, int(self.row_starts[-1]), int(width), header)
+        if header is not None and (header.block_size, header.num_blocks) != (
+            self.block_size,
+            self.num_blocks,
+        ):
+            raise ValueError(
+                f"{path}: chunks hold [{self.num_blocks}, {self.block_size}], the header says "
+                f"[{header.num_blocks}, {header.block_size}]"
+            )
+
+    def chunk(self, i: int) -> np.ndarray:
+        """Chunk ``i`` as an int32 array, through the LRU."""
+        array = self.cache.get(i)
+        if array is None:
+            loaded = np.load(self.files[i])
+            if loaded.size and (loaded.min() < -(2**31) or loaded.max() > 2**31 - 1):
+                raise ValueError(f"{self.files[i]} holds ids that do not fit int32")
+            array = loaded.astype(np.int32, copy=False)
+            self.cache.put(i, array)
+        return array
+
+    def _chunk_of(self, row: int) -> int:
+        if self._rows_per_chunk:
+            return row // self._rows_per_chunk
+        return int(np.searchsorted(self.row_starts, row, side="right")) - 1
+
+    def real_tokens(self) -> np.ndarray:
+        file = os.path.join(self.path, "real_tokens.npy")
+        if os.path.isfile(file):
+            return np.load(file).astype(np.int32)
+        if self.pad_id is None:
+            raise ValueError(f"{self.path} has no real_tokens.npy and no pad id to count them with")
+        logger.info("counting non-pad tokens of %d blocks in %s", self.num_blocks, self.path)
+        return np.concatenate(
+            [np.count_nonzero(self.chunk(i) != self.pad_id, axis=1) for i in range(len(self.files))]
+        ).astype(np.int32)
+
+    def _plan_gather(self, rows, dest):
+        def finish() -> None:
+            chunk = np.searchsorted(self.row_starts, rows, side="right") - 1
+            for i in np.unique(chunk).tolist():
+                mine = chunk == i
+                dest[mine] = self.chunk(i)[rows[mine] - self.row_starts[i]]
+
+        return [], finish
+
+    def _plan_rows(self, first, stop, dest):
+        def finish() -> None:
+            row = first
+            while row < stop:
+                i = self._chunk_of(row)
+                take = min(stop, int(self.row_starts[i + 1])) - row
+                local = row - int(self.row_starts[i])
+                dest[row - first : row - first + take] = self.chunk(i)[local : local + take]
+                row += take
+
+        return [], finish
+
+
+def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
+    def copy() -> None:
+        dest[:] = rows[skip : skip + dest.shape[0]]
+
+    return copy
+
+
+def open_blocks(path: str, *, pad_id: int | None = None, cache_bytes: int = 1 << 28):
+    """Opens a preblocked store or a ``chunk*.npy`` directory as a ``BlockSource``.
+
+    Raises:
+        FileNotFoundError: no such directory.
+        ValueError: a jagged token cache or anything else (named), or an inconsistent store.
+    """
+    kind = detect_format(path)
+    if kind == "levanter":
+        raise ValueError(
+            f"{path} is a jagged token cache, not preblocked data (see BlockDataset's legacy mode)"
+        )
+    header = read_header(path)
+    if kind == "store":
+        if header is None:
+            raise ValueError(f"{path} has {BLOCKS}/ but no {HEADER_FILE}")
+        return StoreBlocks(path, header)
+    return ChunkBlocks(path, header, pad_id=pad_id, cache_bytes=cache_bytes)

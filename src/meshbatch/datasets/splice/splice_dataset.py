@@ -1,0 +1,167 @@
+"""Splice datasets on the pipeline: selected documents, placed by a schedule, built per shard.
+
+Two ways to hold the documents, same batches either way:
+
+* pool (default for small selections): the selected documents live on every device; plan and
+  build run together in the per-shard kernel and the host only computes row positions;
+* fetch: only the cache's offsets stay on the host; each step reads the rows' spans
+  (``offsets[doc] + t``, ``copy_len`` tokens), coalesced, and the kernel places them straight
+  from the fetched buffer (its ``seq_len`` zero margins stand in for the frame's filler reach).
+
+    cache docs = [d0 .. d99], selected = [7, 42], seq_len = 8, content_length = 4
+    row -> (doc=1, t=3, s=4, copy_len=4): span (offsets[42] + 3, 4)
+    tokens = [P P P P d42[3] d42[4] d42[5] d42[6]], loss_mask = [0 0 0 0 1 1 1 0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, PRNGKeyArray
+
+from meshbatch.arguments import check_bool
+from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
+from meshbatch.kernels import Batch, lookup_rows, pool_frames, splice_frames
+
+from .splice_schedule import build_schedule
+from .splice_spec import SpliceSpec, check_lengths
+from .tables import document_pool
+
+# A selection up to this many tokens is copied to every device (4 bytes a token).
+POOL_MAX_TOKENS = 1 << 26
+
+
+class SpliceLMDataset(Dataset):
+    """A splice dataset (``splice-document-dataset.md``) for ``Pipeline``.
+
+    Build it with ``SpliceLMDataset(docs, **spec)`` from token arrays, or
+    ``SpliceLMDataset.from_cache(cache, selection, **spec)`` from a ``TokenCache`` and the
+    indices ``select_documents`` chose. ``spec`` takes ``SpliceSpec``'s fields; the pipeline's
+    key drives the spec's shuffles and jitter (a splice dataset never holds a key of its own).
+
+    Attributes:
+        spec: the checked ``SpliceSpec``.
+        seq_len: frame length.
+        num_examples: rows per epoch (``len`` of the schedule).
+        doc_lengths: int64 lengths of the selected documents (``doc_idx`` indexes them).
+        pool: the device pool of the documents, or ``None`` in fetch mode.
+    """
+
+    def __init__(self, docs: Sequence[np.ndarray], **spec):
+        if not isinstance(docs, Sequence | np.ndarray) or isinstance(docs, str | bytes):
+            raise TypeError(f"docs must be a sequence of token arrays (got docs={docs!r}); or use from_cache")
+        if len(docs) == 0:
+            raise ValueError(f"give at least one document (got docs={docs!r}); or use from_cache")
+        self._init(docs=docs, source=None, doc_offsets=None, **spec)
+
+    @classmethod
+    def from_cache(cls, cache, indices, *, pool: bool | None = None, **spec) -> SpliceLMDataset:
+        """Documents ``indices`` of ``cache``; ``pool=None`` pools selections of at most
+        ``POOL_MAX_TOKENS`` tokens and fetches larger ones."""
+        if pool is not None:
+            check_bool("pool", pool)
+        indices = np.asarray(indices).reshape(-1)
+        if indices.size == 0:
+            raise ValueError("select at least one document (got no indices)")
+        if not np.issubdtype(indices.dtype, np.integer):
+            raise TypeError(f"document indices must be integers (got dtype={indices.dtype})")
+        indices = indices.astype(np.int64)
+        bad = indices[(indices < 0) | (indices >= cache.num_rows)]
+        if bad.size:
+            raise ValueError(
+                f"document index {int(bad[0])} out of range for a cache of {cache.num_rows} rows"
+            )
+        offsets = cache.doc_offsets()
+        lengths = offsets[indices + 1] - offsets[indices]
+        if pool is None:
+            pool = int(lengths.sum()) <= POOL_MAX_TOKENS
+        self = cls.__new__(cls)
+        if pool:
+            self._init(docs=cache.read_rows(indices), source=None, doc_offsets=None, **spec)
+        else:
+            self._init(docs=None, source=cache, doc_offsets=(offsets[indices], lengths), **spec)
+        return self
+
+    def _init(self, *, docs, source, doc_offsets, **spec):
+        if "key" in spec:
+            raise TypeError(
+                "a splice dataset takes no key: the pipeline's key drives its shuffles and jitter "
+                "(Pipeline(..., key=...)); SpliceDataset and splice_schedule take key= directly"
+            )
+        self.spec = SpliceSpec(**spec)
+        self.frame_args = self.spec.frame_args  # refuses pad_token_id=None
+        if docs is not None:
+            self.pool = document_pool(docs, margin=self.spec.seq_len)
+            self.doc_lengths = check_lengths([len(d) for d in docs])
+        else:
+            self.pool = None
+            self._doc_starts, lengths = (np.asarray(a, dtype=np.int64) for a in doc_offsets)
+            self.doc_lengths = check_lengths(lengths)
+        self.source = source
+        self.sources = () if source is None else (source,)
+        self.seq_len = self.max_row_tokens = self.content_margin = self.spec.seq_len
+        self.cyclic = self.spec.cyclic
+        if self.fetches and self.cyclic:
+            raise ValueError(
+                "content_start_mode='cyclic_roll' reads across the document end; it needs the "
+                "documents on device (pool=True)"
+            )
+        # Rows per epoch do not depend on the key: any key counts them.
+        counted = build_schedule(self.doc_lengths, self.spec, jax.random.key(0), log_summary=False)
+        self.num_examples = len(counted)
+
+    # -- the dataset protocol -------------------------------------------------------------------
+
+    def init(self, key: PRNGKeyArray | None):
+        """The schedule for ``key`` and, in pool mode, the documents."""
+        return {"schedule": build_schedule(self.doc_lengths, self.spec, key), "pool": self.pool}
+
+    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
+        """Each row's ``(doc, t, s, copy_len)``; ``example`` is its row of the unshuffled epoch."""
+        schedule = tables["schedule"]
+        example = rows.position if schedule.shuffle is None else schedule.shuffle(rows.position, rows.epoch)
+        doc, t, s, copy_len = lookup_rows(schedule, example, rows.epoch, shuffled=False)
+        detail = {"doc": doc, "t": t, "s": s, "copy_len": copy_len}
+        return Plan(rows=rows, source=jnp.zeros(doc.shape, jnp.int32), example=example, detail=detail), None
+
+    def spans(self, plan: Plan) -> Spans:
+        """Global token spans of the rows' copies (fetch mode)."""
+        detail = plan.detail
+        starts = self._doc_starts[detail["doc"].astype(np.int64)] + detail["t"]
+        lengths = detail["copy_len"].astype(np.int64)
+        return Spans(np.zeros((starts.shape[0], 1), np.int32), starts[:, None], lengths[:, None])
+
+    def build(self, tables, plan: Plan, content: Content | None) -> Batch:
+        """Frames from the fetched buffer (``content``) or from the device pool."""
+        detail = plan.detail
+        if content is None:
+            return pool_frames(
+                tables["pool"],
+                detail["doc"],
+                detail["t"],
+                detail["s"],
+                detail["copy_len"],
+                cyclic=self.cyclic,
+                **self.frame_args,
+            )
+        return splice_frames(
+            content.tokens,
+            content.offsets[:, 0],
+            detail["s"],
+            detail["copy_len"],
+            doc_idx=detail["doc"],
+            margin=self.content_margin,
+            **self.frame_args,
+        )
+
+    def real_tokens(self, tables, plan: Plan) -> Int[Array, " n"]:
+        """A frame trains on its copied tokens."""
+        return plan.detail["copy_len"].astype(jnp.int32)
+
+    def __repr__(self) -> str:
+        mode = "fetch" if self.fetches else "pool"
+        docs, rows = len(self.doc_lengths), self.num_examples
+        return f"SpliceLMDataset(docs={docs}, rows={rows}, {mode}, spec={self.spec})"

@@ -1,0 +1,299 @@
+"""The spine: plan -> fetch -> build, per process, into globally sharded batches.
+
+Step ``k``'s batch holds examples ``offset(k) .. offset(k) + batch_size(k) - 1`` of an endless
+stream; stream index ``g`` is position ``g mod n`` of epoch ``g // n`` (``n`` examples per epoch).
+The host splits those (unbounded) integers into 32-bit ``Rows``, then, for any ``Dataset``:
+
+1. plan (jitted, host CPU device): each row's example (``dataset.plan``);
+2. fetch (host): the rows' spans, coalesced per source, one flat buffer per device (``fetch``);
+3. build (jitted, per device shard on a local mesh): ``dataset.build``, then the build stages.
+
+Datasets without sources and without state skip 1-2 on the host: plan and build run together in
+the per-shard kernel. A stateful dataset is planned over the whole global batch, in step order,
+by every process, so its state is the same everywhere; ``state_dict()`` checkpoints it. Nothing
+depends on how many processes or devices share the batch. Over a source still being written
+(quick start), each step first waits for its rows (``Dataset.wait_for``).
+
+    pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
+    with pipeline.iterate_from(step) as batches:   # O(1) to resume anywhere (stateless data)
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from meshbatch.arguments import as_key, check_int, check_names, check_optional_int, check_step
+from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Plan, Rows
+from meshbatch.kernels import Batch
+
+from .batch_schedule import BatchSchedule
+from .fetch import fetch
+from .prefetch import EndOfStream, Prefetcher, check_prefetch
+from .row_layout import RowLayout
+from .state_planner import StatePlanner
+
+logger = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+class Pipeline:
+    """Global batches of a dataset on a mesh, step by step; see the module docstring.
+
+    Args:
+        dataset: any ``meshbatch.datasets.Dataset`` (``CausalLMDataset``, a splice dataset, ...).
+        mesh: the device mesh the batch is sharded over.
+        batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
+        key: the data key (a typed key or an int seed); every shuffle of the dataset derives from it.
+        data_axes: mesh axis name(s) the batch dimension is sharded over.
+        prefetch: batches kept ready (or in the making) by ``iterate_from``.
+        workers: threads making batches concurrently in ``iterate_from``.
+        max_epochs: stop before the first step that would read past this many epochs; ``None``
+            streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
+        stages: build stages applied per shard after ``build`` (``BuildStage``), in order.
+        state: a ``state_dict()`` to start from (a stateful dataset's checkpoint).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        mesh: Mesh,
+        batch_size,
+        key,
+        data_axes: str | tuple[str, ...] = "data",
+        prefetch: int = 4,
+        workers: int = 2,
+        max_epochs: int | None = None,
+        stages: Sequence[BuildStage] = (),
+        state: dict[str, Any] | None = None,
+    ):
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh (got mesh={mesh!r})")
+        self.dataset, self.mesh = dataset, mesh
+        self.data_axes = check_names("data_axes", data_axes)
+        self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
+        self.max_epochs = check_optional_int("max_epochs", max_epochs, low=1)
+        check_prefetch(prefetch, workers, depth_name="prefetch")
+        self.prefetch, self.workers = prefetch, workers
+        if not isinstance(stages, Sequence) or isinstance(stages, str):
+            raise TypeError(f"stages must be a sequence of build stages (got stages={stages!r})")
+        self.stages = tuple(stages)
+        for i, stage in enumerate(self.stages):
+            if not callable(stage):
+                raise TypeError(f"stages[{i}] must be a callable (batch, plan) -> Batch (got {stage!r})")
+        self._layouts = {b: RowLayout.create(mesh, self.data_axes, b) for b in self.schedule.unique_sizes()}
+        self._key = as_key(key)
+        initial = dataset.init_state()
+        self._planner = None if initial is None else StatePlanner(self._plan_global, 0, initial)
+        self._host_plans = dataset.fetches or self._planner is not None
+        if self._host_plans:  # the host plans; stateless device-resident datasets plan on their devices
+            self._cpu = jax.local_devices(backend="cpu")[0]
+            self._plan = jax.jit(dataset.plan)
+        self._place_tables()
+        self._build = {b: self._compile_build(layout) for b, layout in self._layouts.items()}
+        self._growing = threading.Lock()
+        self._final = dataset.length_is_final
+        self._num_steps = self._count_steps()
+        self._next_step = 0
+        if state is not None:
+            self.load_state_dict(state)
+
+    def _place_tables(self) -> None:
+        """The dataset's tables for the pipeline's key, on the host CPU (to plan) and replicated on
+        the local devices (to build; every batch size builds on the same devices)."""
+        tables = self.dataset.init(self._key)
+        if self._host_plans:
+            self._plan_tables = jax.device_put(tables, self._cpu)
+        local_mesh = next(iter(self._layouts.values())).local_mesh
+        self._build_tables = jax.device_put(tables, NamedSharding(local_mesh, PartitionSpec()))
+
+    def _compile_build(self, layout: RowLayout):
+        dataset, stages = self.dataset, self.stages
+
+        def finish(batch: Batch, plan: Plan) -> Batch:
+            for stage in stages:
+                batch = stage(batch, plan)
+            return batch
+
+        if self._host_plans:
+
+            def per_shard(tables, plan, content):
+                return finish(dataset.build(tables, plan, content), plan)
+
+        else:
+
+            def per_shard(tables, rows):
+                plan, _ = dataset.plan(tables, rows, None)
+                return finish(dataset.build(tables, plan, None), plan)
+
+        local = PartitionSpec("local")  # the tables replicated, every row input split by device
+        in_specs = (PartitionSpec(), local, local) if self._host_plans else (PartitionSpec(), local)
+        # One process: the host's stacked inputs go in as numpy and jit places them by its
+        # in_shardings (a step's build costs half what a device_put of the tree and then the call
+        # does). Several: jit refuses numpy for a sharded input, so they are placed first.
+        shardings = tuple(NamedSharding(layout.local_mesh, spec) for spec in in_specs)
+        kernel = jax.jit(
+            jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local),
+            in_shardings=shardings,
+        )
+        if jax.process_count() > 1:
+            return lambda *args: kernel(self._build_tables, *jax.device_put(args, shardings[1:]))
+        return lambda *args: kernel(self._build_tables, *args)
+
+    # -- host arithmetic ----------------------------------------------------------------------
+
+    def num_steps(self) -> int | None:
+        """Steps before ``max_epochs`` would be exceeded, or ``None`` for an endless stream."""
+        return self._num_steps
+
+    def _count_steps(self) -> int | None:
+        if self.max_epochs is None or not self.dataset.length_is_final:
+            return None
+        return self.schedule.steps_within(self.max_epochs * self.dataset.num_examples)
+
+    def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.schedule.rows(step, rows, self.dataset.num_examples)
+
+    def _plan_rows(self, step: int, rows: np.ndarray, state=None):
+        # The rows go in as numpy (jit moves them to the planning device); a state is committed
+        # there like the states plan returns (one compile, not two).
+        if state is not None:
+            state = jax.device_put(state, self._cpu)
+        with jax.default_device(self._cpu):
+            plan, state = self._plan(self._plan_tables, Rows(*self._rows(step, rows)), state)
+        return jax.tree.map(np.asarray, plan), state
+
+    def _plan_global(self, step: int, state):
+        return self._plan_rows(step, np.arange(self.schedule.batch_size(step)), state)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def batch(self, step: int) -> Batch:
+        """The global batch of ``step`` (blocking; ``iterate_from`` overlaps steps).
+
+        Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
+        """
+        step = check_step(step)
+        batch = self._make(step)
+        self._took(step)
+        return batch
+
+    def _grow(self, step: int) -> None:
+        """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
+        final, make its tables again (same key) and count the steps ``max_epochs`` allows."""
+        with self._growing:
+            if self._final:
+                return
+            if self.dataset.wait_for(self.schedule.offset(step) + self.schedule.batch_size(step)):
+                self._place_tables()
+                self._num_steps = self._count_steps()
+                self._final = True  # only now: a step of the last era must see the final tables
+
+    def _make(self, step: int) -> Batch:
+        if not self._final:
+            self._grow(step)
+        steps = self.num_steps()
+        if steps is not None and step >= steps:
+            raise IndexError(
+                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
+            )
+        layout = self._layouts[self.schedule.batch_size(step)]
+        # Every per-device input is stacked on the host; the build's jit places them all at once.
+        if not self._host_plans:
+            per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
+            rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
+            local = self._build[layout.batch_size](rows)
+        else:
+            if self._planner is None:
+                plan, _ = self._plan_rows(step, layout.rows)
+            else:
+                plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
+            content = None
+            if self.dataset.fetches:
+                tokens, offsets = fetch(self.dataset, self.dataset.spans(plan), layout)
+                content = Content(layout.stack(tokens), layout.stack(offsets))
+            plan = jax.tree.map(lambda *leaves: layout.stack(list(leaves)), *layout.group_rows(plan))
+            local = self._build[layout.batch_size](plan, content)
+        return jax.tree.map(layout.to_global, local)
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def _took(self, step: int) -> None:
+        self._next_step = step + 1
+        if self._planner is not None:
+            self._planner.forget_before(self._next_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able checkpoint of the stream at the next step the consumer will take.
+
+        ``{"version": 1, "step": k, ...}`` plus the dataset's own state (a token-balanced
+        mixture's per-source offsets); ``Pipeline(..., state=...)`` or ``load_state_dict`` resume
+        from it, and ``iterate_from(state=...)`` streams from it.
+        """
+        out: dict[str, Any] = {"version": STATE_VERSION, "step": self._next_step}
+        if self._planner is not None:
+            out.update(self.dataset.state_dict(self._planner.state(self._next_step)))
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a ``state_dict()``: the next step is its ``step``, with its dataset state.
+
+        Raises:
+            TypeError, ValueError: a malformed checkpoint, naming what is wrong.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
+        rest = dict(state)
+        version = rest.pop("version", None)
+        if version != STATE_VERSION:
+            raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
+        step = check_int("state['step']", rest.pop("step", None), low=0)
+        if self._planner is None:
+            if rest:
+                raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
+        else:
+            self._planner.reset(step, self.dataset.load_state_dict(rest))
+        self._next_step = step
+
+    # -- streams ----------------------------------------------------------------------------------
+
+    def iterate_from(
+        self, step: int | None = None, *, state: dict[str, Any] | None = None
+    ) -> Prefetcher[Batch]:
+        """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
+
+        With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
+        step and must equal it). Stateless datasets resume in O(1) at any step: nothing is
+        replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
+        each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
+        """
+        if state is not None:
+            self.load_state_dict(state)
+            if step is not None and check_step(step) != state["step"]:
+                raise ValueError(f"step={step} differs from the state's step={state['step']}")
+            step = state["step"]
+        start = 0 if step is None else check_step(step)
+        return Prefetcher(
+            self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
+        )
+
+    def _produce(self, step: int) -> Batch:
+        steps = self.num_steps()
+        if steps is not None and step >= steps:
+            raise EndOfStream
+        batch = self._make(step)
+        jax.block_until_ready(batch)  # ready means ready: the consumer's wait is the real wait
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterate_from(0)
