@@ -33,6 +33,8 @@ from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter
 
 from meshbatch.cache.ledger import try_read_ledger
 
+from .observe import CACHE_STATUS
+
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY = 10_000  # documents between two progress lines of an in-process build
 BUILDERS = ("in_process", "ray")
@@ -68,6 +70,7 @@ def build_split(
     found = try_read_ledger(path)
     if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
         logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
+        CACHE_STATUS.setdefault(path, "found")
         return path
     shards = source.get_shard_source(split)
     if shards is None:
@@ -89,6 +92,7 @@ def build_split(
     else:
         rows = _build_in_process(path, shards, processor, metadata, options.batch_size)
     logger.info("meshbatch: cache %s built: %d documents in %.1f s", path, rows, time.monotonic() - start)
+    CACHE_STATUS[path] = "built"
     return path
 
 

@@ -38,6 +38,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 from .async_datasets import MeshbatchDataset, ShuffledDataset
 from .caches import build_split, source_format
 from .fields import refuse
+from .observe import StepMetrics, start
 from .sources import ConfigError, _checked
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
     """how Levanter's machinery builds a missing cache (``caches.py``)."""
     eos_id: int | None = None
     """segments split after it; ``None``: the tokenizer's ``eos_token_id`` (Levanter's)."""
+    metrics_every: int = 10
+    """log per-source consumption, reads per example and data wait every this many steps (0: never)."""
 
     def build_split(self, source, split: str, cache_dir: str | None) -> str | None:
         """``cache_dir/split`` of ``source``, built by Levanter's machinery if missing."""
@@ -87,12 +90,14 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
             fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id
         )
 
-    def announce(self, kind: str, shuffle, compat, caches: Mapping[str, str]) -> None:
-        """The start line: dataset type, shuffle, compat, fast path, caches."""
-        logger.info(
-            "meshbatch: data type=%s shuffle=%s compat=%s fast_path=%s cache_builder=%s caches=%s",
-            kind, shuffle, compat, self.fast_path, self.cache_builder, dict(caches),
-        )  # fmt: skip
+    def announce(self, kind: str, shuffle, compat, caches: Mapping[str, str], dataset=None, sources=None):
+        """The start line and summary (``observe.start``); ``dataset`` (a ``MeshbatchDataset``)
+        gets the per-step metrics of ``sources`` (name -> ``TokenCache``)."""
+        start(kind, shuffle=shuffle, compat=compat, fast_path=self.fast_path, builder=self.cache_builder,
+              caches=caches)  # fmt: skip
+        if dataset is not None and sources:
+            dataset.metrics = StepMetrics(sources, every=self.metrics_every)
+        return dataset
 
     def __post_init__(self):
         if self.tokenizer == "passthrough" and self.vocab_size is None:
@@ -193,18 +198,16 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        self.announce(
-            "causal_lm", self.shuffle, self.compat, {"": os.path.join(str(self.cache_dir), "train")}
-        )
+        path = os.path.join(str(self.cache_dir), "train")
         if not self.text:
-            path = self.build_split(self, "train", self.cache_dir)
-            if path is None:
+            if self.build_split(self, "train", self.cache_dir) is None:
                 raise ValueError("No training set!")
-            return ShuffledDataset(
-                self.levanter_dataset(self, path, Pos), self.shuffle_spec(), key=key, epochs=epochs
-            )
+            self.announce("causal_lm", self.shuffle, self.compat, {"": path})
+            dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
+            return ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
         dataset = self.dataset(Pos.size)
-        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        return self.announce("causal_lm", self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}

@@ -68,9 +68,14 @@ class PipelineLoader:
     def iter_from_step(self, step: int | None) -> Iterator[LmExample]:
         """Batches from ``step`` on (O(1) resume: the pipeline is stateless for these datasets);
         ``step`` may be the trainer state's step, a scalar array."""
-        for batch in self.pipeline.iterate_from(0 if step is None else int(step)):
+        start = 0 if step is None else int(step)
+        metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
+        stream = self.pipeline.iterate_from(start)
+        for at, batch in enumerate(stream, start):
             Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
             yield batched_lm_example(batch, Batch_, self.dataset.Pos)
+            if metrics is not None:
+                metrics.after(at, stream)
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)

@@ -97,10 +97,10 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         if epochs:
             raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
         dataset = self.dataset(Pos.size, batch_schedule)
-        self.announce(
-            self.KIND, self.shuffle, self.compat, {n: c.path for n, c in self.caches("train").items()}
-        )
-        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
+        sources = {name: child.source for name, child in zip(dataset.names, dataset.children, strict=True)}
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
+        paths = {name: cache.path for name, cache in sources.items()}
+        return self.announce(self.KIND, self.shuffle, self.compat, paths, train, sources)
 
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")

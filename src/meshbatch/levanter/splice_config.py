@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -128,8 +129,11 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         from .async_datasets import MeshbatchDataset
 
         dataset = self.dataset(Pos.size)
-        self.announce(type(self).__name__, "splice schedule", None, {self.component[0]: self.component[2]})
-        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        name, _, cache_dir = self.component
+        path = os.path.join(str(cache_dir), "train")
+        kind = type(self).__name__
+        return self.announce(kind, "splice schedule", None, {name: path}, train, {name: dataset.sources[0]})
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
