@@ -29,7 +29,7 @@ import time
 
 from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
-from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter
+from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
 
 from meshbatch.cache.ledger import try_read_ledger
 
@@ -99,19 +99,26 @@ def build_split(
 def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int:
     rows = 0
     with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:
+        store = writer._tree_store
+
+        def write(batch: list) -> None:
+            # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
+            # rank-1 fields and fails on a supervised cache's per-document sources_len).
+            store.extend_with_batch(store.batch_preparer(_canonicalize_batch(processor(batch))))
+
         for shard in shards.shard_names:
             batch: list = []
             for row in shards.open_shard(shard):
                 batch.append(row)
                 if len(batch) == batch_size:
-                    writer.write_batch(processor(batch))
+                    write(batch)
                     rows, batch = rows + len(batch), []
                     if rows % PROGRESS_EVERY < batch_size:
                         logger.info(
                             "meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard
                         )
             if batch:
-                writer.write_batch(processor(batch))
+                write(batch)
                 rows += len(batch)
     return rows
 
