@@ -168,6 +168,7 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
     assert _evaluated(ours) == _evaluated(theirs) != set()
 
 
+@pytest.mark.slow  # three runs (type only; mixture_compat; Levanter's own) over 22 components
 def test_pile_mixture_block_trains_with_type_and_equals_levanter(root):
     ours, log = _train(root, "pile_mixture.yaml", "type: stable_mixture\n", "pile-type", 2, "gpt2", 2)
     assert sorted(_losses(ours)) == [0, 1] and "meshbatch: data type=stable_mixture" in log
