@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset, ListAsyncDataset
 from levanter.models.lm_model import LmExample
@@ -28,12 +29,21 @@ from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConf
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
 
+# The seed's SpliceMultiDocumentLMConfig defaults where they differ from SpliceSpec's (its
+# balance_mode reads by_temperature in the config class, by_coverage in the dataset sketch: the
+# config class is what a YAML meets; docs/splice.md, "Config defaults").
+SEED_DEFAULTS = {"content_start_mode": "coverage_balanced", "balance_mode": "by_temperature"}
+
 # Every SpliceSpec field but seq_len (the model's), with its type and default: draccus parses
 # them from YAML and the checks stay SpliceSpec's own.
 _SpliceFields = dataclasses.make_dataclass(
     "_SpliceFields",
     [
-        (f.name, typing.get_type_hints(SpliceSpec)[f.name], dataclasses.field(default=f.default))
+        (
+            f.name,
+            typing.get_type_hints(SpliceSpec)[f.name],
+            dataclasses.field(default=SEED_DEFAULTS.get(f.name, f.default)),
+        )
         for f in dataclasses.fields(SpliceSpec)
         if f.name in SPLICE_FIELDS
     ],
@@ -47,13 +57,18 @@ _SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with t
 class _SelectionFields:
     """The seed's document selection (``meshbatch.select_documents``)."""
 
-    num_docs: int = 1
+    num_docs: int = 10
     doc_index: int | None = None
     min_doc_length: int | None = None
     max_doc_length: int | None = None
     doc_select_mode: Literal["first", "longest", "shortest", "random"] = "longest"
     restrict_to_training_subset: bool = False
     max_train_batches: int | None = None
+    """the training subset's batches; ``None``: base's ``max_train_batches[dataset_name]`` (a
+    mixture base), else the whole cache is the training subset."""
+    doc_key: str | None = None
+    """the seed's string predicate: keep documents whose decoded text contains it (decodes every
+    document of the cache)."""
     initial_batch_size: int | None = None
     selection_seed: int = 0
     """seeds ``doc_select_mode: random`` (``jax.random.key(selection_seed)``)."""
@@ -133,7 +148,8 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         name, _, cache_dir = self.component
         path = os.path.join(str(cache_dir), "train")
         kind = type(self).__name__
-        return self.announce(kind, "splice schedule", None, {name: path}, train, {name: dataset.sources[0]})
+        sources = {name: dataset.sources[0]} if dataset.sources else {}  # documents read up front: none
+        return self.announce(kind, "splice schedule", None, {name: path}, train, sources)
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
@@ -147,6 +163,15 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
     def selected(self, cache: TokenCache, seq_len: int):
         from jax.random import key
 
+        name = self.component[0]
+        batches = self.max_train_batches
+        if batches is None and isinstance(self.base, MixtureBaseConfig):
+            batches = (self.base.max_train_batches or {}).get(name)
+        restrict = self.restrict_to_training_subset and batches is not None  # else: the whole cache
+        keys = {}
+        if self.doc_key is not None:
+            texts = [self.the_tokenizer.decode(doc) for doc in cache.read_rows(np.arange(cache.num_rows))]
+            keys = {"doc_key": lambda text: self.doc_key in text, "doc_keys": texts}
         return select_documents(
             cache.doc_lengths(),
             num_docs=self.num_docs,
@@ -155,10 +180,11 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
             max_doc_length=self.max_doc_length,
             doc_select_mode=self.doc_select_mode,
             key=key(self.selection_seed),
-            restrict_to_training_subset=self.restrict_to_training_subset,
-            max_train_batches=self.max_train_batches,
-            initial_batch_size=self.initial_batch_size,
+            restrict_to_training_subset=restrict,
+            max_train_batches=batches if restrict else None,
+            initial_batch_size=self.initial_batch_size if restrict else None,
             seq_len=seq_len,
+            **keys,
         )
 
     def dataset(self, seq_len: int, split: str = "train") -> SpliceLMDataset:
@@ -193,6 +219,8 @@ class SpliceMultiDocumentLMConfig(_SpliceConfig):
 class SpliceSingleDocumentLMConfig(_SpliceConfig):
     """The seed's ``SpliceSingleDocumentLMConfig``: one document (``doc_index`` if it passes the
     length filters, else ``doc_select_mode``'s pick)."""
+
+    num_docs: int = 1
 
     def __post_init__(self):
         if self.num_docs != 1:
