@@ -24,6 +24,7 @@ from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalanc
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
+from meshbatch.kernels.mixtures import interleave_merge
 
 INT32_MAX = 2**31 - 1
 
@@ -108,11 +109,14 @@ def children(tmp_path_factory):
     }
 
 
-def test_balanced_component_past_2_31_rows(children):
+def test_balanced_component_past_2_31_rows(children, monkeypatch):
     """A state where ``a`` has given 2^31 - 20 rows and ``b`` 2^32 - 10 (tokens just below 2^33):
     three steps of 32 rows carry both past 2^31 and 2^32 rows; every pick,
     every child row ``(position, epoch)`` and the final offsets equal an int64 reference (the
     heap rule over the children's real tokens of rows ``divmod(row_offset + j, length)``)."""
+    # three sources would pick with the scan; the merge is the kernel under test here (the
+    # pipeline tests run the scan)
+    monkeypatch.setattr(interleave_merge, "SCAN_SOURCES", 0)
     dataset = TokenBalancedMixture(children)
     rows = {"a": 2**31 - 20, "b": 2**32 - 10, "c": 5}
     tokens = {"a": 2**33 - 100, "b": 2**33 - 60, "c": 2**33 - 80}
