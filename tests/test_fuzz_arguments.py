@@ -301,3 +301,32 @@ def test_no_work_proportional_to_a_stride_or_exponent():
     steep = meshbatch.splice_schedule([5000], seq_len=64, content_start_mode="coverage_balanced", alpha=12.0)
     starts = np.asarray(steep.lookup(np.arange(len(steep)))[1])
     assert starts.min() == 0 and starts.max() == 5000 - 64  # both edges, not all rows on one
+
+
+HOSTILE_NAMES = ["..", "../../x", ".", "a/b", "/etc", "x\\..\\y", "a\0b", "", None, 3, b"ab", ["a"]]
+
+
+def _name_calls(root: str, text: str):
+    from meshbatch.cache import ShardedCacheWriter, build_cache
+
+    def write_shard(name):
+        ShardedCacheWriter(f"{root}/sharded", if_exists="overwrite").write_shard(name, [np.arange(3)])
+
+    return [
+        ("field", lambda v: CacheWriter(f"{root}/c", field=v)),
+        ("field", lambda v: ShardedCacheWriter(f"{root}/s", field=v)),
+        ("field", lambda v: build_cache(f"{root}/b", [text], field=v, progress=False)),
+        ("name", write_shard),
+    ]
+
+
+@pytest.mark.parametrize("value", HOSTILE_NAMES, ids=repr)
+def test_hostile_names_are_refused_by_name(tmp_path, value):
+    """A field or shard name from a caller never leaves its directory: refused, naming the parameter."""
+    (tmp_path / "in.txt").write_text("text")
+    for param, call in _name_calls(str(tmp_path / "root"), str(tmp_path / "in.txt")):
+        with pytest.raises((TypeError, ValueError)) as info:
+            call(value)
+        assert param in str(info.value), (param, value, info.value)
+    outside = {p.name for p in tmp_path.iterdir()}
+    assert outside <= {"in.txt", "root"}, outside

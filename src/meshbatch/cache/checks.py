@@ -165,6 +165,25 @@ def check_name(name: str, value) -> str:
     return value
 
 
+def check_component(name: str, value) -> str:
+    r"""One path component from a caller (a field, shard or output name): it names a directory
+    inside the one it is joined to and can never leave it.
+
+        "input_ids", "part-0", "shard.1"    accepted
+        "", ".", "..", "a/b", "../x", "/abs", "a\b", "a\0b"   ValueError naming the parameter
+    """
+    value = check_name(name, value)
+    bad = (
+        value in (".", "..") or any(sep in value for sep in ("/", "\\", "\0", os.sep)) or os.path.isabs(value)
+    )
+    if bad:
+        raise ValueError(
+            f"{name} must be a single path component: no '/', '\\' or NUL, not absolute, not '.' "
+            f"or '..' (got {name}={value!r})"
+        )
+    return value
+
+
 def as_token_dtype(name: str, value) -> np.dtype:
     """A numpy integer dtype; ``"float32"`` and ``"banana"`` are refused by name."""
     if isinstance(value, bool) or value is None:

@@ -36,7 +36,7 @@ from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .verify import verify_default
-from .watch import LedgerWatch
+from .watch import LedgerWatch, shard_ledgers
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,9 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
+        shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
         cache._load(ledger)
-        cache._watch = LedgerWatch(file, ledger, stamp)
+        cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 
     @property
@@ -165,6 +166,9 @@ class TokenCache:
         ledger, stamp = self._watch.file.read()
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
+            self._watch.add_shards(
+                shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
+            )
             self._load(ledger)
         self._watch.update(ledger, stamp)
         return self.num_rows
@@ -265,7 +269,15 @@ class TokenCache:
             bytes_read=nbytes,
         )
         check = self._watch.start if self._watch is not None else None
-        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish, check)
+        return PendingRead(
+            runs.span_starts + at,
+            at + int(runs.run_offsets[-1]),
+            targets,
+            finish,
+            check,
+            publish=getattr(finish, "publish", None),
+            abort=getattr(finish, "abort", None),
+        )
 
     def read_spans(self, starts, lengths) -> SpanRead:
         """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""

@@ -19,6 +19,8 @@ from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS
 from .pack_layout import Layout
 
+PARTIAL_SUFFIX = ".partial"
+REAL_TOKENS_NPY = "real_tokens.npy"
 CHUNK_TOKENS = 1 << 18  # tokens per stored chunk (rows of whole blocks)
 BATCH_TOKENS = 1 << 22  # tokens assembled per write
 
@@ -26,7 +28,11 @@ BATCH_TOKENS = 1 << 22  # tokens assembled per write
 def write_blocks(
     output, cache: TokenCache, layout: Layout, ids, vocab: int, output_format: str, disable
 ) -> dict:
-    """Writes every block of ``layout`` to ``output``; returns ``{"blocks", "literal_markers"}``."""
+    """Writes every block of ``layout`` to ``output``; returns ``{"blocks", "literal_markers"}``.
+
+    ``npy`` files are written under hidden names (``.chunk000000.npy.partial``) that no reader
+    lists; ``publish_npy`` gives them their names once the header is written.
+    """
     S, N = layout.spec.block_size, layout.num_blocks
     chunk_rows = max(1, CHUNK_TOKENS // S)
     batch_rows = chunk_rows * max(1, BATCH_TOKENS // (chunk_rows * S))
@@ -49,7 +55,7 @@ def write_blocks(
             else:
                 for c0 in range(p0, p1, chunk_rows):
                     name = f"chunk{c0 // chunk_rows:06d}.npy"
-                    np.save(os.path.join(output, name), rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
+                    _save_hidden(output, name, rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
             bar.update(p1 - p0)
     if pending is not None:
         pending.result()
@@ -65,8 +71,26 @@ def write_blocks(
             real=chunk_sums(np.asarray(real, np.int32), CHUNK_TOKENS),
         )
     else:
-        np.save(os.path.join(output, "real_tokens.npy"), real)
+        _save_hidden(output, REAL_TOKENS_NPY, real)
     return {"blocks": N, "literal_markers": literal}
+
+
+def _hidden(name: str) -> str:
+    return f".{name}{PARTIAL_SUFFIX}"
+
+
+def _save_hidden(output: str, name: str, array: np.ndarray) -> None:
+    with open(os.path.join(output, _hidden(name)), "wb") as f:
+        np.save(f, array)
+
+
+def publish_npy(output: str) -> None:
+    """Renames the hidden ``npy`` files of ``write_blocks`` to their names: ``real_tokens.npy`` first,
+    then the chunks in order (a kill between two renames leaves fewer chunk rows than the header
+    says: a named error when opened, never a silently short dataset)."""
+    hidden = sorted(n for n in os.listdir(output) if n.startswith(".chunk") and n.endswith(PARTIAL_SUFFIX))
+    for name in [_hidden(REAL_TOKENS_NPY), *hidden]:
+        os.replace(os.path.join(output, name), os.path.join(output, name[1 : -len(PARTIAL_SUFFIX)]))
 
 
 def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:

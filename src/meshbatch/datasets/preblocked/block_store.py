@@ -179,10 +179,9 @@ def read_header(root: str) -> Header | None:
 
 def write_header(root: str, header: Header) -> None:
     """Writes ``<root>/preblock.json`` (local paths) atomically."""
-    path = os.path.join(root, HEADER_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(header.to_dict(), f, indent=1)
-    os.replace(path + ".tmp", path)
+    from meshbatch.cache.files import write_json_atomic
+
+    write_json_atomic(os.path.join(root, HEADER_FILE), header.to_dict())
 
 
 def chunk_files(root: str) -> list[str]:

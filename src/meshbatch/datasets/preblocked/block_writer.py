@@ -25,9 +25,10 @@ import numpy as np
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
+from meshbatch.cache.files import remove_file, write_json_atomic
 from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 
-from .assemble import write_blocks
+from .assemble import publish_npy, write_blocks
 from .block_store import (
     BLOCKS,
     HEADER_FILE,
@@ -43,6 +44,7 @@ from .pack_layout import SHUFFLE_LEVELS, PackSpec, ShuffleLevel, plan_layout
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["zarr", "npy"]
+INCOMPLETE_FILE = ".preblock-incomplete"  # present from the first write until the output is complete
 
 
 def preblock(
@@ -181,6 +183,8 @@ def preblock(
         fill=fill,
     )
     write_header(output, header)
+    if output_format == "npy":
+        publish_npy(output)
     if output_format == "zarr":  # committed last: an interrupted write never reads as a store
         n = layout.num_blocks
         write_ledger(
@@ -189,6 +193,7 @@ def preblock(
                 n, {"": n}, True, ("",), {BLOCKS: n * block_size}, metadata=ledger_metadata(header.to_dict())
             ),
         )
+    remove_file(os.path.join(output, INCOMPLETE_FILE))  # the last step: the output is complete
     if counts["literal_markers"]:
         logger.warning(
             "%d tokens inside documents equal a structural id (doc/eod/pad = %s); they are structural "
@@ -203,6 +208,14 @@ def preblock(
 
 
 def _prepare_output(output: str, if_exists: str) -> None:
+    """Empties ``output`` for writing and marks it incomplete until ``preblock`` finishes.
+
+    An output still marked incomplete (a killed run) is rebuilt whatever ``if_exists`` says: it
+    holds nothing but a partial write of ours.
+    """
+    if os.path.isfile(os.path.join(output, INCOMPLETE_FILE)):
+        logger.warning("%s holds an interrupted preblock run; rebuilding it", output)
+        shutil.rmtree(output)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         if if_exists == "error":
             raise FileExistsError(f"{output} exists; pass if_exists='overwrite' to replace it")
@@ -210,6 +223,9 @@ def _prepare_output(output: str, if_exists: str) -> None:
             raise FileExistsError(f"{output} exists and holds no {HEADER_FILE}: refusing to overwrite it")
         shutil.rmtree(output)
     os.makedirs(output, exist_ok=True)
+    write_json_atomic(
+        os.path.join(output, INCOMPLETE_FILE), {"writer": "meshbatch.preblock", "pid": os.getpid()}
+    )
 
 
 def _cache_vocab(path: str) -> int:
