@@ -95,8 +95,21 @@ class GCSServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [str(self.binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-             "-data", self.data, "-backend", "memory", "-log-level", "error"],
+            [
+                str(self.binary),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-data",
+                self.data,
+                "-backend",
+                "memory",
+                "-log-level",
+                "error",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -35,6 +35,7 @@ import tensorstore as ts
 from .checks import CacheIntegrityError
 from .lru import BlockCache, Pending
 from .stores import StoreUnavailableError, is_unavailable, read_timeout_s
+from .verify import ChunkVerifier
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Segment:
         tokens: committed tokens in the array.
         data: the open array.
         cache: the root of the cache it belongs to, for messages.
+        verifier: checks each data chunk on its first read against the writer's CRC-32
+            (``verify.py``); ``None`` for a cache without checksums or with verification off.
     """
 
     key: str
@@ -54,6 +57,7 @@ class Segment:
     tokens: int
     data: ts.TensorStore
     cache: str = ""
+    verifier: ChunkVerifier | None = None
 
 
 class Target(NamedTuple):
@@ -117,14 +121,70 @@ def plan_runs(
 
     Returns:
         ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
+        Whole-chunk reads that verify chunks read for the first time come after the data
+        reads in ``targets`` and are not counted in ``bytes_read``.
     """
     pieces = list(_pieces(segments, run_starts, run_offsets))
     if not pieces:
         return [], None, 0
     if block_cache is None:
         targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
-        return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
-    return _plan_blocks(pieces, dest, block_cache)
+        finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+    else:
+        targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
+    checks, verify = _plan_verification(pieces, targets)
+    if verify is None:
+        return targets, finish, nbytes
+
+    def verify_then_finish() -> None:
+        verify()
+        if finish is not None:
+            finish()
+
+    return targets + checks, verify_then_finish, nbytes
+
+
+def _plan_verification(pieces, reads: list[Target]) -> tuple[list[Target], Callable[[], None] | None]:
+    """What verifies the chunks ``pieces`` touch that are not verified yet, and the extra reads it needs.
+
+    A chunk that one of ``reads`` covers whole is summed from that read's destination (no extra
+    read); any other is read whole in the same batch::
+
+        chunk 3 = tokens [768, 1024), read [700, 1100) -> summed from that read's dest[68:324]
+        chunk 4 = tokens [1024, 1280), read [1100, 1110) -> one more read of [1024, 1280)
+    """
+    wanted: dict[tuple, tuple[Segment, int]] = {}
+    for _, seg, lo, hi in pieces:
+        if seg.verifier is not None:
+            for k in seg.verifier.pending(lo, hi):
+                wanted.setdefault((seg.key, k), (seg, k))
+    if not wanted:
+        return [], None
+    covered: dict[tuple, Target] = {}  # chunks some read covers whole: one pass over the reads
+    for t in reads:
+        verifier, end = t.segment.verifier, t.start + t.dest.shape[0]
+        if verifier is None:
+            continue
+        for k in range(-(-t.start // verifier.size), min(end // verifier.size + 1, verifier.limit)):
+            if (t.segment.key, k) in wanted and verifier.bounds(k)[1] <= end:
+                covered.setdefault((t.segment.key, k), t)
+    sources, extra = [], []
+    for key, (seg, k) in wanted.items():
+        lo, hi = seg.verifier.bounds(k)
+        dtype = np.dtype(seg.data.dtype.numpy_dtype)
+        covering = covered.get(key)
+        if covering is None:
+            covering = Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo)
+            extra.append(covering)
+        sources.append((seg, k, covering, lo - covering.start, hi - covering.start, dtype))
+
+    def verify() -> None:
+        for seg, k, target, a, b, dtype in sources:
+            values = target.dest[a:b]  # widened on decode at most: casting back is exact
+            values = values if values.dtype == dtype else values.astype(dtype)
+            seg.verifier.check(k, values, cache=seg.cache, token_start=seg.token_start)
+
+    return extra, verify
 
 
 def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
