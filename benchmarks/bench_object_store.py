@@ -180,6 +180,7 @@ def plot(results: dict, out: pathlib.Path, args) -> None:
         ax.plot(np.arange(len(waits)), waits, marker="o", markersize=3, label=name)
     ax.axvline(args.warmup - 0.5, color="gray", linestyle=":", label="warm-up ends")
     ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("step")
     ax.set_ylabel("consumer wait (ms)")
     ax.set_title(
