@@ -37,7 +37,7 @@ def _check_loop(results: dict, kills: dict) -> None:
 
 
 def test_kill_loop_consolidated_and_sharded_caches(tmp_path):
-    kills = {"consolidated": 10, "sharded": 10}
+    kills = {"consolidated": 15, "sharded": 15}
     results = _kill_loop().kill_loop(str(tmp_path), kills=kills, seed=19, max_delay=0.5)
     _check_loop(results, kills)
     assert results["consolidated"]["committed_checked"] > 0

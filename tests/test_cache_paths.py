@@ -11,6 +11,7 @@ from meshbatch.cache import CacheChangedError, CacheWriter, ShardedCacheWriter, 
 from meshbatch.cli import main
 
 HOSTILE = ["..", "../../x", ".", "a/b", "/abs", "..\\x", "a\0b", ""]
+HOSTILE_SHARDS = ["..", "../../x", ".", "a/../b", "a//b", "sub/..", "/abs", "..\\x", "a\0b", ""]
 
 
 def _tree(root) -> set[str]:
@@ -31,10 +32,17 @@ def test_hostile_field_and_shard_names_write_nothing(tmp_path, name):
         ShardedCacheWriter(root, field=name)
     with pytest.raises(ValueError, match="field"):
         build_cache(root, [str(tmp_path / "in.txt")], field=name)
-    writer = ShardedCacheWriter(str(tmp_path / "sharded"))
-    with pytest.raises(ValueError, match="name"):
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", HOSTILE_SHARDS)
+def test_hostile_shard_names_write_nothing(tmp_path, name):
+    """A shard name may be a relative path (``sub/part-1``) but never leaves the cache."""
+    writer = ShardedCacheWriter(str(tmp_path / "deep" / "sharded"))
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError, match="name") as e:
         writer.write_shard(name, [np.arange(3, dtype=np.int32)])
-    shutil.rmtree(tmp_path / "sharded")
+    assert repr(name) in str(e.value)
     assert _tree(tmp_path) == before
 
 

@@ -184,6 +184,24 @@ def check_component(name: str, value) -> str:
     return value
 
 
+def check_relative_path(name: str, value) -> str:
+    """A relative path below a directory, ``/``-separated, each part a ``check_component`` (a shard
+    name: ``"part-0"``, ``"sub/part-1"``; never ``"../x"``, ``"a/../b"``, ``"a//b"`` or ``"/abs"``).
+    """
+    value = check_name(name, value)
+    if value.startswith("/") or os.path.isabs(value):
+        raise ValueError(f"{name} must be a relative path inside the cache (got {name}={value!r})")
+    for part in value.split("/"):
+        try:
+            check_component(name, part)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be a relative path of names separated by '/': no '..', '.' or empty part, "
+                f"no '\\' or NUL (got {name}={value!r})"
+            ) from None
+    return value
+
+
 def as_token_dtype(name: str, value) -> np.dtype:
     """A numpy integer dtype; ``"float32"`` and ``"banana"`` are refused by name."""
     if isinstance(value, bool) or value is None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from meshbatch.arguments import check_choice, check_int
 
-from .checks import as_token_dtype, check_component, check_path
+from .checks import as_token_dtype, check_component, check_path, check_relative_path
 from .files import remove_stale_temp_files
 from .ledger import (
     SHARDED,
@@ -95,7 +95,8 @@ class ShardedCacheWriter:
     def write_shard(self, name: str, docs: Iterable, *, flush_tokens: int = DEFAULT_FLUSH_TOKENS) -> int:
         """Writes shard ``name`` from ``docs`` (rows already committed by an earlier run are skipped).
 
-        ``name`` is one path component (no ``/``, ``..``, absolute path), unique in the cache: a
+        ``name`` is a relative path inside the cache (``"part-0"``, ``"sub/part-1"``; no ``..``, ``.``
+        or empty part, not absolute), unique in the cache: a
         second ``write_shard`` with a name already written is a ``ValueError``; on a resumed writer
         (``if_exists="resume"``) the first call with the name of a shard an earlier run finished
         returns its row count without reading ``docs``.
@@ -103,7 +104,7 @@ class ShardedCacheWriter:
         Returns:
             The shard's row count.
         """
-        name = check_component("name", name)
+        name = check_relative_path("name", name)
         check_int("flush_tokens", flush_tokens, low=1)
         if name in self._written or (name in self._ledger.finished_shards and not self._resumed):
             raise ValueError(

@@ -253,7 +253,7 @@ class AutoDepth:
 def check_prefetch(depth: int | str, workers: int, *, depth_name: str = "depth") -> None:
     """Raise for a prefetch depth (a positive int or ``"auto"``) or worker count that is not a
     positive int (``TypeError`` for the type, ``ValueError`` for the value) or more workers than depth."""
-    if depth == "auto":
+    if isinstance(depth, str) and depth == "auto":  # an array compared to "auto" is no bool
         check_int("workers", workers, low=1)
         return
     check_int(depth_name, depth, low=1)
