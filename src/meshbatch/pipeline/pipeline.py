@@ -247,8 +247,16 @@ class Pipeline:
             out.update(self.dataset.state_dict(self._planner.state(self._next_step)))
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a ``state_dict()``: the next step is its ``step``, with its dataset state.
+    def load_state_dict(self, state: dict[str, Any], step: int | None = None) -> None:
+        """Resume from a ``state_dict()``, or from the seed's bare ``{"datasets": [...]}``.
+
+        The next step is the state's ``step``; the seed's JSON has none (nor a ``version``), so
+        it resumes at ``step``, which must then be given (the step the checkpoint was saved
+        before: the first step not yet trained). Given both, they must agree.
+
+            load_state_dict({"version": 1, "step": 120, "datasets": [...]})   # next step 120
+            load_state_dict({"datasets": [...]}, step=120)                     # the same
+            load_state_dict({"datasets": [...]})   # ValueError: ... pass step=
 
         Raises:
             TypeError, ValueError: a malformed checkpoint, naming what is wrong.
@@ -257,9 +265,11 @@ class Pipeline:
             raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
         rest = dict(state)
         version = rest.pop("version", None)
-        if version != STATE_VERSION:
+        if version is None and "step" in rest:
+            raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
+        if version is not None and version != STATE_VERSION:
             raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
-        step = check_int("state['step']", rest.pop("step", None), low=0)
+        step = resume_step(rest.pop("step", None), step)
         if self._planner is None:
             if rest:
                 raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
@@ -275,15 +285,14 @@ class Pipeline:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
         With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
-        step and must equal it). Stateless datasets resume in O(1) at any step: nothing is
+        step and must equal it; the seed's bare ``{"datasets": [...]}`` has no step: ``step`` is
+        then required, see ``load_state_dict``). Stateless datasets resume in O(1) at any step: nothing is
         replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
         each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
         """
         if state is not None:
-            self.load_state_dict(state)
-            if step is not None and check_step(step) != state["step"]:
-                raise ValueError(f"step={step} differs from the state's step={state['step']}")
-            step = state["step"]
+            self.load_state_dict(state, step)
+            step = self._next_step
         start = 0 if step is None else check_step(step)
         self._stream = Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
@@ -308,3 +317,19 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
+
+
+def resume_step(saved, given) -> int:
+    """The step a checkpoint resumes at: its own ``step`` (``saved``), the caller's (``given``),
+    both when they agree; refused when neither says."""
+    if saved is None and given is None:
+        raise ValueError(
+            "the state has no 'step' (the seed's bare {'datasets': [...]} checkpoint): pass the step "
+            "to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
+        )
+    if saved is None:
+        return check_step(given)
+    saved = check_int("state['step']", saved, low=0)
+    if given is not None and check_step(given) != saved:
+        raise ValueError(f"step={given} differs from the state's step={saved}")
+    return saved
