@@ -139,7 +139,7 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
     """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of every
     component (``train_weights``, ``stop_strategy``, ``mixture_block_size`` refused). It is
     sequential, so it trains on the fast path only; a resumed run replays its plans from step 0
-    (host planning only, no reads) to rebuild the per-source counts exactly."""
+    (host planning only, no reads) only when its checkpoint lacks the saved state (``checkpoint_state``)."""
 
     KIND = "token_balanced_mixture"
     baseline: Literal["zero", "min", "mean"] = "zero"

@@ -39,6 +39,7 @@ from .fetch import fetch
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .row_layout import RowLayout
 from .state_planner import StatePlanner
+from .telemetry import pipeline_stats, read_counters
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -53,7 +54,8 @@ class Pipeline:
         batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
         key: the data key (a typed key or an int seed); every shuffle of the dataset derives from it.
         data_axes: mesh axis name(s) the batch dimension is sharded over.
-        prefetch: batches kept ready (or in the making) by ``iterate_from``.
+        prefetch: batches kept ready (or in the making) by ``iterate_from``, or ``"auto"``: adapted
+            to the measured read latency and step time (``prefetch.AutoDepth``; up to 8).
         workers: threads making batches concurrently in ``iterate_from``.
         max_epochs: stop before the first step that would read past this many epochs; ``None``
             streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
@@ -69,7 +71,7 @@ class Pipeline:
         batch_size,
         key,
         data_axes: str | tuple[str, ...] = "data",
-        prefetch: int = 4,
+        prefetch: int | str = 4,
         workers: int = 2,
         max_epochs: int | None = None,
         stages: Sequence[BuildStage] = (),
@@ -245,8 +247,16 @@ class Pipeline:
             out.update(self.dataset.state_dict(self._planner.state(self._next_step)))
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a ``state_dict()``: the next step is its ``step``, with its dataset state.
+    def load_state_dict(self, state: dict[str, Any], step: int | None = None) -> None:
+        """Resume from a ``state_dict()``, or from the seed's bare ``{"datasets": [...]}``.
+
+        The next step is the state's ``step``; the seed's JSON has none (nor a ``version``), so
+        it resumes at ``step``, which must then be given (the step the checkpoint was saved
+        before: the first step not yet trained). Given both, they must agree.
+
+            load_state_dict({"version": 1, "step": 120, "datasets": [...]})   # next step 120
+            load_state_dict({"datasets": [...]}, step=120)                     # the same
+            load_state_dict({"datasets": [...]})   # ValueError: ... pass step=
 
         Raises:
             TypeError, ValueError: a malformed checkpoint, naming what is wrong.
@@ -255,9 +265,11 @@ class Pipeline:
             raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
         rest = dict(state)
         version = rest.pop("version", None)
-        if version != STATE_VERSION:
+        if version is None and "step" in rest:
+            raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
+        if version is not None and version != STATE_VERSION:
             raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
-        step = check_int("state['step']", rest.pop("step", None), low=0)
+        step = resume_step(rest.pop("step", None), step)
         if self._planner is None:
             if rest:
                 raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
@@ -273,19 +285,27 @@ class Pipeline:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
         With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
-        step and must equal it). Stateless datasets resume in O(1) at any step: nothing is
+        step and must equal it; the seed's bare ``{"datasets": [...]}`` has no step: ``step`` is
+        then required, see ``load_state_dict``). Stateless datasets resume in O(1) at any step: nothing is
         replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
         each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
         """
         if state is not None:
-            self.load_state_dict(state)
-            if step is not None and check_step(step) != state["step"]:
-                raise ValueError(f"step={step} differs from the state's step={state['step']}")
-            step = state["step"]
+            self.load_state_dict(state, step)
+            step = self._next_step
         start = 0 if step is None else check_step(step)
-        return Prefetcher(
+        self._stream = Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
+        self._stream_counters = read_counters(self.dataset)
+        return self._stream
+
+    def stats(self) -> dict[str, float]:
+        """What the latest ``iterate_from`` stream measured: consumer wait p50/p95/p99/max, stall
+        fraction of the consumer's time, read latency p50/p99, bytes and requests per example,
+        prefetch occupancy (``telemetry.pipeline_stats``); ``{}`` before any stream."""
+        stream = getattr(self, "_stream", None)
+        return {} if stream is None else pipeline_stats(self, stream, self._stream_counters)
 
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()
@@ -297,3 +317,19 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
+
+
+def resume_step(saved, given) -> int:
+    """The step a checkpoint resumes at: its own ``step`` (``saved``), the caller's (``given``),
+    both when they agree; refused when neither says."""
+    if saved is None and given is None:
+        raise ValueError(
+            "the state has no 'step' (the seed's bare {'datasets': [...]} checkpoint): pass the step "
+            "to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
+        )
+    if saved is None:
+        return check_step(given)
+    saved = check_int("state['step']", saved, low=0)
+    if given is not None and check_step(given) != saved:
+        raise ValueError(f"step={given} differs from the state's step={saved}")
+    return saved
