@@ -29,10 +29,20 @@ $(LSTAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m meshbatch.demo
 
+# The core tests (2 workers) and the Levanter tests (1 worker, in .venv-levanter) run at the same
+# time: both are mostly compile- and process-bound, so together they take about as long as the
+# core alone. The Levanter output goes to LEVANTER_LOG and is printed after the core's; the target
+# fails when either fails. Both share JAX's persistent compilation cache (tests/conftest.py).
+LEVANTER_LOG := $(LEVANTER_VENV)/pytest.log
+
 test: $(STAMP) $(LSTAMP)
 	$(PY) -m ruff check src kernels tests benchmarks examples
-	$(PY) -m pytest -n 2 --dist loadgroup $(addprefix --ignore=,$(LEVANTER_TESTS))
-	$(LPY) -m pytest -n 2 --dist loadgroup $(LEVANTER_TESTS)
+	@$(LPY) -m pytest -n 1 $(LEVANTER_TESTS) > $(LEVANTER_LOG) 2>&1 & levanter=$$!; \
+	$(PY) -m pytest -n 2 --dist loadgroup $(addprefix --ignore=,$(LEVANTER_TESTS)); core=$$?; \
+	wait $$levanter; lev=$$?; \
+	echo "== Levanter tests ($(LEVANTER_VENV), log: $(LEVANTER_LOG)) =="; cat $(LEVANTER_LOG); \
+	echo "== core tests: exit $$core; Levanter tests: exit $$lev =="; \
+	test $$core -eq 0 && test $$lev -eq 0
 
 lint: $(STAMP)
 	$(PY) -m ruff check src kernels tests benchmarks examples

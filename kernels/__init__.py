@@ -7,6 +7,7 @@ imports kernels from here and nowhere else.
 from .batch import Batch as Batch
 from .causal_lm import causal_lm_batch as causal_lm_batch
 from .causal_lm import gather_windows as gather_windows
+from .keys import typed_key as typed_key
 from .mixtures.interleave import Counts as Counts
 from .mixtures.interleave import Selection as Selection
 from .mixtures.interleave import named_salts as named_salts
@@ -38,7 +39,6 @@ from .shuffles.permutation import KINDS as KINDS
 from .shuffles.permutation import Compat as Compat
 from .shuffles.permutation import Kind as Kind
 from .shuffles.permutation import Permutation as Permutation
-from .shuffles.permutation import typed_key as typed_key
 from .splice.coverage_balanced import BalancedPlacement as BalancedPlacement
 from .splice.coverage_balanced import JitterMode as JitterMode
 from .splice.frames import DocumentPool as DocumentPool

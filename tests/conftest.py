@@ -1,4 +1,13 @@
-"""Test configuration: 8 virtual CPU devices and strict numerics, set before jax is imported."""
+"""Test configuration, set before jax or meshbatch is imported:
+
+- 8 virtual CPU devices and strict numerics;
+- JAX's persistent compilation cache in a directory outside the checkout (``MESHBATCH_TEST_CACHE``,
+  default ``~/.cache/meshbatch-tests/jax``), shared by the test workers and, through the
+  environment, by every subprocess the tests start (multi-process workers, the demo); a fresh
+  clone starts with an empty one and fills it;
+- the kernels and the dataset protocol shape-checked at run time (jaxtyping + beartype): every
+  call into ``SHAPE_CHECKED`` modules checks its annotations (``shape_checks.py``).
+"""
 
 import os
 
@@ -8,11 +17,19 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.environ.get("MESHBATCH_TEST_CACHE", os.path.expanduser("~/.cache/meshbatch-tests/jax")),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 import numpy as np
 import pytest
+from shape_checks import install_shape_checks
 
+install_shape_checks()
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

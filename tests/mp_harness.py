@@ -5,7 +5,8 @@
     assemble(results, step=0, leaf="tokens", rows=16)   # the global array, from every process
 
 The factory (``module:function`` in tests/) builds ``(pipeline, report)`` for a mesh; see
-``mp_worker.py``.
+``mp_worker.py``. ``run_jobs`` runs several factories in one launch (one cluster start per test
+file); the workers inherit the tests' environment, persistent compilation cache included.
 """
 
 from __future__ import annotations
@@ -31,10 +32,21 @@ def run_processes(
     tmp_path, *, processes: int, local_devices: int, mesh_shape: str, factory: str, kwargs: dict, steps: int
 ) -> list[dict[str, np.ndarray]]:
     """Runs ``processes`` workers to completion; returns each one's saved arrays."""
+    jobs = [(factory, kwargs, steps)]
+    return run_jobs(
+        tmp_path, processes=processes, local_devices=local_devices, mesh_shape=mesh_shape, jobs=jobs
+    )[0]
+
+
+def run_jobs(
+    tmp_path, *, processes: int, local_devices: int, mesh_shape: str, jobs: list[tuple[str, dict, int]]
+) -> list[list[dict[str, np.ndarray]]]:
+    """Runs ``processes`` workers to completion, each running every ``(factory, kwargs, steps)``
+    of ``jobs`` in turn on one mesh; returns, per job, each process's saved arrays."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
-    args = [str(port), str(local_devices), str(tmp_path), str(steps), mesh_shape, factory, json.dumps(kwargs)]
+    args = [str(port), str(local_devices), str(tmp_path), mesh_shape, json.dumps(jobs)]
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER, str(i), str(processes), *args],
@@ -48,7 +60,10 @@ def run_processes(
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for i, p in enumerate(procs):
         assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
-    return [dict(np.load(tmp_path / f"process{i}.npz")) for i in range(processes)]
+    return [
+        [dict(np.load(tmp_path / f"job{j}" / f"process{i}.npz")) for i in range(processes)]
+        for j in range(len(jobs))
+    ]
 
 
 def assemble(results: list[dict[str, np.ndarray]], *, step: int, leaf: str, like: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
-from mp_harness import assemble, run_processes
+from mp_harness import assemble, run_jobs
 
 import meshbatch
 from meshbatch import Batch, Pipeline
@@ -219,21 +219,23 @@ def test_two_source_toy_never_recompiles(caches):
 
 def test_toys_equal_across_two_processes(caches, tmp_path):
     """2 processes x 4 devices: the same batches, and each process reads only its own rows."""
-    for factory, reference in (
-        ("toy_pipeline", [toy_reference(caches, step) for step in range(STEPS)]),
-        ("counting_pipeline", [{"tokens": t} for t in counting_reference(caches[0], STEPS)]),
+    factories = ("toy_pipeline", "counting_pipeline")
+    launched = run_jobs(  # both factories in one cluster launch
+        tmp_path,
+        processes=2,
+        local_devices=4,
+        mesh_shape="8",
+        jobs=[(f"test_datasets_protocol:{f}", {"paths": list(caches)}, STEPS) for f in factories],
+    )
+    for factory, reference, results in zip(
+        factories,
+        (
+            [toy_reference(caches, step) for step in range(STEPS)],
+            [{"tokens": t} for t in counting_reference(caches[0], STEPS)],
+        ),
+        launched,
+        strict=True,
     ):
-        out = tmp_path / factory
-        out.mkdir()
-        results = run_processes(
-            out,
-            processes=2,
-            local_devices=4,
-            mesh_shape="8",
-            factory=f"test_datasets_protocol:{factory}",
-            kwargs={"paths": list(caches)},
-            steps=STEPS,
-        )
         for step, want in enumerate(reference):
             for name, expected in want.items():
                 got = assemble(results, step=step, leaf=name, like=expected)

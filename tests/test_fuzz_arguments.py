@@ -2,22 +2,26 @@
 ``ValueError`` or ``IndexError`` that names the parameter, never an internal error from deep
 inside jax or numpy, and never a silent acceptance of a wrong type.
 
-Each trial takes a valid call, replaces one argument with a value drawn from ``BAD``, and calls.
-A call may succeed when the value happens to be acceptable (``None`` for an optional argument);
-otherwise the error must be one of the three and mention the parameter (or one of its aliases).
-Seeded, and bounded in time.
+Each trial takes a valid call, replaces one argument with a value from ``BAD``, and calls. A call
+may succeed when the value happens to be acceptable (``None`` for an optional argument); otherwise
+the error must be one of the three and mention the parameter (or one of its aliases). The trials
+are a deterministic grid (``grid``): every parameter of every call with every value of ``BAD``,
+so a run's work is fixed, not a time budget.
+
+The entry points run with the shape checks off (``unchecked``): the errors asserted are the ones
+a user sees, which a checker's ``TypeCheckError`` would otherwise pre-empt at the kernels.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from shape_checks import unchecked
 
 import meshbatch
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset
@@ -29,7 +33,6 @@ BAD = [
     None, -1, 0, -(2**40), 2**70, 2.5, float("nan"), float("inf"), True, "abc", "", b"x", [1, 2],
     {}, (), np.float32(1.5), np.array([1, 2]), np.array([0.5]), np.int64(-7), object(),
 ]  # fmt: skip
-SECONDS = 45
 ALLOWED = (TypeError, ValueError, IndexError)
 
 
@@ -167,25 +170,45 @@ def calls(tmp_path_factory):
     }
 
 
+def grid(calls: dict[str, Call], per_param: int = len(BAD)) -> Iterator[tuple[str, str, object]]:
+    """``(call, parameter, bad value)`` trials in a fixed order: each parameter with ``per_param``
+    values of ``BAD``, the ``i``-th parameter starting at ``BAD[i * per_param]`` (cyclically), so
+    fewer values per parameter still use all of ``BAD`` across parameters; ``len(BAD)``: every
+    combination."""
+    params = [(name, param) for name, call in calls.items() for param in call.kwargs]
+    for i, (name, param) in enumerate(params):
+        for j in range(per_param):
+            yield name, param, BAD[(i * per_param + j) % len(BAD)]
+
+
+# Failures the full grid found in code outside this test's change (issue 17's suite work), pinned
+# exactly so that a new failure, or one of these fixed, fails the test: the lead's list to fix.
+KNOWN = {
+    "select_documents(num_docs=1180591620717411303424): internal OverflowError",  # no upper bound
+    "Pipeline.batch(step=1180591620717411303424): internal OverflowError",  # names step; not ValueError
+    "TokenCache.open(path='abc'): internal FileNotFoundError",  # a missing path: FileNotFoundError
+    "TokenCache.open(field='abc'): internal FileNotFoundError",  # ... and does not name field
+}
+
+
 def test_bad_arguments_raise_named_errors(calls):
-    rng = np.random.default_rng(0)
-    plan = [(name, param) for name, call in calls.items() for param in call.kwargs]
-    failures, tried, start = [], 0, time.monotonic()
-    while time.monotonic() - start < SECONDS and tried < 20 * len(plan):
-        name, param = plan[rng.integers(len(plan))] if tried >= len(plan) else plan[tried]
-        bad = BAD[rng.integers(len(BAD))]
-        call = calls[name]
-        kwargs = dict(call.kwargs, **{param: bad})
-        tried += 1
-        try:
-            jax.block_until_ready(call.fn(**kwargs))
-        except ALLOWED as error:
-            if not any(alias in str(error) for alias in call.names(param)):
-                failures.append(f"{name}({param}={bad!r}): {type(error).__name__}: {error}")
-        except Exception as error:
-            failures.append(f"{name}({param}={bad!r}): internal {type(error).__name__}: {error}")
-    assert tried >= len(plan), f"only {tried} of {len(plan)} parameters tried in {SECONDS}s"
-    assert not failures, "\n".join(failures[:25])
+    failures, tried = [], 0
+    with unchecked():
+        for name, param, bad in grid(calls):
+            call = calls[name]
+            kwargs = dict(call.kwargs, **{param: bad})
+            tried += 1
+            try:
+                jax.block_until_ready(call.fn(**kwargs))
+            except ALLOWED as error:
+                if not any(alias in str(error) for alias in call.names(param)):
+                    failures.append(f"{name}({param}={bad!r}): {type(error).__name__}: {error}")
+            except Exception as error:
+                failures.append(f"{name}({param}={bad!r}): internal {type(error).__name__}: {error}")
+    assert tried == len(BAD) * sum(len(call.kwargs) for call in calls.values())
+    known = {f for f in failures if f.split(":", 2)[0] + ":" + f.split(":", 2)[1] in KNOWN}
+    assert {f.split(":", 2)[0] + ":" + f.split(":", 2)[1] for f in known} == KNOWN
+    assert not set(failures) - known, "\n".join(sorted(set(failures) - known)[:25])
 
 
 def _perm(*args, **kwargs):
@@ -224,7 +247,7 @@ def _lookup(rows):
     ],
 )
 def test_specific_bad_values(call, match, error):
-    with pytest.raises(error, match=match):
+    with unchecked(), pytest.raises(error, match=match):
         call()
 
 

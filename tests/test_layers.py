@@ -1,6 +1,13 @@
 """Layering: ``meshbatch.kernels`` imports nothing but jax, numpy, equinox and jaxtyping, and no
-meshbatch host module; ``src`` imports kernels only through ``meshbatch.kernels``'s exports."""
+meshbatch host module; ``src`` imports kernels only through ``meshbatch.kernels``'s exports.
 
+One fresh interpreter (``probe``) runs ``STEPS`` in order and reports ``sys.modules`` after each:
+the first step sees a fresh interpreter; a later step's snapshot holds what every step so far
+loaded (``import meshbatch`` loads ``meshbatch.kernels`` itself, so its snapshot is the fresh one),
+and what a step newly loaded is its snapshot minus the one before.
+"""
+
+import json
 import pathlib
 import re
 import subprocess
@@ -9,18 +16,47 @@ import sys
 import pytest
 
 FORBIDDEN = ("tensorstore", "levanter", "haliax")
+STEPS = (
+    "import meshbatch.kernels",
+    "import meshbatch",
+    "import tensorstore",
+    "import haliax",
+    "import meshbatch.pipeline.pipeline",
+    "import meshbatch.levanter",
+)
+# the step that imports each forbidden module (``meshbatch.levanter`` imports levanter)
+IMPORTED_BY = {
+    "tensorstore": "import tensorstore",
+    "haliax": "import haliax",
+    "levanter": "import meshbatch.levanter",
+}
 
 
-def _modules_after(statement: str) -> set[str]:
-    """Every module name in ``sys.modules`` after running ``statement`` in a fresh interpreter."""
-    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+@pytest.fixture(scope="module")
+def probe() -> dict[str, set[str]]:
+    """``sys.modules`` after each of ``STEPS``, run in that order in one fresh interpreter."""
+    code = (
+        "import json, sys\nsnapshots = {}\n"
+        + "".join(f"{step}\nsnapshots[{step!r}] = sorted(sys.modules)\n" for step in STEPS)
+        + "print(json.dumps(snapshots))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(result.stdout.split())
+    return {step: set(modules) for step, modules in json.loads(result.stdout.splitlines()[-1]).items()}
 
 
-def _imports_after(statement: str) -> set[str]:
-    """Top-level module names present in ``sys.modules`` after running ``statement`` afresh."""
-    return {name.split(".")[0] for name in _modules_after(statement)}
+def _modules_after(probe, step: str) -> set[str]:
+    return probe[step]
+
+
+def _new_at(probe, step: str) -> set[str]:
+    """Modules ``step`` loaded that no step before it had."""
+    i = STEPS.index(step)
+    return probe[step] - (probe[STEPS[i - 1]] if i else set())
+
+
+def _top(modules: set[str]) -> set[str]:
+    """Top-level package names of ``modules``."""
+    return {name.split(".")[0] for name in modules}
 
 
 def _host_modules(modules: set[str]) -> set[str]:
@@ -28,34 +64,35 @@ def _host_modules(modules: set[str]) -> set[str]:
     return {m for m in modules if m.startswith("meshbatch.") and not m.startswith("meshbatch.kernels")}
 
 
-def test_kernels_import_no_io_or_levanter():
-    loaded = _imports_after("import meshbatch.kernels")
+def test_kernels_import_no_io_or_levanter(probe):
+    loaded = _top(_modules_after(probe, "import meshbatch.kernels"))
     assert not loaded & set(FORBIDDEN), f"meshbatch.kernels pulled in {sorted(loaded & set(FORBIDDEN))}"
     assert {"jax", "numpy", "equinox", "jaxtyping"} <= loaded
 
 
 @pytest.mark.parametrize("module", FORBIDDEN)
-def test_the_check_can_fail(module):
+def test_the_check_can_fail(probe, module):
     """The same probe does see a forbidden module when something imports it."""
-    assert module in _imports_after(f"import meshbatch.kernels\nimport {module}")
+    assert module in _top(_new_at(probe, IMPORTED_BY[module]))
 
 
-def test_top_level_import_needs_no_levanter_or_tensorstore():
+def test_top_level_import_needs_no_levanter_or_tensorstore(probe):
     """``import meshbatch`` loads the cache layer lazily and the Levanter adapter only on request."""
-    loaded = _imports_after("import meshbatch")
+    assert "meshbatch.kernels" in _new_at(probe, "import meshbatch.kernels")  # a fresh start
+    loaded = _top(_modules_after(probe, "import meshbatch"))
     assert not loaded & set(FORBIDDEN), f"import meshbatch pulled in {sorted(loaded & set(FORBIDDEN))}"
-    assert "levanter" in _imports_after("import meshbatch.levanter")
+    assert "levanter" in _top(_new_at(probe, "import meshbatch.levanter"))
 
 
-def test_kernels_load_no_meshbatch_host_module():
-    loaded = _modules_after("import meshbatch.kernels")
+def test_kernels_load_no_meshbatch_host_module(probe):
+    loaded = _modules_after(probe, "import meshbatch.kernels")
     assert "meshbatch.kernels" in loaded
     assert not _host_modules(loaded), f"meshbatch.kernels loaded {sorted(_host_modules(loaded))}"
 
 
-def test_the_host_module_check_can_fail():
+def test_the_host_module_check_can_fail(probe):
     assert "meshbatch.pipeline.pipeline" in _host_modules(
-        _modules_after("import meshbatch.kernels, meshbatch.pipeline.pipeline")
+        _modules_after(probe, "import meshbatch.pipeline.pipeline")
     )
 
 

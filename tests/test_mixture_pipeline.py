@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from compiles import count_compiles
 from mixture_reference import least_consumed, stable_rows
-from mp_harness import assemble, run_processes
+from mp_harness import assemble, run_jobs
 
 import meshbatch
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
@@ -240,27 +240,30 @@ def test_resume_equals_uninterrupted(caches, balanced_run):
     assert resumed.state_dict() == states[-1]
 
 
-def two_by_four(tmp_path, caches, factory: str, steps: int) -> list[dict]:
-    """``factory`` of this module over ``caches`` on 2 processes x 4 devices (one 8-device mesh)."""
-    return run_processes(
-        tmp_path,
+@pytest.fixture(scope="module")
+def two_by_four(caches, tmp_path_factory) -> dict[str, list[dict]]:
+    """The balanced (``2 * STEPS`` steps) and stable (``STEPS``) pipelines of this module over
+    ``caches`` on 2 processes x 4 devices (one 8-device mesh), in one launch: factory -> results."""
+    jobs = {"balanced_pipeline": 2 * STEPS, "stable_pipeline": STEPS}
+    results = run_jobs(
+        tmp_path_factory.mktemp("two_by_four"),
         processes=2,
         local_devices=4,
         mesh_shape="8",
-        factory=f"test_mixture_pipeline:{factory}",
-        kwargs={"paths": list(caches)},
-        steps=steps,
+        jobs=[(f"test_mixture_pipeline:{f}", {"paths": list(caches)}, steps) for f, steps in jobs.items()],
     )
+    return dict(zip(jobs, results, strict=True))
 
 
 @pytest.mark.slow
-def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
+@pytest.mark.xdist_group("mixture_two_by_four")  # one launch serves both tests
+def test_balanced_equal_across_two_processes(caches, balanced_run, two_by_four):
     """Must-show 4: 2 processes x 4 devices give the 1x8 batches; each process reads only its own
     rows from each cache, and both hold the same counts as the 1x8 run after every step (no
     synchronisation between ranks)."""
     want, states, _ = balanced_run
     steps = 2 * STEPS
-    results = two_by_four(tmp_path, caches, "balanced_pipeline", steps)
+    results = two_by_four["balanced_pipeline"]
     for step in range(steps):
         np.testing.assert_array_equal(
             assemble(results, step=step, leaf="tokens", like=want[step]), want[step]
@@ -277,9 +280,10 @@ def test_balanced_equal_across_two_processes(caches, balanced_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_stable_equal_across_two_processes(caches, tmp_path):
+@pytest.mark.xdist_group("mixture_two_by_four")
+def test_stable_equal_across_two_processes(caches, two_by_four):
     """Must-show 4 for the stable mixture: 2 processes x 4 devices build the reference batches."""
-    results = two_by_four(tmp_path, caches, "stable_pipeline", STEPS)
+    results = two_by_four["stable_pipeline"]
     for step, want in enumerate(stable_reference(caches, STEPS, None)):
         np.testing.assert_array_equal(assemble(results, step=step, leaf="tokens", like=want), want)
 

@@ -92,10 +92,12 @@ def test_golden_strong_order():
 
 GOLDEN_STRONG_10 = [0, 8, 5, 9, 2, 3, 4, 7, 1, 6]
 
+# Every power of two and its neighbours up to 2^16 (each bit width of the networks' halves, and
+# both sides of each), then a few large lengths (about 2.2 M indices per sweep, not 9.5 M).
 BIJECTION_LENGTHS = sorted(
-    {1, 2, 3, 7, 13, 101, 8191, 65521, 131071, 524287}
-    | {2**k for k in range(1, 21)}
-    | {2**k + d for k in range(2, 21) for d in (-1, 1)}
+    {1, 2, 3, 7, 13, 101, 8191, 65521, 131071, 524287, 2**20 + 1}
+    | {2**k for k in range(1, 17)}
+    | {2**k + d for k in range(2, 17) for d in (-1, 1)}
 )
 CHUNK = 1 << 16
 

@@ -1,4 +1,9 @@
-"""Era and block shuffles: Levanter/marin identity, bijections, locality, epochs, errors."""
+"""Era and block shuffles: Levanter/marin identity, bijections, locality, epochs, errors.
+
+Compiles dominate this file (a Levanter-compat key schedule is a large program), so the tests
+share a few fixed shapes through the module-level jits ``_apply``/``_apply_epoch``: whole orders
+are taken over ``FIXED`` lanes (lanes past the length come back ``INVALID`` and are dropped).
+"""
 
 import chex
 import jax
@@ -36,13 +41,17 @@ BLOCK_CASES = [
 ]
 
 
-def _whole(shuffle, length: int) -> np.ndarray:
-    """``shuffle`` over ``[0, length)`` through one fixed-shape compiled call (padding lanes unused)."""
+def _whole(shuffle, length: int, epoch=None) -> np.ndarray:
+    """``shuffle`` over ``[0, length)`` through one fixed-shape compiled call (padding lanes unused);
+    ``epoch`` a scalar or one per lane of ``FIXED``."""
     assert length <= FIXED
-    return np.asarray(_apply(shuffle, jnp.arange(FIXED, dtype=U32)))[:length]
+    if epoch is None:
+        return np.asarray(_apply(shuffle, LANES))[:length]
+    return np.asarray(_apply_epoch(shuffle, LANES, epoch))[:length]
 
 
-FIXED = 8192
+FIXED = 1 << 14
+LANES = jnp.arange(FIXED, dtype=U32)
 
 
 @pytest.mark.parametrize("kind", ["feistel", "linear"])
@@ -97,7 +106,7 @@ def test_era_shuffle_stays_inside_its_era(compat):
     length, era = 10_000, 512
     shuffle = meshbatch.era_shuffle(length, era_length=era, key=jax.random.key(0), compat=compat)
     x = np.arange(length)
-    out = np.asarray(shuffle(jnp.asarray(x, U32)))
+    out = _whole(shuffle, length)
     np.testing.assert_array_equal(out // era, x // era)
 
 
@@ -107,7 +116,7 @@ def test_block_shuffle_windows_read_whole_blocks_and_keep_the_tail_last(compat):
     shuffle = meshbatch.block_shuffle(
         length, io_block_size=io, window_blocks=wb, key=jax.random.key(1), compat=compat
     )
-    out = np.asarray(shuffle(jnp.arange(length, dtype=U32)))
+    out = _whole(shuffle, length)
     full_blocks, tail = divmod(length, io)
     window = io * wb
     for start in range(0, full_blocks * io - window + 1, window):
@@ -126,15 +135,14 @@ def test_epoch_reshuffle(which, compat):
             return meshbatch.era_shuffle(2000, era_length=300, key=k, compat=compat)
         return meshbatch.block_shuffle(2000, io_block_size=32, window_blocks=4, key=k, compat=compat)
 
-    x = jnp.arange(2000, dtype=U32)
     shuffle = make(key)
-    plain = np.asarray(_apply_epoch(shuffle, x, 0))
-    np.testing.assert_array_equal(plain, np.asarray(shuffle(x)))
-    epoch2 = np.asarray(_apply_epoch(shuffle, x, 2))
-    np.testing.assert_array_equal(epoch2, np.asarray(make(jax.random.fold_in(key, 2))(x)))
-    per_lane = jnp.where(x < 1000, 0, 2).astype(U32)
+    plain = _whole(shuffle, 2000, epoch=0)
+    np.testing.assert_array_equal(plain, _whole(shuffle, 2000))
+    epoch2 = _whole(shuffle, 2000, epoch=2)
+    np.testing.assert_array_equal(epoch2, _whole(make(jax.random.fold_in(key, 2)), 2000))
+    per_lane = jnp.where(LANES < 1000, 0, 2).astype(U32)
     np.testing.assert_array_equal(
-        np.asarray(shuffle(x, epoch=per_lane)), np.where(np.arange(2000) < 1000, plain, epoch2)
+        _whole(shuffle, 2000, epoch=per_lane), np.where(np.arange(2000) < 1000, plain, epoch2)
     )
 
 

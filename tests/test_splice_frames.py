@@ -5,8 +5,10 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
+from shape_checks import unchecked
 from test_splice_reference import ref_frame
 
 from meshbatch.datasets.splice.tables import document_pool
@@ -176,8 +178,15 @@ def test_levanter_lm_example_parity():
     ],
 )
 def test_bad_static_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with unchecked(), pytest.raises(ValueError, match=match):  # the message a user sees
         splice_frames(as32([1, 2]), as32([0]), as32([0]), as32([2]), pad_token_id=0, **kwargs)
+
+
+def test_shape_checks_refuse_a_segment_mode_outside_its_literal():
+    with pytest.raises(jaxtyping.TypeCheckError, match="segment_mode"):
+        splice_frames(
+            as32([1, 2]), as32([0]), as32([0]), as32([2]), pad_token_id=0, seq_len=4, segment_mode="both"
+        )
 
 
 def test_pool_rejects_non_1d_documents():

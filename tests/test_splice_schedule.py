@@ -15,7 +15,8 @@ import pytest
 from test_splice_reference import ref_pairs, ref_pass_order, ref_quotas
 
 import meshbatch
-from meshbatch.kernels.splice.splice_rows import interleave, lookup_rows, muldiv, search_last
+from meshbatch.kernels.splice.splice_rows import interleave, lookup_rows, search_last
+from meshbatch.kernels.uint32 import muldiv
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31]
 U32 = jnp.uint32

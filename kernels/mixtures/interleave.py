@@ -37,14 +37,16 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
+from ..uint32 import fmix32
+
 U32 = jnp.uint32
 
 
 class Counts(eqx.Module):
-    """Consumed tokens per source, exact: ``hi * 2^32 + lo``."""
+    """Consumed tokens per source (or one count: the least), exact: ``hi * 2^32 + lo``."""
 
-    hi: UInt32[Array, " sources"]
-    lo: UInt32[Array, " sources"]
+    hi: UInt32[Array, "*sources"]
+    lo: UInt32[Array, "*sources"]
 
 
 class Selection(eqx.Module):
@@ -63,15 +65,6 @@ class Selection(eqx.Module):
     taken: UInt32[Array, " sources"]
     counts: Counts
     tokens: Int[Array, " n"]
-
-
-def fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """murmur3's finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * U32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * U32(0xC2B2AE35)
-    return h ^ (h >> 16)
 
 
 def source_salts(seed: UInt32[Array, ""], sources: int) -> UInt32[Array, " sources"]:

@@ -30,12 +30,12 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int, PRNGKeyArray, UInt32
+import numpy as np
+from jaxtyping import Array, Int, Integer, PRNGKeyArray, UInt32
 
 from ..shuffles.feistel import STRONG_ROUNDS, StrongNetwork, strong_halves
 from ..shuffles.permutation import INVALID, apply_network, check_indices
-from ..splice.splice_rows import muldiv
-from .interleave import fmix32
+from ..uint32 import fmix32, muldiv
 
 U32 = jnp.uint32
 Compat = Literal["levanter"] | None
@@ -86,14 +86,19 @@ class MixtureSchedule(eqx.Module):
         return self.lengths.shape[0]
 
     def lookup(
-        self, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""] | int = 0
+        self,
+        rows: Integer[Array | np.ndarray, " n"],
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"]]:
-        """``(source int32[n], index uint32[n])`` of each row (jitted); see ``locate``."""
+        """``(source int32[n], index uint32[n])`` of each row (jitted); see ``locate``. Host
+        callers pass numpy rows on purpose (range-checked when finite, then made ``uint32``)."""
         source, index, _ = self.locate(rows, epoch)
         return source, index
 
     def locate(
-        self, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""] | int = 0
+        self,
+        rows: Integer[Array | np.ndarray, " n"],
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
     ) -> tuple[Int[Array, " n"], UInt32[Array, " n"], UInt32[Array, " n"]]:
         """``(source, index, source_epoch)`` of each row of pass ``epoch`` (jitted).
 
@@ -180,7 +185,9 @@ def _divmod_reads(k, count, rank, length):
     return quotient, remainder
 
 
-def mixture_locate(schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""]):
+def mixture_locate(
+    schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: UInt32[Array, ""] | UInt32[Array, " n"]
+):
     """``MixtureSchedule.locate`` unjitted, for plan kernels."""
     size = schedule.block_size
     rows = rows.reshape(-1)

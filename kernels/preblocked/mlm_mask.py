@@ -24,7 +24,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int, PRNGKeyArray, UInt32
+from jaxtyping import Array, Int, Key, PRNGKeyArray, UInt32
+
+from ..uint32 import fmix32, mulhi
 
 PROBABILITY_BITS = 24
 
@@ -34,7 +36,9 @@ def threshold(probability: float) -> int:
     return round(probability * 2**PROBABILITY_BITS)
 
 
-def row_keys(key: PRNGKeyArray, first: UInt32[Array, " n"], second: UInt32[Array, " n"] | None = None):
+def row_keys(
+    key: PRNGKeyArray, first: UInt32[Array, " n"], second: UInt32[Array, " n"] | None = None
+) -> Key[Array, " n"]:
     """One key per row: ``fold_in(key, first)``, then ``fold_in(., second)`` when given."""
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first)
     if second is not None:
@@ -56,7 +60,7 @@ def row_keys(key: PRNGKeyArray, first: UInt32[Array, " n"], second: UInt32[Array
 )
 def mlm_mask(
     tokens: Int[Array, "rows seq"],
-    keys: PRNGKeyArray,
+    keys: Key[Array, " rows"],
     *,
     rate: float,
     mask_id: int,
@@ -88,7 +92,7 @@ def mlm_mask(
         bits = _position_bits(jax.random.key_data(key), seq)  # select, action, random id
         selected = (bits[0] >> 8) < threshold(rate)
         u = bits[1] >> 8
-        random = _mulhi(bits[2], jnp.uint32(candidates)).astype(jnp.int32)
+        random = mulhi(bits[2], jnp.uint32(candidates)).astype(jnp.int32)
         for special in special_ids:  # sorted: shift past each special id, in order
             if 0 <= special < vocab_size:
                 random = random + (random >= special).astype(jnp.int32)
@@ -107,28 +111,10 @@ def mlm_mask(
     return jax.vmap(one_row)(tokens, keys)
 
 
-def _fmix32(h: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """murmur3's 32-bit finalizer: every input bit flips each output bit with probability ~1/2."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
 def _position_bits(key_data: UInt32[Array, " 2"], seq: int) -> UInt32[Array, "3 seq"]:
     """Three 32-bit draws per position from a row's key: a counter-based hash (two fmix32 rounds
     keyed by the key's two words) of the draw's (stream, position) counter. Threefry per position
     costs seconds of compilation per program for no statistical gain at these sizes; the row key
     itself still comes from ``fold_in``."""
     counter = jnp.arange(3 * seq, dtype=jnp.uint32).reshape(3, seq)
-    return _fmix32(_fmix32(counter * jnp.uint32(0x9E3779B9) ^ key_data[0]) ^ key_data[1])
-
-
-def _mulhi(a: UInt32[Array, "..."], b: UInt32[Array, ""]) -> UInt32[Array, "..."]:
-    """``floor(a * b / 2**32)`` exactly, from 16-bit limbs (no 64-bit integers)."""
-    low = jnp.uint32(0xFFFF)
-    a0, a1, b0, b1 = a & low, a >> 16, b & low, b >> 16
-    p01, p10 = a0 * b1, a1 * b0
-    middle = ((a0 * b0) >> 16) + (p01 & low) + (p10 & low)
-    return a1 * b1 + (p01 >> 16) + (p10 >> 16) + (middle >> 16)
+    return fmix32(fmix32(counter * jnp.uint32(0x9E3779B9) ^ key_data[0]) ^ key_data[1])

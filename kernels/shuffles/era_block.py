@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, PRNGKeyArray, UInt32
+from jaxtyping import Array, Bool, Key, UInt32
 
 from .permutation import (
     INVALID,
@@ -60,7 +60,7 @@ def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"]):
     return jax.lax.cond(jnp.max(group) - low < MAX_TABLE_GROUPS, table, lambda: make(group))
 
 
-def _base_key(key: PRNGKeyArray, epoch) -> tuple[PRNGKeyArray, bool]:
+def _base_key(key: Key[Array, ""], epoch) -> tuple[Key[Array, "*lanes"], bool]:
     """The (possibly per-lane) key for this call and whether it is per-lane.
 
     ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``IndexShuffle``).
@@ -72,7 +72,7 @@ def _base_key(key: PRNGKeyArray, epoch) -> tuple[PRNGKeyArray, bool]:
     return epoch_key(key, epoch.reshape(-1)), True
 
 
-def _fold_in(key: PRNGKeyArray, data: UInt32[Array, " n"], per_lane_key: bool) -> PRNGKeyArray:
+def _fold_in(key: Key[Array, "*lanes"], data: UInt32[Array, " n"], per_lane_key: bool) -> Key[Array, " n"]:
     if per_lane_key:
         return jax.vmap(jax.random.fold_in)(key, data)
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray, UInt32
 
+from ..uint32 import mul_wide
+
 U32 = jnp.uint32
 _MASK16 = 0xFFFF
 
@@ -172,17 +174,6 @@ class PCG64Stream:
         _, pairs = jax.lax.scan(step, self.state, None, length=-(-count // 2))
         pairs = jnp.moveaxis(pairs, 0, -2)  # [..., outputs, 2]
         return pairs.reshape(*pairs.shape[:-2], -1)[..., :count]
-
-
-def mul_wide(x: UInt32[Array, "..."], y: UInt32[Array, "..."]) -> tuple[UInt32[Array, "..."], ...]:
-    """The full 64-bit product of two uint32 arrays as ``(low word, high word)``."""
-    x0, x1 = x & U32(_MASK16), x >> 16
-    y0, y1 = y & U32(_MASK16), y >> 16
-    p00, p01, p10, p11 = x0 * y0, x0 * y1, x1 * y0, x1 * y1
-    mid = (p00 >> 16) + (p01 & U32(_MASK16)) + (p10 & U32(_MASK16))
-    lo = (p00 & U32(_MASK16)) | (mid << 16)
-    hi = p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
-    return lo, hi
 
 
 def feistel_round_keys(seed: UInt32[Array, "..."], right_bits: UInt32[Array, "..."], rounds: int):

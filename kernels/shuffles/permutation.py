@@ -16,14 +16,16 @@ raise; the host-side API checks concrete inputs and raises instead).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray, UInt32
+from jaxtyping import Array, Integer, Key, PRNGKeyArray, UInt32
 
+from ..keys import rewrap, typed_key
 from . import feistel, lcg, pcg64
 
 U32 = jnp.uint32
@@ -34,29 +36,7 @@ KINDS = ("feistel", "linear")
 COMPATS = ("levanter", None)
 
 
-def typed_key(key: PRNGKeyArray) -> PRNGKeyArray:
-    """A new-style threefry key array for either a typed key or a raw ``uint32[..., 2]`` PRNGKey.
-
-    Raises:
-        ValueError: for ``rbg``/``unsafe_rbg`` keys: their bits may change with batching (JAX
-            documents it), so key schedules derived per lane would disagree with each other.
-    """
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.wrap_key_data(key)
-    impl = str(jax.random.key_impl(key))
-    if impl != "threefry2x32":
-        raise ValueError(
-            f"shuffles need a threefry2x32 key (got impl={impl!r}, whose bits may depend on batching)"
-        )
-    return key
-
-
-def rewrap(data: Array, like: PRNGKeyArray) -> PRNGKeyArray:
-    """Key data back into keys of ``like``'s implementation (threefry, rbg, ...)."""
-    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
-
-
-def epoch_key(key: PRNGKeyArray, epoch: UInt32[Array, "..."]) -> PRNGKeyArray:
+def epoch_key(key: Key[Array, ""], epoch: UInt32[Array, "*shape"]) -> Key[Array, "*shape"]:
     """``key`` for epoch 0, ``fold_in(key, epoch)`` after; elementwise over ``epoch``."""
     folded = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, epoch.reshape(-1))
     data = jnp.where(
@@ -67,7 +47,7 @@ def epoch_key(key: PRNGKeyArray, epoch: UInt32[Array, "..."]) -> PRNGKeyArray:
     return rewrap(data.reshape(*epoch.shape, data.shape[-1]), key)
 
 
-def derive_network(kind: Kind, compat: Compat, keys: PRNGKeyArray, length: UInt32[Array, "..."]):
+def derive_network(kind: Kind, compat: Compat, keys: Key[Array, "*batch"], length: UInt32[Array, "..."]):
     """The network for each key in ``keys`` (any batch shape) and matching ``length``."""
     flat_keys = keys.reshape(-1)
     length = jnp.broadcast_to(length, keys.shape).reshape(-1)
@@ -141,9 +121,16 @@ class IndexShuffle(eqx.Module):
     length: UInt32[Array, ""]
 
     def __call__(
-        self, indices: UInt32[Array, "*shape"], epoch: UInt32[Array, "*shape"] | int | None = None
+        self,
+        indices: Integer[Array | np.ndarray, "*shape"] | Sequence[int],
+        epoch: Integer[Array | np.ndarray, "..."] | int | None = None,
     ) -> UInt32[Array, "*shape"]:
-        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index."""
+        """Shuffled indices (uint32, same shape); ``epoch`` may be a scalar or per index
+        (broadcast to the indices).
+
+        Host callers pass numpy or Python integers of any integer dtype on purpose: concrete
+        indices and epochs are range-checked here, then converted to uint32.
+        """
         if not isinstance(self.length, jax.core.Tracer):
             check_indices(indices, int(self.length))
         if not isinstance(indices, jax.Array):  # checked in range: Python ints >= 2**31 included
@@ -216,7 +203,7 @@ class Permutation(KeyedShuffle):
 
     @classmethod
     def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
-        key = typed_key(key)
+        key = typed_key(key)  # raw uint32[2] keys too
         length_arr = jnp.asarray(length, U32)
         network = _derive_jit(kind, compat, key, length_arr)
         return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network)

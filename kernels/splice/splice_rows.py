@@ -14,8 +14,8 @@ them pass by pass, in the order the seed's replication would list them:
     items = 2, quota = 4:  row 0 1 2 3  ->  quantile j 0 2 1 3  ->  item 0 1 0 1
     items = 5, quota = 2:  row 0 1      ->  quantile j 0 1      ->  item 1 3   (midpoints)
 
-Everything is uint32/int32 arithmetic; ``muldiv`` forms 64-bit products from 16-bit limbs, so
-no row needs ``jax_enable_x64``.
+Everything is uint32/int32 arithmetic; ``muldiv`` (``meshbatch.kernels.uint32``) forms 64-bit
+products from 16-bit limbs, so no row needs ``jax_enable_x64``.
 """
 
 from __future__ import annotations
@@ -28,47 +28,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from jaxtyping import Array, Int, PRNGKeyArray, UInt32
+from jaxtyping import Array, Int, Integer, PRNGKeyArray, Real, UInt32
 
-from ..shuffles.permutation import apply_network, check_epoch, check_indices, derive_network, rewrap
+from ..keys import rewrap
+from ..shuffles.permutation import apply_network, check_epoch, check_indices, derive_network
+from ..uint32 import ceil_div, muldiv
 
 U32 = jnp.uint32
 
 
-def muldiv(
-    a: UInt32[Array, "..."], b: UInt32[Array, "..."], add: UInt32[Array, "..."], c: UInt32[Array, "..."]
-) -> UInt32[Array, "..."]:
-    """Exact ``floor((a * b + add) / c)`` in uint32 for results below ``2^32`` (``c > 0``).
-
-    The 64-bit numerator is two uint32 words built from 16-bit limbs; the division is 32 steps of
-    restoring long division, all elementwise.
-    """
-    a, b, add, c = (jnp.asarray(x).astype(U32) for x in (a, b, add, c))
-    a0, a1 = a & U32(0xFFFF), a >> 16
-    b0, b1 = b & U32(0xFFFF), b >> 16
-    lo = a0 * b0
-    m1, m2 = a1 * b0, a0 * b1
-    low = lo + (m1 << 16)
-    carry = (low < lo).astype(U32)
-    low2 = low + (m2 << 16)
-    carry = carry + (low2 < low).astype(U32)
-    low3 = low2 + add
-    carry = carry + (low3 < low2).astype(U32)
-    high = a1 * b1 + (m1 >> 16) + (m2 >> 16) + carry
-    rem = high  # < c when the quotient fits 32 bits
-    quotient = jnp.zeros_like(low3)
-    for bit in range(31, -1, -1):
-        top = rem >> 31
-        rem = (rem << 1) | ((low3 >> bit) & U32(1))
-        take = (top > 0) | (rem >= c)
-        rem = jnp.where(take, rem - c, rem)
-        quotient = quotient | (take.astype(U32) << bit)
-    return quotient
-
-
 def search_last(
-    value_at: Callable[[Array], Array], target: Array, size: Array, *, steps: int
-) -> Int[Array, "..."]:
+    value_at: Callable[[Array], Array],
+    target: Real[Array, "*n"],
+    size: int | Integer[Array, "*#n"],
+    *,
+    steps: int,
+) -> Int[Array, "*n"]:
     """Largest ``k`` in ``[0, size)`` with ``value_at(k) <= target``, for non-decreasing ``value_at``.
 
     Branchless and elementwise: ``steps`` (static, ``>= bit_length(max size)``) halvings, each one
@@ -82,11 +57,6 @@ def search_last(
         base = jnp.where(value_at(probe) <= target, probe, base)
         n = n - half
     return base
-
-
-def ceil_div(a: UInt32[Array, "..."], b: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
-    """``ceil(a / b)`` without the ``a + b - 1`` that overflows near ``2^32``."""
-    return a // b + (a % b != 0).astype(U32)
 
 
 def interleave(r: UInt32[Array, "..."], quota: UInt32[Array, "..."], items: UInt32[Array, "..."]):
@@ -191,11 +161,16 @@ class SpliceSchedule(eqx.Module):
     def num_docs(self) -> int:
         return self.items.shape[0]
 
-    def lookup(self, rows: UInt32[Array, " n"], epoch: Int[Array, ""] | int = 0):
+    def lookup(
+        self,
+        rows: Integer[Array | np.ndarray, " n"],
+        epoch: Integer[Array | np.ndarray, ""] | Integer[Array | np.ndarray, " n"] | int = 0,
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
         """Map epoch rows to placements (jitted).
 
         Args:
-            rows: ``uint32[n]`` rows in ``[0, len(self))``.
+            rows: rows in ``[0, len(self))``, any integer dtype, jax or numpy (host callers pass
+                numpy on purpose: concrete rows are range-checked here, then made ``uint32``).
             epoch: the epoch, scalar or one per row; reshuffles and jitter depend on it.
 
         Returns:
@@ -203,7 +178,7 @@ class SpliceSchedule(eqx.Module):
 
         Raises:
             IndexError: concrete rows outside ``[0, len(self))``.
-            ValueError: a concrete epoch outside ``[0, 2**32)``.
+            ValueError: a concrete epoch outside ``[0, 2**32)``, or epochs not one per row.
             TypeError: rows or epochs that are not integers.
         """
         if not isinstance(self.cum_rows, jax.core.Tracer):
@@ -211,6 +186,11 @@ class SpliceSchedule(eqx.Module):
         check_epoch(epoch)
         rows = rows if isinstance(rows, jax.Array) else np.asarray(rows).astype(np.uint32)
         epoch = epoch if isinstance(epoch, jax.Array) else np.asarray(epoch).astype(np.uint32)
+        if epoch.ndim and epoch.shape != rows.shape:
+            raise ValueError(
+                "epoch must be a scalar or one per row "
+                f"(got epoch shape {epoch.shape}, rows shape {rows.shape})"
+            )
         return _lookup(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 

@@ -23,10 +23,9 @@ import operator
 from collections.abc import Collection, Sequence
 from typing import get_args
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+
+from meshbatch.kernels import typed_key
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -148,36 +147,6 @@ def check_names(name: str, value) -> tuple[str, ...]:
     return tuple(names)
 
 
-def as_key(key, name: str = "key") -> PRNGKeyArray:
-    """The host boundary's one key normalisation: a typed threefry2x32 key, scalar-shaped.
-
-    Accepts a typed key (``jax.random.key``), a raw ``uint32[2]`` key (``jax.random.PRNGKey``)
-    or an int seed, read as ``jax.random.key(seed)``.
-
-    Raises:
-        TypeError: ``None``, a float, a string, or any other non-key.
-        ValueError: a batch of keys, or an ``rbg``/``unsafe_rbg`` key (their bits may change with
-            batching, so per-lane key schedules would disagree).
-    """
-    if is_int(key):
-        seed = check_int(name, key, low=-(2**63), high=2**64 - 1)
-        return jax.random.key(seed)
-    if not isinstance(key, jax.Array | np.ndarray):
-        raise TypeError(f"{name} must be a JAX PRNG key or an int seed (got {name}={key!r})")
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        typed = key
-    elif key.dtype == np.uint32 and key.shape[-1:] == (2,):
-        typed = jax.random.wrap_key_data(jnp.asarray(key))
-    else:
-        raise TypeError(
-            f"{name} must be a JAX PRNG key or an int seed (got an array of dtype {key.dtype} "
-            f"and shape {key.shape})"
-        )
-    if typed.shape != ():
-        raise ValueError(f"{name} must be a single key (got a batch of keys of shape {typed.shape})")
-    impl = str(jax.random.key_impl(typed))
-    if impl != "threefry2x32":
-        raise ValueError(
-            f"{name} must be a threefry2x32 key (got impl={impl!r}, whose bits depend on batching)"
-        )
-    return typed
+# The one key normaliser lives with the kernels (they may not import host modules); every host
+# entry point calls it as ``as_key``.
+as_key = typed_key

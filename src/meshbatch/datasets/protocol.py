@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Hashable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -47,10 +47,12 @@ class Rows(eqx.Module):
     Attributes:
         position: ``uint32[n]`` position within the epoch, ``< num_examples``.
         epoch: ``uint32[n]`` the epoch of each row (a batch may straddle two).
+
+    Numpy on the host (the pipeline's planner makes them there), jax arrays inside ``plan``.
     """
 
-    position: UInt32[Array, " n"]
-    epoch: UInt32[Array, " n"]
+    position: UInt32[Array | np.ndarray, " n"]
+    epoch: UInt32[Array | np.ndarray, " n"]
 
 
 class Plan(eqx.Module):
@@ -95,12 +97,15 @@ class Content(eqx.Module):
     Attributes:
         tokens: ``int32[margin + rows * max_row_tokens + margin]``.
         offsets: ``int32[rows, spans_per_row]`` position of each span's first token in ``tokens``.
+
+    Numpy where the host fills it (fetch), jax arrays inside ``build``.
     """
 
-    tokens: Int[Array, " buffer"]
-    offsets: Int[Array, "rows spans"]
+    tokens: Int[Array | np.ndarray, " buffer"]
+    offsets: Int[Array | np.ndarray, "rows spans"]
 
 
+@runtime_checkable  # a return annotation: the shape-checked tests test it with isinstance
 class PreparedRead(Protocol):
     """A read a ``TokenSource`` has planned but not run (see ``meshbatch.cache.run_reads``)."""
 

@@ -34,7 +34,7 @@ from levanter.layers.attention import AttentionMask
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import local_cpu_mesh
 
-from meshbatch.arguments import check_bool, check_optional_int
+from meshbatch.arguments import as_key, check_bool, check_optional_int
 from meshbatch.datasets.protocol import Content, Dataset, Rows
 from meshbatch.datasets.splice.indexed import SpliceDataset, split_indices
 from meshbatch.kernels import Batch
@@ -45,17 +45,13 @@ T = TypeVar("T")
 
 
 def loader_key(key: PRNGKeyArray | int) -> PRNGKeyArray:
-    """``key`` (typed, raw ``uint32[2]`` or an int seed) remade from its host bits inside
-    ``local_cpu_mesh()``, where ``DataLoader`` reads (see the module docstring)."""
-    if isinstance(key, int) and not isinstance(key, bool):
-        with local_cpu_mesh():
-            return jax.random.key(key)
-    if not isinstance(key, jax.Array):
-        raise TypeError(f"key must be a jax PRNG key or an int seed (got key={key!r})")
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    bits = np.asarray(jax.random.key_data(key) if typed else key)  # read where the key was made
+    """``key`` (typed, raw ``uint32[2]`` or an int seed, checked by the one key normaliser
+    ``as_key``) remade from its host bits inside ``local_cpu_mesh()``, where ``DataLoader`` reads
+    (see the module docstring); a raw key stays raw."""
+    raw = isinstance(key, jax.Array | np.ndarray) and not jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    bits = np.asarray(jax.random.key_data(as_key(key)))  # read where the key was made
     with local_cpu_mesh():
-        return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(key)) if typed else jnp.asarray(bits)
+        return jnp.asarray(bits) if raw else jax.random.wrap_key_data(bits)
 
 
 def loader_epochs(epochs: int | None) -> int | None:
