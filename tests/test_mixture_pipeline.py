@@ -15,6 +15,7 @@ from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import PositionLog, derive_keys
+from meshbatch.pipeline.programs import plan_program
 from meshbatch.kernels import causal_lm_batch
 
 SEQ = 16
@@ -123,7 +124,7 @@ def stable_reference(paths, steps: int, compat) -> list[np.ndarray]:
         mine = source == s
         child = kids[name]
         rows = Rows(jnp.asarray(index[mine], jnp.uint32), jnp.asarray(epoch[mine], jnp.uint32))
-        plan, _ = child.plan(child.init(child_keys[name]), rows)
+        plan, _ = child.device(child_keys[name]).plan(rows)
         starts = np.asarray(plan.example).astype(np.int64) * SEQ
         out[mine] = flat_tokens(paths[s])[starts[:, None] + np.arange(SEQ)]
     return list(out.reshape(steps, BATCH, SEQ))
@@ -164,12 +165,12 @@ def test_causal_and_splice_children_never_recompile(caches):
 
 def plan_steps(dataset, steps: int, state=None):
     """The dataset's plans of ``steps`` steps of BATCH rows (jitted, no pipeline) and the state."""
-    tables, plan = dataset.init(as_key(KEY)), jax.jit(dataset.plan)
+    device = dataset.device(as_key(KEY))
     state = dataset.init_state() if state is None else state
     rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     plans = []
     for _ in range(steps):
-        made, state = plan(tables, rows, state)
+        made, state = plan_program(device, rows, state)
         plans.append(made)
     return plans, state
 
@@ -177,15 +178,15 @@ def plan_steps(dataset, steps: int, state=None):
 def balanced_reference(paths, steps: int):
     """Each row's (source, nth) from the heap reference over the children's real tokens."""
     dataset = TokenBalancedMixture(children(paths, splice=True))
-    tables = dataset.init(as_key(KEY))
+    device = dataset.device(as_key(KEY))
     table = []
     for c, child in enumerate(dataset.children):
         ahead = np.arange(steps * BATCH)
         position, epoch = ahead % child.num_examples, ahead // child.num_examples
         rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
-        plan, _ = child.plan(tables["children"][c], rows)
-        table.append(np.asarray(child.real_tokens(tables["children"][c], plan)))
-    salts = [int(s) for s in np.asarray(tables["salts"])]
+        plan, _ = device.children[c].plan(rows)
+        table.append(np.asarray(device.children[c].real_tokens(plan)))
+    salts = [int(s) for s in np.asarray(device.salts)]
     return least_consumed([0] * len(table), np.stack(table), salts)
 
 

@@ -17,6 +17,7 @@ from meshbatch.datasets.preblocked import PackSpec, preblock
 from meshbatch.datasets.preblocked.block_dataset import BlockDataset
 from meshbatch.datasets.protocol import Content, Rows
 from meshbatch.kernels.preblocked.block_batch import block_batch
+from meshbatch.pipeline.programs import build_program_single, plan_program
 
 BLOCK = 64
 IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)
@@ -44,12 +45,10 @@ def data(tmp_path_factory):
 
 def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
     """One step the way the pipeline runs it: plan, spans, one coalesced read per source, build."""
-    if not hasattr(dataset, "_test_jit"):  # one compilation per dataset, not per call
-        dataset._test_jit = (jax.jit(dataset.plan), jax.jit(dataset.build), dataset.init(jax.random.key(11)))
-    plan_fn, build_fn, tables = dataset._test_jit
+    device = dataset.device(jax.random.key(11))  # module-level programs: equal devices compile once
     n = len(positions)
     rows = Rows(position=jnp.asarray(positions, jnp.uint32), epoch=jnp.full((n,), epoch, jnp.uint32))
-    plan, _ = plan_fn(tables, rows)
+    plan, _ = plan_program(device, rows, None)
     spans = dataset.spans(jax.tree.map(np.asarray, plan))
     buffer = np.zeros(n * dataset.max_row_tokens + 1, np.int32)
     offsets, at, reads = np.zeros(spans.start.shape, np.int64), 0, []
@@ -60,7 +59,7 @@ def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
         reads.append(read)
     run_reads(reads)
     content = Content(tokens=jnp.asarray(buffer), offsets=jnp.asarray(offsets.astype(np.int32)))
-    return build_fn(tables, plan, content), np.asarray(dataset.real_tokens(tables, plan))
+    return build_program_single(device, plan, content), np.asarray(device.real_tokens(plan))
 
 
 def test_format_detection_picks_the_mode(data):

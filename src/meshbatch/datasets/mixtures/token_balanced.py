@@ -36,7 +36,7 @@ from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
 from meshbatch.kernels import Counts, named_salts, select_scan
 
-from .composite import Composite
+from .composite import Composite, CompositeDevice
 
 Baseline = Literal["zero", "min", "mean"]
 VERSION = 1
@@ -58,6 +58,46 @@ class BalancedState(eqx.Module):
     carried: tuple[str, ...] = eqx.field(static=True, default=())
 
 
+class BalancedDevice(CompositeDevice):
+    """The device half of ``TokenBalancedMixture``: the children, the tie-break salts (one per
+    spec, from its name and the mixture's key), each child's rows per epoch and ``seq_len``."""
+
+    salts: UInt32[Array, " specs"]
+    lengths: tuple[int, ...] = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
+
+    def plan(self, rows: Rows, state: BalancedState) -> tuple[Plan, BalancedState]:
+        """The least-consumed pick of every row of the step, and the state after it."""
+        n = rows.position.shape[0]
+        if n * self.seq_len >= 2**32 - 1:
+            raise ValueError(f"a step of {n} rows of {self.seq_len} tokens: counts would pass 2^32")
+        ahead = jnp.arange(n, dtype=U32)
+        upcoming, table = [], []
+        for c, child in enumerate(self.children):
+            position, epoch = _advance(state.position[c], state.epoch[c], ahead, self.lengths[c])
+            plan, _ = child.plan(Rows(position, epoch), None)
+            upcoming.append(plan)
+            table.append(child.real_tokens(plan).astype(jnp.int32))
+        picked = select_scan(state.tokens, jnp.stack(table), self.salts)
+        plans = tuple(
+            jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
+            for c, plan in enumerate(upcoming)
+        )
+        example = jnp.zeros(n, U32)
+        for c, plan in enumerate(plans):
+            example = jnp.where(picked.source == c, plan.rows.position, example)
+        position, epoch = zip(
+            *(
+                _advance(state.position[c], state.epoch[c], picked.taken[c], self.lengths[c])
+                for c in range(len(self.children))
+            ),
+            strict=True,
+        )
+        after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
+        detail = self.group_plans(picked.source, plans, tokens=picked.tokens)
+        return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
+
+
 class TokenBalancedMixture(Composite):
     """The least-consumed interleave of named datasets; see the module docstring.
 
@@ -74,47 +114,22 @@ class TokenBalancedMixture(Composite):
 
     # -- the dataset protocol -------------------------------------------------------------------
 
-    def init(self, key: PRNGKeyArray):
-        """The children's tables and the tie-break salts (one per spec, from its name)."""
+    def make(self, key: PRNGKeyArray) -> tuple[BalancedDevice, Composite]:
+        """The children's halves and the tie-break salts (one per spec, from its name)."""
         mixture_key, child_keys = self.derive_keys(key)
         word = jax.random.bits(mixture_key, (), U32)
         ids = jnp.asarray([zlib.crc32(name.encode()) for name in self.names], U32)
-        return {"children": self.init_children(child_keys), "salts": named_salts(word, ids)}
+        fields, host = self.make_children(child_keys)
+        lengths = tuple(child.num_examples for child in host.children)
+        device = BalancedDevice(salts=named_salts(word, ids), lengths=lengths, seq_len=self.seq_len, **fields)
+        return device, host
+
+    def device(self, key: PRNGKeyArray) -> BalancedDevice:
+        return self.make(key)[0]
 
     def init_state(self) -> BalancedState:
         zeros = jnp.zeros(len(self.names), U32)
         return BalancedState(Counts(zeros, zeros), zeros, zeros)
-
-    def plan(self, tables, rows: Rows, state: BalancedState) -> tuple[Plan, BalancedState]:
-        """The least-consumed pick of every row of the step, and the state after it."""
-        n = rows.position.shape[0]
-        if n * self.seq_len >= 2**32 - 1:
-            raise ValueError(f"a step of {n} rows of {self.seq_len} tokens: counts would pass 2^32")
-        ahead = jnp.arange(n, dtype=U32)
-        upcoming, table = [], []
-        for c, child in enumerate(self.children):
-            position, epoch = _advance(state.position[c], state.epoch[c], ahead, self.lengths[c])
-            plan, _ = child.plan(tables["children"][c], Rows(position, epoch), None)
-            upcoming.append(plan)
-            table.append(child.real_tokens(tables["children"][c], plan).astype(jnp.int32))
-        picked = select_scan(state.tokens, jnp.stack(table), tables["salts"])
-        plans = tuple(
-            jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
-            for c, plan in enumerate(upcoming)
-        )
-        example = jnp.zeros(n, U32)
-        for c, plan in enumerate(plans):
-            example = jnp.where(picked.source == c, plan.rows.position, example)
-        position, epoch = zip(
-            *(
-                _advance(state.position[c], state.epoch[c], picked.taken[c], self.lengths[c])
-                for c in range(len(self.children))
-            ),
-            strict=True,
-        )
-        after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
-        detail = {"groups": self.group_plans(picked.source, plans), "tokens": picked.tokens}
-        return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
 
     # -- checkpoints ----------------------------------------------------------------------------
 

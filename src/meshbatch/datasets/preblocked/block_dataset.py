@@ -29,7 +29,7 @@ from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
-from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
 from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
@@ -41,18 +41,94 @@ from .pack_layout import PackSpec, plan_layout
 logger = logging.getLogger(__name__)
 
 
-class Tables(eqx.Module):
-    """Device tables of a ``BlockDataset`` (legacy-only leaves are ``None`` for preblocked data)."""
+class BlockPlan(eqx.Module):
+    """A preblocked row's plan detail: the block within its source."""
+
+    block: Int[Array, " n"]
+
+
+class PiecesPlan(eqx.Module):
+    """A legacy row's plan detail: its packed block's document pieces, ``[n, spans_per_row]``
+    each (entry, where the piece starts in the row and in the document's slots, its slots, the
+    document's size)."""
+
+    entry: Int[Array, "n k"]
+    row_start: Int[Array, "n k"]
+    slot_start: Int[Array, "n k"]
+    slots: Int[Array, "n k"]
+    size: Int[Array, "n k"]
+
+
+class BlockDevice(DeviceDataset):
+    """The device half of a ``BlockDataset`` (legacy-only tables are ``None`` for preblocked data).
+
+    Attributes:
+        shuffle: the block order for the key (``None`` for source order).
+        source_start: first global example of each source; ``real``: non-pad tokens per example.
+        packed, first, count: legacy: per example, its packed block, first piece entry, pieces.
+        start_block, start_offset, size: legacy: per entry (document, by position).
+        shuffle_spec, seq_len, spans_per_row, doc_id, eod_id, pad_id: configuration (static).
+    """
 
     shuffle: eqx.Module | None
-    source_start: Int[Array, " sources_plus_1"]  # first global example of each source
-    real: Int[Array, " blocks"]  # non-pad tokens per example
-    packed: Int[Array, " blocks"] | None = None  # legacy: packed block of each example
-    first: Int[Array, " blocks"] | None = None  # legacy: first piece entry of each packed block
-    count: Int[Array, " blocks"] | None = None  # legacy: pieces of each packed block
-    start_block: Int[Array, " entries"] | None = None  # legacy: per entry (document, by position)
-    start_offset: Int[Array, " entries"] | None = None
-    size: Int[Array, " entries"] | None = None
+    source_start: Int[Array, " sources_plus_1"]
+    real: Int[Array, " blocks"]
+    packed: Int[Array, " blocks"] | None
+    first: Int[Array, " blocks"] | None
+    count: Int[Array, " blocks"] | None
+    start_block: Int[Array, " entries"] | None
+    start_offset: Int[Array, " entries"] | None
+    size: Int[Array, " entries"] | None
+    shuffle_spec: ShuffleSpec = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
+    spans_per_row: int = eqx.field(static=True)
+    doc_id: int = eqx.field(static=True)
+    eod_id: int = eqx.field(static=True)
+    pad_id: int = eqx.field(static=True)
+
+    @property
+    def legacy(self) -> bool:
+        return self.packed is not None
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
+        source = jnp.searchsorted(self.source_start, example, side="right").astype(jnp.int32) - 1
+        local = (example - self.source_start[source]).astype(jnp.int32)
+        detail = self._pieces(self.packed[example]) if self.legacy else BlockPlan(local)
+        return Plan(rows=rows, source=source, example=example, detail=detail), None
+
+    def _pieces(self, packed: Int[Array, " n"]) -> PiecesPlan:
+        S, k = self.seq_len, self.spans_per_row
+        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
+        used = slot < self.count[packed][:, None]
+        entry = jnp.where(used, self.first[packed][:, None] + slot, 0)
+        start_block, start_offset, size = (t[entry] for t in (self.start_block, self.start_offset, self.size))
+        here = start_block == packed[:, None]
+        row_start = jnp.where(here, start_offset, 0)
+        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
+        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
+        return PiecesPlan(entry, row_start, slot_start, slots, size)
+
+    def build(self, plan: Plan, content: Content | None) -> Batch:
+        ids = dict(doc_id=self.doc_id, eod_id=self.eod_id, pad_id=self.pad_id)
+        if self.legacy:
+            d = plan.detail
+            tokens = assemble_rows(
+                content.tokens,
+                content.offsets,
+                d.row_start,
+                d.slot_start,
+                d.slots,
+                d.size,
+                block_size=self.seq_len,
+                **ids,
+            )
+        else:
+            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
+        return block_batch(tokens, **ids)
+
+    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
+        return self.real[plan.example]
 
 
 class BlockDataset(Dataset):
@@ -178,85 +254,43 @@ class BlockDataset(Dataset):
 
     # -- the protocol --------------------------------------------------------------------------
 
-    def init(self, key: PRNGKeyArray) -> Tables:
+    def device(self, key: PRNGKeyArray) -> BlockDevice:
+        """The block order for ``key`` and the tables (legacy: the packing's pieces)."""
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
-        legacy = {k: jnp.asarray(v) for k, v in self._legacy.items()} if self.legacy else {}
-        return Tables(
+        names = ("packed", "first", "count", "start_block", "start_offset", "size")
+        legacy = {k: jnp.asarray(self._legacy[k]) if self.legacy else None for k in names}
+        return BlockDevice(
             shuffle=shuffle,
             source_start=jnp.asarray(self._source_start.astype(np.uint32)),
             real=jnp.asarray(self._real),
             **legacy,
+            shuffle_spec=self.shuffle_spec,
+            seq_len=self.seq_len,
+            spans_per_row=self.spans_per_row,
+            doc_id=self.ids["doc_id"],
+            eod_id=self.ids["eod_id"],
+            pad_id=self.ids["pad_id"],
         )
-
-    def plan(self, tables: Tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        example = self.shuffle_spec.apply(tables.shuffle, rows.position, rows.epoch)
-        source = jnp.searchsorted(tables.source_start, example, side="right").astype(jnp.int32) - 1
-        local = (example - tables.source_start[source]).astype(jnp.int32)
-        detail = {"block": local}
-        if self.legacy:
-            detail = self._pieces(tables, tables.packed[example])
-        return Plan(rows=rows, source=source, example=example, detail=detail), None
-
-    def _pieces(self, tables: Tables, packed: Int[Array, " n"]) -> dict:
-        S, k = self.seq_len, self.spans_per_row
-        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
-        used = slot < tables.count[packed][:, None]
-        entry = jnp.where(used, tables.first[packed][:, None] + slot, 0)
-        start_block, start_offset, size = (
-            t[entry] for t in (tables.start_block, tables.start_offset, tables.size)
-        )
-        here = start_block == packed[:, None]
-        row_start = jnp.where(here, start_offset, 0)
-        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
-        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
-        return {
-            "entry": entry,
-            "row_start": row_start,
-            "slot_start": slot_start,
-            "slots": slots,
-            "size": size,
-        }
 
     def spans(self, plan: Plan) -> Spans:
         S = self.seq_len
         if not self.legacy:
-            start = plan.detail["block"].astype(np.int64)[:, None] * S
+            start = plan.detail.block.astype(np.int64)[:, None] * S
             return Spans(plan.source[:, None].astype(np.int32), start, np.full_like(start, S))
         d = plan.detail
-        entry = d["entry"]
+        entry = d.entry
         source = self._entry_source[entry]
         doc = self._entry_doc[entry]
-        token_lo = np.maximum(d["slot_start"] - 1, 0).astype(np.int64)
-        token_hi = np.minimum(d["slot_start"] + d["slots"] - 1, d["size"] - 2).astype(np.int64)
-        length = np.where(d["slots"] > 0, np.maximum(token_hi - token_lo, 0), 0)
+        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
+        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
         offsets = np.zeros(entry.shape, np.int64)
         for i, doc_offsets in enumerate(self._doc_offsets):
             mine = source == i
             offsets[mine] = doc_offsets[doc[mine]]
         start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
         return Spans(source.astype(np.int32), start, length)
-
-    def build(self, tables: Tables, plan: Plan, content: Content | None) -> Batch:
-        ids = dict(doc_id=self.ids["doc_id"], eod_id=self.ids["eod_id"], pad_id=self.ids["pad_id"])
-        if self.legacy:
-            d = plan.detail
-            tokens = assemble_rows(
-                content.tokens,
-                content.offsets,
-                d["row_start"],
-                d["slot_start"],
-                d["slots"],
-                d["size"],
-                block_size=self.seq_len,
-                **ids,
-            )
-        else:
-            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
-        return block_batch(tokens, **ids)
-
-    def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:
-        return tables.real[plan.example]
 
     # -- conveniences --------------------------------------------------------------------------
 
