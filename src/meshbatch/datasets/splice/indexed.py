@@ -75,11 +75,16 @@ def shard_indices(local_indices, *, process_index: int, process_count: int) -> n
     return local.astype(np.int64) * process_count + process_index
 
 
-@eqx.filter_jit
-def _frames(device: SpliceDevice, rows: Rows) -> Batch:
-    """Plan and build of pool rows in one program (module-level: equal datasets share it)."""
+def frames_of(device: SpliceDevice, rows: Rows) -> Batch:
+    """Plan and build of pool rows (what ``_frames`` compiles)."""
     plan, _ = device.plan(rows)
     return device.build(plan, None)
+
+
+@eqx.filter_jit
+def _frames(device: SpliceDevice, rows: Rows) -> Batch:
+    """``frames_of`` in one program, module-level: equal datasets share it whatever their key."""
+    return frames_of(device, rows)
 
 
 class SpliceDataset:
