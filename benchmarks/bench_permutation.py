@@ -29,7 +29,7 @@ from harness import banner, keep_freed_memory, rotating_times, write_json
 from levanter.data._prp import FeistelPermutation
 
 import meshbatch
-from meshbatch.kernels import feistel
+from meshbatch.kernels.shuffles import feistel
 
 U32 = jnp.uint32
 

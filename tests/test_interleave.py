@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from mixture_reference import least_consumed, salts, tie_hash
 
-from meshbatch.kernels import Counts, interleave, select_scan, source_salts
+from meshbatch.kernels import Counts, select_scan, source_salts
+from meshbatch.kernels.mixtures import interleave
 
 U32 = jnp.uint32
 

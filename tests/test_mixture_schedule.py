@@ -8,7 +8,7 @@ import pytest
 from mixture_reference import levanter_rows, stable_rows
 
 import meshbatch
-from meshbatch.kernels import mixture
+from meshbatch.kernels.mixtures import stable_mixture
 
 ROWS = 512  # every call pads to this many rows: one compiled lookup per mode for the whole file
 
@@ -188,7 +188,7 @@ def test_all_exhausted_refuses_a_source_that_never_finishes():
 def test_lookup_never_recompiles():
     schedule = meshbatch.mixture_schedule({"a": 5, "b": 50}, {"a": 1.0, "b": 2.0}, block_size=8, key=0)
     schedule.lookup(jnp.arange(ROWS, dtype=jnp.uint32))
-    before = mixture._locate._cache_size()
+    before = stable_mixture._locate._cache_size()
     for start in (ROWS, 10**6, 2**31):
         schedule.lookup(jnp.arange(start, start + ROWS, dtype=jnp.uint32), epoch=start % 3)
     # another mixture (up to 8 sources and 4 stages share the padded tables), block size and key
@@ -196,7 +196,7 @@ def test_lookup_never_recompiles():
         {"a": 7, "b": 9, "c": 3}, {"a": 3.0, "b": 2.0, "c": 1.0}, block_size=13, key=1
     )
     other.lookup(jnp.arange(ROWS, dtype=jnp.uint32))
-    assert mixture._locate._cache_size() == before
+    assert stable_mixture._locate._cache_size() == before
     chex.assert_type(schedule.lookup(jnp.arange(4, dtype=jnp.uint32)), (jnp.int32, jnp.uint32))
 
 

@@ -76,7 +76,7 @@ def test_ffd_fills_better_than_greedy_on_short_documents():
 
 
 def test_no_recompile_across_corpora_and_block_sizes():
-    from meshbatch.kernels import packing
+    from meshbatch.kernels.preblocked import packing
 
     before = packing._ffd._cache_size(), packing._greedy._cache_size()
     for seed, block_size in enumerate([8, 16, 128]):

@@ -10,7 +10,8 @@ import pytest
 from reference import levanter_order, strong_order
 
 import meshbatch
-from meshbatch.kernels import INVALID, feistel
+from meshbatch.kernels import INVALID
+from meshbatch.kernels.shuffles import feistel
 
 U32 = jnp.uint32
 SAMPLE = 1 << 16  # every index for lengths up to 2^16, a 65536-index spread beyond

@@ -9,7 +9,7 @@ from reference import levanter_era_order, marin_block_order
 from test_permutation import BIJECTION_LENGTHS, _apply, assert_bijection
 
 import meshbatch
-from meshbatch.kernels import shuffles
+from meshbatch.kernels.shuffles import era_block
 
 U32 = jnp.uint32
 ERA_CASES = [
@@ -151,7 +151,7 @@ def test_batch_table_path_equals_per_index_path(compat):
         50_000, io_block_size=100, window_blocks=5, key=jax.random.key(3), compat=compat
     )
     few = jnp.arange(4096, dtype=U32) + U32(7000)  # 5 eras, 9 window regions: the table path
-    assert (4096 + 999) // 1000 + 1 <= shuffles.MAX_TABLE_GROUPS
+    assert (4096 + 999) // 1000 + 1 <= era_block.MAX_TABLE_GROUPS
     spread = few.at[-1].set(49_999)  # one far index: too many groups, every lane derives its own
     for shuffle in (era, block):
         np.testing.assert_array_equal(
