@@ -15,8 +15,8 @@ from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import PositionLog, derive_keys
-from meshbatch.pipeline.programs import plan_program
 from meshbatch.kernels import causal_lm_batch
+from meshbatch.pipeline.programs import plan_program
 
 SEQ = 16
 BATCH = 8
@@ -343,7 +343,7 @@ def test_mixture_arguments(caches):
     want = meshbatch.mixture_schedule(lengths, by_rows, block_size=4, key=0)
     for field in ("stage_start", "counts", "base_index"):
         np.testing.assert_array_equal(
-            np.asarray(getattr(mixture.template, field)), np.asarray(getattr(want, field))
+            np.asarray(mixture.rows[field]), np.asarray(getattr(want, field))
         )
     with pytest.raises(ValueError, match="pass the pipeline's batch_size"):
         Mixture(kids, stages, block_size=4)

@@ -36,7 +36,8 @@ def store(tmp_path_factory):
             for para in topics[name].split("\n\n")[:10]:
                 f.write(json.dumps({"text": para}) + "\n")
     path = str(root / "store")
-    preblock(path, [str(text)], block_size=BLOCK, key=5, progress=False)
+    # written with the packing key of the pipelines' key (7): legacy mode packs the same blocks
+    preblock(path, [str(text)], block_size=BLOCK, key=BlockDataset.pack_key(7), progress=False)
     return path
 
 
@@ -50,9 +51,7 @@ class MaskedSteps:
 
     def __init__(self, mesh, path: str, legacy: bool = False):
         if legacy:
-            dataset = BlockDataset(
-                os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), pack_key=5, **IDS
-            )
+            dataset = BlockDataset(os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), **IDS)
         else:
             dataset = BlockDataset(path, shuffle=SHUFFLE)
         self.dataset = dataset

@@ -181,7 +181,8 @@ class CausalLMDataset(Dataset):
         """The shuffle for ``key`` (``None`` for cache order) and the window build."""
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
-        return CausalDevice(self.shuffle_spec, shuffle, WindowBuild(self.seq_len, self.eos_id, self.ignore_id))
+        window = WindowBuild(self.seq_len, self.eos_id, self.ignore_id)
+        return CausalDevice(self.shuffle_spec, shuffle, window)
 
     def spans(self, plan: Plan) -> Spans:
         """Each row's window: tokens ``[example * seq_len, (example + 1) * seq_len)``."""

@@ -174,7 +174,7 @@ class DeviceDataset(eqx.Module):
     def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
         """``int32[n]``: the non-padding tokens each planned row trains on (what a token-balanced
         mixture counts); jitted. Defaults to the device half's ``seq_len`` per row."""
-        return jnp.full(plan.example.shape, getattr(self, "seq_len"), jnp.int32)
+        return jnp.full(plan.example.shape, self.seq_len, jnp.int32)
 
 
 class Dataset(abc.ABC):

@@ -220,7 +220,8 @@ class Composite(Dataset):
             mine = source == c
             if not child.fetches or not mine.any():
                 continue
-            part = child.spans(jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c)))
+            mine_only = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c))
+            part = child.spans(mine_only)
             k = part.source.shape[1]
             out.source[mine, :k] = self.source_maps[c][part.source]
             out.start[mine, :k] = part.start

@@ -88,7 +88,9 @@ class Mixture(Composite):
             weights = rows_from_steps(list(weights), schedule.offset)
         lengths = {name: child.num_examples for name, child in zip(self.names, self.children, strict=True)}
         # The rows do not depend on the key (only the in-block orders do): sized without one.
-        self.rows = mixture_rows(lengths, weights, block_size=block_size, stop_strategy=stop_strategy, compat=compat)
+        self.rows = mixture_rows(
+            lengths, weights, block_size=block_size, stop_strategy=stop_strategy, compat=compat
+        )
         self.num_examples = int(self.rows["num_rows"])
         self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
 

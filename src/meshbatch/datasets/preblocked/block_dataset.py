@@ -19,116 +19,28 @@ stored (or computed from the layout) so it is known at plan time.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 
-import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, PRNGKeyArray
+from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
-from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
-from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
+from meshbatch.datasets.protocol import Dataset, Plan, Spans
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
+from .block_device import BlockDevice
 from .block_sources import open_blocks
 from .block_store import check_paths, detect_format
 from .masking import MLMMasking
 from .pack_layout import PackSpec, plan_layout
 
 logger = logging.getLogger(__name__)
-
-
-class BlockPlan(eqx.Module):
-    """A preblocked row's plan detail: the block within its source."""
-
-    block: Int[Array, " n"]
-
-
-class PiecesPlan(eqx.Module):
-    """A legacy row's plan detail: its packed block's document pieces, ``[n, spans_per_row]``
-    each (entry, where the piece starts in the row and in the document's slots, its slots, the
-    document's size)."""
-
-    entry: Int[Array, "n k"]
-    row_start: Int[Array, "n k"]
-    slot_start: Int[Array, "n k"]
-    slots: Int[Array, "n k"]
-    size: Int[Array, "n k"]
-
-
-class BlockDevice(DeviceDataset):
-    """The device half of a ``BlockDataset`` (legacy-only tables are ``None`` for preblocked data).
-
-    Attributes:
-        shuffle: the block order for the key (``None`` for source order).
-        source_start: first global example of each source; ``real``: non-pad tokens per example.
-        packed, first, count: legacy: per example, its packed block, first piece entry, pieces.
-        start_block, start_offset, size: legacy: per entry (document, by position).
-        shuffle_spec, seq_len, spans_per_row, doc_id, eod_id, pad_id: configuration (static).
-    """
-
-    shuffle: eqx.Module | None
-    source_start: Int[Array, " sources_plus_1"]
-    real: Int[Array, " blocks"]
-    packed: Int[Array, " blocks"] | None
-    first: Int[Array, " blocks"] | None
-    count: Int[Array, " blocks"] | None
-    start_block: Int[Array, " entries"] | None
-    start_offset: Int[Array, " entries"] | None
-    size: Int[Array, " entries"] | None
-    shuffle_spec: ShuffleSpec = eqx.field(static=True)
-    seq_len: int = eqx.field(static=True)
-    spans_per_row: int = eqx.field(static=True)
-    doc_id: int = eqx.field(static=True)
-    eod_id: int = eqx.field(static=True)
-    pad_id: int = eqx.field(static=True)
-
-    @property
-    def legacy(self) -> bool:
-        return self.packed is not None
-
-    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
-        example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
-        source = jnp.searchsorted(self.source_start, example, side="right").astype(jnp.int32) - 1
-        local = (example - self.source_start[source]).astype(jnp.int32)
-        detail = self._pieces(self.packed[example]) if self.legacy else BlockPlan(local)
-        return Plan(rows=rows, source=source, example=example, detail=detail), None
-
-    def _pieces(self, packed: Int[Array, " n"]) -> PiecesPlan:
-        S, k = self.seq_len, self.spans_per_row
-        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
-        used = slot < self.count[packed][:, None]
-        entry = jnp.where(used, self.first[packed][:, None] + slot, 0)
-        start_block, start_offset, size = (t[entry] for t in (self.start_block, self.start_offset, self.size))
-        here = start_block == packed[:, None]
-        row_start = jnp.where(here, start_offset, 0)
-        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
-        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
-        return PiecesPlan(entry, row_start, slot_start, slots, size)
-
-    def build(self, plan: Plan, content: Content | None) -> Batch:
-        ids = dict(doc_id=self.doc_id, eod_id=self.eod_id, pad_id=self.pad_id)
-        if self.legacy:
-            d = plan.detail
-            tokens = assemble_rows(
-                content.tokens,
-                content.offsets,
-                d.row_start,
-                d.slot_start,
-                d.slots,
-                d.size,
-                block_size=self.seq_len,
-                **ids,
-            )
-        else:
-            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
-        return block_batch(tokens, **ids)
-
-    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
-        return self.real[plan.example]
+PACK_TAG = 0x5041434B  # "PACK": the packing key is fold_in(pipeline key, PACK_TAG)
 
 
 class BlockDataset(Dataset):
@@ -153,7 +65,6 @@ class BlockDataset(Dataset):
         *,
         shuffle=None,
         pack: PackSpec | None = None,
-        pack_key=0,
         doc_id: int | None = None,
         eod_id: int | None = None,
         pad_id: int | None = None,
@@ -186,7 +97,12 @@ class BlockDataset(Dataset):
                 raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
             if not isinstance(field, str):
                 raise TypeError(f"field must be a str (got field={field!r})")
-            self._init_legacy(paths, pack, as_key(pack_key, "pack_key"), field)
+            check_int("vocab_size", self.ids["vocab_size"], low=1)
+            self.pack = pack
+            self.sources = tuple(TokenCache.open(p, field) for p in paths)
+            self.seq_len = self.max_row_tokens = pack.block_size
+            self.packed = False  # its blocks exist once packed for a key (make)
+            return
         else:
             if pack is not None:
                 raise ValueError("pack applies to jagged token caches; preblocked data is packed already")
@@ -200,14 +116,45 @@ class BlockDataset(Dataset):
             self._blocks = [s.num_blocks for s in self.sources]
             self._real = np.concatenate([s.real_tokens() for s in self.sources])
         check_int("vocab_size", self.ids["vocab_size"], low=1)
+        self.packed = True
+        self._count_blocks()
+
+    def _count_blocks(self) -> None:
         total = sum(self._blocks)
         if not 1 <= total <= 2**32 - 1:
             raise ValueError(f"{total} blocks: need 1 <= blocks <= 2**32 - 1")
         self.num_examples = total
         self._source_start = np.concatenate([[0], np.cumsum(self._blocks)]).astype(np.int64)
 
-    def _init_legacy(self, paths, pack: PackSpec, key: PRNGKeyArray, field: str) -> None:
-        caches = [TokenCache.open(p, field) for p in paths]
+    def __getattr__(self, name: str):
+        if name in ("num_examples", "spans_per_row", "layouts"):  # only missing before packing
+            raise AttributeError(
+                f"a jagged cache's blocks depend on the packing key, which derives from the "
+                f"pipeline's key: {name} is known on the dataset BlockDataset.make(key) returns "
+                f"(dataset.make(key)[1].{name})"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @staticmethod
+    def pack_key(key: PRNGKeyArray) -> PRNGKeyArray:
+        """The packing key of a jagged cache under the pipeline's ``key``: ``fold_in(key,
+        PACK_TAG)`` (the shuffle uses ``key`` itself). A store written with ``preblock(...,
+        key=BlockDataset.pack_key(key))`` holds exactly the blocks packed on the fly."""
+        return jax.random.fold_in(as_key(key), PACK_TAG)
+
+    def packed_for(self, key: PRNGKeyArray) -> BlockDataset:
+        """Legacy mode: the host half for the pipeline's ``key``, a new value whose caches are
+        packed with ``pack_key(key)``; a preblocked dataset is its own."""
+        if self.packed:
+            return self
+        host = copy.copy(self)
+        host._pack_caches(self.pack_key(key))
+        host.packed = True
+        host._count_blocks()
+        return host
+
+    def _pack_caches(self, key: PRNGKeyArray) -> None:
+        caches, pack = self.sources, self.pack
         layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
         S = pack.block_size
         packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
@@ -245,8 +192,6 @@ class BlockDataset(Dataset):
         self._entry_doc = np.concatenate(self._entry_doc)
         self._entry_source = np.concatenate(self._entry_source)
         self._real = np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)])
-        self.sources = tuple(caches)
-        self.seq_len = S
         self.spans_per_row = max(1, int(self._legacy["count"].max()))
         self.max_row_tokens = S
         self._blocks = [lay.num_blocks for lay in layouts]
@@ -254,8 +199,15 @@ class BlockDataset(Dataset):
 
     # -- the protocol --------------------------------------------------------------------------
 
+    def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
+        """Both halves for ``key``; legacy mode packs the caches for it first (``packed_for``)."""
+        host = self.packed_for(key)
+        return host.device(key), host
+
     def device(self, key: PRNGKeyArray) -> BlockDevice:
         """The block order for ``key`` and the tables (legacy: the packing's pieces)."""
+        if not self.packed:
+            return self.make(key)[0]
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         names = ("packed", "first", "count", "start_block", "start_offset", "size")
