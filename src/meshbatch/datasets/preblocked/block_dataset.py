@@ -6,8 +6,10 @@ The format is detected from the first path; every path must have the same one:
   ``b``; a row reads one span, the whole block, coalesced with its neighbours by the pipeline;
 * legacy (a jagged Levanter token cache): the documents are packed on the fly by the same packing
   plan as the writer (``plan_layout``), so example ``b`` is the block the writer would have written
-  as row ``b``. A row reads up to ``spans_per_row`` spans, the tokens of each document piece in
-  the block; the build kernel inserts the markers and padding.
+  as row ``b`` with ``key=BlockDataset.pack_key(pipeline key)``. The dataset holds no key: it
+  packs when the pipeline makes it for its key (``make(key)`` returns the packed host half, which
+  knows ``num_examples`` and ``spans_per_row``). A row reads up to ``spans_per_row`` spans, the
+  tokens of each document piece in the block; the build kernel inserts the markers and padding.
 
 Build (per shard): ``block_batch`` (segment ids from the ``[DOC]`` markers, padding its own segment,
 no loss on padding or across a document boundary). ``real_tokens`` is the block's non-pad count,
@@ -50,7 +52,6 @@ class BlockDataset(Dataset):
         paths: one path or several of the same format.
         shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
         pack: legacy mode only: how the caches' documents are packed (``PackSpec``).
-        pack_key: legacy mode only: the packing key (an int seed or key), the writer's ``key``.
         doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary; read from the
             header of preblocked data when not given, required in legacy mode.
         field: legacy mode: the cache field.
