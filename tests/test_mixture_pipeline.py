@@ -342,9 +342,7 @@ def test_mixture_arguments(caches):
     by_rows = [(0, WEIGHTS), (2 * 8 + 4, stages[1][1])]  # step 3 starts at row 2 * 8 + 1 * 4
     want = meshbatch.mixture_schedule(lengths, by_rows, block_size=4, key=0)
     for field in ("stage_start", "counts", "base_index"):
-        np.testing.assert_array_equal(
-            np.asarray(mixture.rows[field]), np.asarray(getattr(want, field))
-        )
+        np.testing.assert_array_equal(np.asarray(mixture.rows[field]), np.asarray(getattr(want, field)))
     with pytest.raises(ValueError, match="pass the pipeline's batch_size"):
         Mixture(kids, stages, block_size=4)
     with pytest.raises(ValueError, match="row 24, not a multiple of block_size=16"):
