@@ -3,19 +3,23 @@
 Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real-token counts
 (1 .. 4096). The least-consumed rule picks ``rows`` rows:
 
-* meshbatch: ``meshbatch.kernels.select_scan`` (one jitted ``lax.scan`` over the rows, 64-bit
-  counts carried as two uint32 words), called on the ``[sources, rows]`` token table, blocked
-  until ready;
+* meshbatch: ``meshbatch.kernels.select_merge`` (the pipeline's: the picks as a parallel k-way
+  merge, a threshold bisection and one sort) and ``select_scan`` (the rule literally, one jitted
+  ``lax.scan`` step per row), both with 64-bit counts as two uint32 words, called on the
+  ``[sources, rows]`` token table, blocked until ready;
 * baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
 
-Both run in this process, rotating for ``rounds`` rounds of ``repeats`` timed runs after a
-warm-up (harness ``rotating_times``); the table gives each one's median and the ratio. The
-meshbatch selection is checked equal to a heap that uses its own tie-break hash first.
+The heap and the merge run in this process, rotating for ``rounds`` rounds of ``repeats`` timed
+runs after a warm-up (harness ``rotating_times``), then the scan alone (in one rotation with the
+scan at 256 sources the heap ran 10x slower than alone); the table gives each one's median, its
+range (min .. max of the rounds' medians) and the heap / merge ratio. Both meshbatch selections
+are checked equal to a heap that uses their tie-break hash first.
 
-Pipeline. Three token caches written by Levanter's ``SerialCacheWriter`` (Zipf token ids as in
-``bench_pipeline.py``, 4 : 2 : 1 in size), mixed 0.5 / 0.3 / 0.2 in blocks of 2048 rows:
+Pipeline. ``--sources 3`` (the default): three token caches written by Levanter's
+``SerialCacheWriter`` (Zipf token ids as in ``bench_pipeline.py``, 4 : 2 : 1 in size), mixed
+0.5 / 0.3 / 0.2 in blocks of 2048 rows:
 
 * Levanter: ``DataLoader`` over ``MixtureDataset`` of ``TokenSeqDataset`` windows of each cache
   (raw tokens), and over ``MixtureDataset`` of ``CausalLmDataset`` (``LmExample``s);
@@ -27,7 +31,9 @@ Each loader is warmed up (compiles, page cache), then a fresh iterator is timed 
 batches, each ``block_until_ready``: tokens/s = steps * batch * seq_len / time; 1 and 8 virtual
 CPU devices.
 
-    python benchmarks/bench_mixture.py [--quick] [--part selection|pipeline|all]
+``--sources 64``: 64 caches of equal size, equal weights, 64 children; 8 devices only.
+
+    python benchmarks/bench_mixture.py [--quick] [--part selection|pipeline|all] [--sources N]
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import gc
 import heapq
 import random
 import statistics
@@ -48,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from harness import banner, rotating_times, write_json
 
-from meshbatch.kernels import Counts, select_scan, source_salts
+from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
 
 MAX_ROW = 4096
 
@@ -67,33 +74,41 @@ def heap_generator(token_lists, token_counts, seed):
         heapq.heappush(heap, (count + tokens, rng.random(), s))
 
 
-def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
-    """The kernel's picks equal a heap keyed on (count, its tie hash)."""
-    from meshbatch.kernels import tie_hash
+def fmix32(h: int) -> int:
+    """murmur3's finaliser on a Python int (``meshbatch.kernels`` computes it in uint32)."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
+
+def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
+    """Both kernels' picks equal a heap keyed on (count, their tie hash ``fmix32(count ^ salt)``),
+    computed in Python ints (no eager jax call per row: their garbage slows what runs next)."""
     sources, rows = table.shape
-    out = select_scan(
-        Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32)), jnp.asarray(table), salts
-    )
-    hashes = np.asarray(salts)
+    zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
+    hashes = [int(x) for x in np.asarray(salts)]
 
     def h(s, count):
-        return int(tie_hash(jnp.uint32(hashes[s]), jnp.uint32(count & 0xFFFFFFFF)))
+        return fmix32((count & 0xFFFFFFFF) ^ hashes[s])
 
     heap = [(0, h(s, 0), s) for s in range(sources)]
     heapq.heapify(heap)
     taken, picks = [0] * sources, []
-    for _ in range(min(rows, 256)):
+    for _ in range(rows):
         count, _, s = heapq.heappop(heap)
         picks.append(s)
         count += int(table[s, taken[s]])
         taken[s] += 1
         heapq.heappush(heap, (count, h(s, count), s))
-    assert np.asarray(out.source)[: len(picks)].tolist() == picks
+    for select in (select_merge, select_scan):
+        assert np.asarray(select(zero, jnp.asarray(table), salts).source).tolist() == picks
 
 
 def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dict[str, list[float]]:
-    """Wall times of the jitted scan and of the heap generator selecting ``rows`` rows."""
+    """Wall times of the jitted merge, the jitted scan and the heap generator selecting ``rows``
+    rows (per round: the median of its ``repeats`` runs)."""
     rng = np.random.default_rng(0)
     table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
     salts = source_salts(jnp.uint32(0), sources)
@@ -101,6 +116,10 @@ def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dic
     device_table = jnp.asarray(table)
     zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
     lists = table.tolist()
+    gc.collect()
+
+    def merge():
+        jax.block_until_ready(select_merge(zero, device_table, salts))
 
     def scan():
         jax.block_until_ready(select_scan(zero, device_table, salts))
@@ -110,24 +129,42 @@ def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dic
         for _ in range(rows):
             next(generator)
 
-    return rotating_times({"scan": scan, "heap": heap}, rounds=rounds, repeats=repeats)
+    # the scan runs on its own: after its op-by-op dispatch (over 28 sources) XLA's worker threads
+    # keep spinning for a while and would slow whatever ran next (the heap, in a rotation)
+    times = rotating_times({"heap": heap, "merge": merge}, rounds=rounds, repeats=repeats)
+    times |= rotating_times({"scan": scan}, rounds=rounds, repeats=repeats)
+    return {
+        name: [statistics.median(values[r * repeats : (r + 1) * repeats]) for r in range(rounds)]
+        for name, values in times.items()
+    }
 
 
 def bench_selection(configs, *, rounds: int, repeats: int) -> list[dict]:
     results = []
     for rows, sources in configs:
         times = time_selection(rows, sources, rounds=rounds, repeats=repeats)
-        scan_s, heap_s = statistics.median(times["scan"]), statistics.median(times["heap"])
+        median = {name: statistics.median(values) for name, values in times.items()}
+
+        def cell(name, rows=rows, times=times, median=median):
+            low, high = rows / max(times[name]), rows / min(times[name])
+            return f"{rows / median[name] / 1e6:.2f} M/s ({low / 1e6:.2f} .. {high / 1e6:.2f})"
+
+        ratio = median["heap"] / median["merge"]
+        ratios = [h / m for h, m in zip(times["heap"], times["merge"], strict=True)]
         row = {
             "rows": rows,
             "sources": sources,
-            "scan_rows_per_s": rows / scan_s,
-            "heap_rows_per_s": rows / heap_s,
-            "ratio": heap_s / scan_s,
+            "seconds": times,
+            "merge_rows_per_s": rows / median["merge"],
+            "scan_rows_per_s": rows / median["scan"],
+            "heap_rows_per_s": rows / median["heap"],
+            "ratio": ratio,
+            "ratio_range": [min(ratios), max(ratios)],
         }
         print(
-            f"| {rows} | {sources} | {row['heap_rows_per_s'] / 1e6:.2f} M/s | "
-            f"{row['scan_rows_per_s'] / 1e6:.2f} M/s | **{row['ratio']:.1f}x** |"
+            f"| {rows} | {sources} | {cell('heap')} | {cell('merge')} | {cell('scan')} | "
+            f"**{ratio:.1f}x** ({min(ratios):.1f} .. {max(ratios):.1f}) | "
+            f"{median['heap'] / median['scan']:.2f}x |"
         )
         results.append(row)
     return results
@@ -137,14 +174,22 @@ WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 SIZES = {"web": 4, "code": 2, "math": 1}
 
 
-def write_caches(root: str, tokens: int) -> dict[str, str]:
-    """Three Levanter caches of ``tokens * SIZES[name] / 7`` Zipf tokens each."""
+def mixture_config(sources: int) -> tuple[dict[str, float], dict[str, int]]:
+    """``(weights, sizes)``: the three-cache mixture, or ``sources`` equal ones."""
+    if sources == 3:
+        return WEIGHTS, SIZES
+    names = [f"s{i:03d}" for i in range(sources)]
+    return dict.fromkeys(names, 1.0 / sources), dict.fromkeys(names, 1)
+
+
+def write_caches(root: str, tokens: int, sizes: dict[str, int]) -> dict[str, str]:
+    """Levanter caches of ``tokens * sizes[name] / sum(sizes)`` Zipf tokens each."""
     from bench_pipeline import write_cache
 
     paths = {}
-    for name, share in SIZES.items():
+    for name, share in sizes.items():
         paths[name] = os.path.join(root, name)
-        write_cache(paths[name], tokens * share // sum(SIZES.values()) + 8 * 4096)
+        write_cache(paths[name], tokens * share // sum(sizes.values()) + 8 * 4096)
     return paths
 
 
@@ -167,7 +212,7 @@ def sustained(make_iterator, steps: int, warmup: int) -> float:
     return seconds
 
 
-def levanter_mixture(paths, seq_len, batch, mesh, key, *, lm_examples: bool, block_size: int):
+def levanter_mixture(paths, weights, seq_len, batch, mesh, key, *, lm_examples: bool, block_size: int):
     import haliax as hax
     from levanter.data.loader import DataLoader
     from levanter.data.mixture import MixtureDataset
@@ -181,7 +226,7 @@ def levanter_mixture(paths, seq_len, batch, mesh, key, *, lm_examples: bool, blo
         if lm_examples:
             child = CausalLmDataset(child, hax.Axis("position", seq_len))
         children[name] = child
-    mixture = MixtureDataset(children, WEIGHTS, block_size, key=key)
+    mixture = MixtureDataset(children, weights, block_size, key=key)
 
     def make(start=0):
         with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": "data"}):
@@ -191,7 +236,7 @@ def levanter_mixture(paths, seq_len, batch, mesh, key, *, lm_examples: bool, blo
     return make
 
 
-def meshbatch_pipelines(paths, seq_len, batch, mesh, key, *, block_size: int) -> dict:
+def meshbatch_pipelines(paths, weights, seq_len, batch, mesh, key, *, block_size: int) -> dict:
     from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
     from meshbatch.cache import TokenCache
 
@@ -209,9 +254,9 @@ def meshbatch_pipelines(paths, seq_len, batch, mesh, key, *, block_size: int) ->
 
     datasets = {
         "meshbatch Mixture, compat=levanter": LevanterKeyed(
-            children(), WEIGHTS, block_size=block_size, compat="levanter"
+            children(), weights, block_size=block_size, compat="levanter"
         ),
-        "meshbatch Mixture, default": Mixture(children(), WEIGHTS, block_size=block_size),
+        "meshbatch Mixture, default": Mixture(children(), weights, block_size=block_size),
         "meshbatch TokenBalancedMixture": TokenBalancedMixture(children()),
     }
     return {label: Pipeline(d, mesh=mesh, batch_size=batch, key=key) for label, d in datasets.items()}
@@ -222,14 +267,18 @@ def bench_pipeline(args) -> list[dict]:
     seq_len, batch, block_size = args.seq_len, args.batch, 2048
     tokens = (steps + warmup + 4) * batch * seq_len * 2
     key = jax.random.PRNGKey(0)
+    weights, sizes = mixture_config(args.sources)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_caches(tmp, tokens)
-        print(f"\n## pipeline: 3 caches, {tokens / 1e6:.0f}M tokens, seq_len={seq_len}, batch={batch}\n")
+        paths = write_caches(tmp, tokens, sizes)
+        print(
+            f"\n## pipeline: {len(paths)} caches, {tokens / 1e6:.0f}M tokens, seq_len={seq_len}, "
+            f"batch={batch}\n"
+        )
         print("| devices | loader | tokens/s | vs Levanter (tokens) | vs Levanter (LmExample) |")
         print("|---:|---|---:|---:|---:|")
         per_run = steps * batch * seq_len
-        for devices in (1, 8):
+        for devices in (1, 8) if args.sources == 3 else (8,):
             mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
             results = {}
             for label, lm in (
@@ -237,15 +286,15 @@ def bench_pipeline(args) -> list[dict]:
                 ("Levanter MixtureDataset -> LmExample", True),
             ):
                 make = levanter_mixture(
-                    paths, seq_len, batch, mesh, key, lm_examples=lm, block_size=block_size
+                    paths, weights, seq_len, batch, mesh, key, lm_examples=lm, block_size=block_size
                 )
                 results[label] = sustained(make, steps, warmup)
             check = levanter_mixture(
-                paths, seq_len, batch, mesh, key, lm_examples=False, block_size=block_size
+                paths, weights, seq_len, batch, mesh, key, lm_examples=False, block_size=block_size
             )()
             expected = [np.asarray(next(check)) for _ in range(3)]
             for label, pipeline in meshbatch_pipelines(
-                paths, seq_len, batch, mesh, key, block_size=block_size
+                paths, weights, seq_len, batch, mesh, key, block_size=block_size
             ).items():
                 if "levanter" in label:
                     for step, want in enumerate(expected):
@@ -260,6 +309,7 @@ def bench_pipeline(args) -> list[dict]:
                 print(f"| {devices} | {label} | {per_run / seconds:.3e} | {ratios} |")
                 rows.append(
                     {
+                        "sources": len(paths),
                         "devices": devices,
                         "loader": label,
                         "seconds": seconds,
@@ -275,15 +325,17 @@ def main():
     parser.add_argument("--part", choices=("selection", "pipeline", "all"), default="all")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--sources", type=int, default=3, help="pipeline: 3 (4:2:1) or N equal sources")
     args = parser.parse_args()
     env = banner("bench_mixture")
     out = {"env": env, "args": vars(args)}
     if args.part in ("selection", "all"):
-        configs = [(4096, 16)] if args.quick else [(4096, 16), (4096, 4), (4096, 64), (16384, 16)]
-        rounds, repeats = (2, 3) if args.quick else (5, 5)
-        print("\n## selection: least-consumed rule, rows/s (median)\n")
+        configs = [(4096, 64)] if args.quick else [(4096, 4), (4096, 16), (4096, 64), (4096, 256)]
+        rounds, repeats = (2, 3) if args.quick else (7, 5)
+        print("\n## selection: least-consumed rule, rows/s (median of rounds; range)\n")
         print(
-            "| rows | sources | heap generator (Python) | jitted scan | ratio |\n|---:|---:|---:|---:|---:|"
+            "| rows | sources | heap generator (Python) | jitted merge | jitted scan | heap / merge "
+            "| heap / scan |\n|---:|---:|---:|---:|---:|---:|---:|"
         )
         out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats)
     if args.part in ("pipeline", "all"):

@@ -32,3 +32,31 @@ def cache_path(tmp_path_factory):
     with CacheWriter(path) as writer:
         writer.write(docs)
     return path
+
+
+@pytest.fixture(scope="session")
+def object_stores():
+    """A fake-gcs-server and a moto S3 server on 127.0.0.1, each with a bucket ``meshbatch``.
+
+    GCS is reached through a ``LatencyProxy`` (no delay unless a test sets one): TensorStore reads
+    ``TENSORSTORE_GCS_HTTP_URL`` once per process, so a test that needs another GCS server points the
+    proxy's ``target_port`` at it. S3 is reached directly (``MESHBATCH_S3_ENDPOINT``). Both stop at
+    the end of the session.
+    """
+    from object_store import GCSServer, LatencyProxy, S3Server, restore_env, use_servers
+
+    gcs = GCSServer()
+    started = [gcs]
+    try:
+        s3 = S3Server()
+        started.append(s3)
+        gcs_front = LatencyProxy(gcs.port, low=0.0, high=0.0)
+        started.append(gcs_front)
+        old = use_servers(gcs_front.url, s3.url)
+        try:
+            yield {"gcs": gcs, "gcs_front": gcs_front, "s3": s3}
+        finally:
+            restore_env(old)
+    finally:
+        for server in reversed(started):
+            server.stop()

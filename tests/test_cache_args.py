@@ -105,7 +105,7 @@ def test_writer_refuses_a_string_of_docs_and_bad_shard_names(tmp_path):
     sharded = ShardedCacheWriter(str(tmp_path / "s"))
     with pytest.raises(TypeError, match="name must be a str"):
         sharded.write_shard(3, iter(DOCS))
-    with pytest.raises(ValueError, match="must be a relative subdirectory"):
+    with pytest.raises(ValueError, match=r"name must be a relative path .*got name='\.\./up'"):
         sharded.write_shard("../up", iter(DOCS))
 
 

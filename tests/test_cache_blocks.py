@@ -15,7 +15,7 @@ def test_lru_evicts_least_recently_used_beyond_max_bytes():
     cache.put("d", blocks["d"])
     assert cache.get("b") is None
     assert all(cache.get(k) is blocks[k] for k in "acd")
-    assert cache.stats() == {"hits": 4, "misses": 1, "evictions": 1, "blocks": 3, "bytes": 120}
+    assert cache.stats() == {"hits": 4, "misses": 1, "evictions": 1, "shared": 0, "blocks": 3, "bytes": 120}
 
     cache.put("huge", np.zeros(31, np.int32))  # larger than the whole budget: not kept
     assert cache.get("huge") is None and cache.stats()["bytes"] == 120
@@ -93,3 +93,21 @@ def test_small_lru_still_returns_correct_tokens(paths):
 def test_opens_share_one_tensorstore_context(paths):
     a, b = TokenCache.open(paths[0]), TokenCache.open(paths[1])
     assert a.context is b.context is shared_context()
+
+
+def test_a_block_being_read_is_shared_not_read_twice():
+    lru = BlockCache(max_bytes=1 << 20, block_tokens=4)
+    block, pending, owner = lru.claim("b")
+    assert block is None and owner
+    _, waiting, second = lru.claim("b")  # another thread misses while the read is in flight
+    assert waiting is pending and not second and not waiting.done.is_set()
+    lru.fulfil("b", np.arange(4, dtype=np.int32))
+    assert waiting.done.is_set()
+    np.testing.assert_array_equal(waiting.block, [0, 1, 2, 3])
+    assert lru.stats()["misses"] == 1 and lru.stats()["shared"] == 1
+    assert lru.claim("b")[0] is not None  # cached now: a hit
+    assert lru.claim("c")[2]  # owner
+    _, waiter, _ = lru.claim("c")
+    lru.abandon("c", OSError("store gone"))
+    assert waiter.done.is_set() and isinstance(waiter.error, OSError) and waiter.block is None
+    assert lru.claim("c")[2]  # the next miss reads it again

@@ -1,13 +1,15 @@
 """The ``meshbatch`` command fails in one line naming the problem; ``-v`` shows the traceback."""
 
 import gzip
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from meshbatch.cache import CacheWriter
+from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.cli import main
 
 
@@ -96,3 +98,85 @@ def test_the_installed_command_prints_no_traceback(tmp_path, not_utf8):
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines() == [run.stderr.strip()]
     assert f"{not_utf8}: not UTF-8 text" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "lone.jsonl",
+            b'{"text": "ok"}\n{"text": "a\\ud800b"}\n',
+            "lone.jsonl:2: the 'text' field holds a lone surrogate",
+        ),
+        ("bad.jsonl.gz", b"\x1f\x8b\x08\x00garbage, not deflate", "bad.jsonl.gz is not a complete gzip file"),
+        ("cut.txt.gz", gzip.compress(b"hello world " * 100)[:40], "cut.txt.gz is not a complete gzip file"),
+    ],
+)
+def test_undecodable_inputs_name_the_file_and_line(tmp_path, name, content, message, capsys):
+    (tmp_path / name).write_bytes(content)
+    assert main(["build-cache", str(tmp_path / "c"), str(tmp_path / name), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{tmp_path / name}" in err
+
+
+def test_a_garbage_tokenizer_file_is_named(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "tok.json").write_text("this is not a tokenizer")
+    argv = [
+        "build-cache",
+        str(tmp_path / "c"),
+        str(tmp_path / "a.txt"),
+        "--tokenizer",
+        str(tmp_path / "tok.json"),
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"tokenizer: {tmp_path / 'tok.json'} is not a Hugging Face tokenizer.json" in err
+    assert err.count("\n") == 1 and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(
+    "metadata, error, message",
+    [
+        (
+            {"f": open},
+            TypeError,
+            "metadata must be JSON-serialisable: Object of type builtin_function_or_method",
+        ),
+        ({"x": float("nan")}, ValueError, "metadata must be finite JSON"),
+        ({"s": {1, 2}}, TypeError, "metadata must be JSON-serialisable: Object of type set"),
+    ],
+)
+def test_metadata_json_cannot_hold_is_refused_by_name(tmp_path, metadata, error, message):
+    with pytest.raises(error, match=message):
+        CacheWriter(str(tmp_path / "c"), metadata=metadata)
+    assert not (tmp_path / "c").exists()
+
+
+def test_ctrl_c_exits_quietly_and_the_rerun_resumes(tmp_path):
+    """SIGINT while build-cache writes: one line saying how to resume, exit 130; the rerun finishes."""
+    text = tmp_path / "docs.txt"
+    text.write_text("".join(f"document number {i} " * (i % 7 + 1) + "\n" for i in range(50_000)))
+    out, argv = tmp_path / "c", [sys.executable, "-m", "meshbatch", "build-cache"]
+    argv += [str(tmp_path / "c"), str(text), "--text-docs", "line", "--no-progress"]
+    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until the first commit (60 s at most)
+            if (out / "shard_ledger.json").exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if child.returncode == 0:
+        pytest.skip("the build finished before the interrupt reached it")
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted; the rows committed so far are kept: run the same command again to resume" in err
+    assert main(argv[3:]) == 0
+    assert TokenCache.open(str(out)).num_rows == 50_000

@@ -22,6 +22,8 @@ import pytest
 import meshbatch
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset
 from meshbatch.cache import BlockCache, CacheWriter, TokenCache
+from meshbatch.datasets.preblocked.block_validation import validate_array
+from meshbatch.datasets.preblocked.masking import MLMMasking
 
 BAD = [
     None, -1, 0, -(2**40), 2**70, 2.5, float("nan"), float("inf"), True, "abc", "", b"x", [1, 2],
@@ -226,6 +228,54 @@ def test_specific_bad_values(call, match, error):
         call()
 
 
+@pytest.mark.parametrize(
+    ("name", "param", "value", "match", "error"),
+    [
+        ("Pipeline", "data_axes", ("data", "data"), r"data_axes must name each mesh axis once", ValueError),
+        (
+            "CausalLMDataset source",
+            "source",
+            "a/path",
+            r"source must be a TokenCache.*TokenCache.open",
+            TypeError,
+        ),
+        ("structural ids", "pad_id", 65, r"pad_id=65 is inside the vocabulary \[0, 257\)", ValueError),
+        ("structural ids", "doc_id", 97, r"doc_id=97 is inside the vocabulary", ValueError),
+        ("structural ids", "doc_id", -1, r"doc_id must be >= 0", ValueError),
+        ("structural ids", "doc_id", 258, r"doc_id and eod_id must differ", ValueError),
+        ("structural ids", "pad_id", 257, r"doc_id and pad_id must differ", ValueError),
+        ("MLMMasking", "mask_id", 257, r"mask_id=257 is one of special_ids", ValueError),
+        ("MLMMasking", "mask_id", 259, r"mask_id=259 is one of special_ids", ValueError),
+        ("MLMMasking", "mask_id", -1, r"mask_id must be >= 0", ValueError),
+        ("MLMMasking", "mask_id", 65, r"mask_id=65 is an ordinary token", ValueError),
+        ("MLMMasking", "mask_in_vocab", "yes", r"mask_in_vocab must be a bool", TypeError),
+        ("TokenCache.open", "verify", "no", r"verify must be a bool", TypeError),
+    ],
+)
+def test_hostile_ids_and_names(calls, name, param, value, match, error):
+    path = calls["TokenCache.open"].kwargs["path"]
+    hostile = {
+        "Pipeline": calls["Pipeline"],
+        "TokenCache.open": Call(TokenCache.open, path=path, verify=True),
+        "CausalLMDataset source": Call(
+            lambda source: CausalLMDataset(source, 16), source=TokenCache.open(path)
+        ),
+        "MLMMasking": Call(
+            MLMMasking, key=0, mask_id=260, vocab_size=257, special_ids=(257, 258, 259), mask_in_vocab=False
+        ),
+        "structural ids": Call(
+            lambda **ids: validate_array(np.full((1, 8), 259, np.int32), **ids),
+            doc_id=257,
+            eod_id=258,
+            pad_id=259,
+            vocab_size=257,
+        ),
+    }
+    call = hostile[name]
+    with pytest.raises(error, match=match):
+        call.fn(**dict(call.kwargs, **{param: value}))
+
+
 def test_no_work_proportional_to_a_stride_or_exponent():
     """A stride of 10^9 costs what a stride of 1 does (no loop over it; a hang guard, not a timing)."""
     built = []
@@ -251,3 +301,46 @@ def test_no_work_proportional_to_a_stride_or_exponent():
     steep = meshbatch.splice_schedule([5000], seq_len=64, content_start_mode="coverage_balanced", alpha=12.0)
     starts = np.asarray(steep.lookup(np.arange(len(steep)))[1])
     assert starts.min() == 0 and starts.max() == 5000 - 64  # both edges, not all rows on one
+
+
+HOSTILE_NAMES = [
+    "..",
+    "../../x",
+    ".",
+    "a/../b",
+    "a//b",
+    "/etc",
+    "x\\..\\y",
+    "a\0b",
+    "",
+    None,
+    3,
+    b"ab",
+    ["a"],
+]
+
+
+def _name_calls(root: str, text: str):
+    from meshbatch.cache import ShardedCacheWriter, build_cache
+
+    def write_shard(name):
+        ShardedCacheWriter(f"{root}/sharded", if_exists="overwrite").write_shard(name, [np.arange(3)])
+
+    return [
+        ("field", lambda v: CacheWriter(f"{root}/c", field=v)),
+        ("field", lambda v: ShardedCacheWriter(f"{root}/s", field=v)),
+        ("field", lambda v: build_cache(f"{root}/b", [text], field=v, progress=False)),
+        ("name", write_shard),
+    ]
+
+
+@pytest.mark.parametrize("value", HOSTILE_NAMES, ids=repr)
+def test_hostile_names_are_refused_by_name(tmp_path, value):
+    """A field or shard name from a caller never leaves its directory: refused, naming the parameter."""
+    (tmp_path / "in.txt").write_text("text")
+    for param, call in _name_calls(str(tmp_path / "root"), str(tmp_path / "in.txt")):
+        with pytest.raises((TypeError, ValueError)) as info:
+            call(value)
+        assert param in str(info.value), (param, value, info.value)
+    outside = {p.name for p in tmp_path.iterdir()}
+    assert outside <= {"in.txt", "root"}, outside

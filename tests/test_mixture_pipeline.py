@@ -355,3 +355,18 @@ def test_mixture_arguments(caches):
         Mixture({"x": TokenBalancedMixture(kids)}, {"x": 1.0})
     with pytest.raises(ValueError, match="baseline='max' is not one of"):
         TokenBalancedMixture(kids, baseline="max")
+
+
+def test_counts_that_would_pass_2_to_the_64_are_refused_not_wrapped(caches):
+    mixture = TokenBalancedMixture(children(caches))
+    near = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 5} for n in NAMES]}
+    with pytest.raises(
+        Exception, match=r"token-balanced count of specs \['a', 'b', 'c'\] would pass 2\^64 - 1"
+    ):
+        plan_steps(mixture, 1, mixture.load_state_dict(near))
+    with pytest.raises(ValueError, match=r"token_offset of 'a' must be <= 18446744073709551615"):
+        mixture.load_state_dict({"datasets": [{"spec": "a", "row_offset": 0, "token_offset": 2**64}]})
+    high = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 2**20} for n in NAMES]}
+    _, state = plan_steps(mixture, 2, mixture.load_state_dict(high))  # exact up to 2^64 - 1
+    counts = [e["token_offset"] for e in mixture.state_dict(state)["datasets"]]
+    assert sum(counts) == 3 * (2**64 - 2**20) + 2 * BATCH * SEQ

@@ -221,6 +221,10 @@ def test_prefetch_reports_consumer_wait(cache_path):
     stats = stream.stats()
     stream.close()
     assert stats["batches"] == 5 and stats["wait_total_s"] >= stats["wait_max_s"] >= 0.0
+    whole = pipeline.stats()  # the stream's, plus reads per example over the steps made
+    assert whole["batches"] == 5 and whole["examples_made"] >= 5 * 8
+    assert 0 < whole["requests_per_example"] <= 1 and whole["bytes_per_example"] >= SEQ * 4
+    assert whole["read_batches"] >= 5 and whole["read_p99_s"] >= whole["read_p50_s"] > 0
 
 
 @pytest.mark.parametrize(

@@ -117,3 +117,41 @@ def test_same_mask_whatever_the_sharding(mode):
 def test_stage_rejects(kw, error):
     with pytest.raises(error):
         stage(**kw)
+
+
+@pytest.mark.parametrize(
+    "mask_id, kw, message",
+    [
+        (D, {}, r"mask_id=257 is one of special_ids=\(257, 258, 259\) \(a structural or pad id\)"),
+        (P, {}, r"mask_id=259 is one of special_ids"),
+        (-1, {}, r"mask_id must be >= 0 \(got mask_id=-1\)"),
+        (65, {}, r"mask_id=65 is an ordinary token of the vocabulary \[0, 257\)"),
+        (MASK, {"mask_in_vocab": True}, r"mask_in_vocab=True but mask_id=260 is outside the vocabulary"),
+        (65, {"mask_in_vocab": 1}, r"mask_in_vocab must be a bool"),
+    ],
+)
+def test_mask_id_that_would_read_as_a_marker_pad_or_token_is_refused(mask_id, kw, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        MLMMasking(7, mask_id=mask_id, vocab_size=V, special_ids=(D, E, P), **kw)
+
+
+def test_an_in_vocabulary_mask_token_is_never_drawn_nor_selected():
+    inside = 65  # the tokenizer's own mask token (the documented exception)
+    masking = MLMMasking(
+        7,
+        mask_id=inside,
+        vocab_size=V,
+        special_ids=(D, E, P),
+        mask_in_vocab=True,
+        rate=0.5,
+        mask_fraction=0.5,
+        random_fraction=0.5,
+    )
+    batch = rows_batch(3)
+    original = np.asarray(batch.tokens)
+    masked = apply(masking, batch, plan_for(ROWS))
+    tokens, labels = np.asarray(masked.tokens), np.asarray(masked.labels)
+    selected = labels != -100
+    assert not np.any(selected & (original == inside))  # a literal mask token is never selected
+    drawn = selected & (tokens != inside) & (tokens != original)
+    assert drawn.sum() > 1000 and not np.any(np.isin(tokens[drawn], [inside, D, E, P]))

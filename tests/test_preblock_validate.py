@@ -168,5 +168,5 @@ def test_one_compilation_serves_every_store_and_option_set():
     with count_compiles() as compiles:
         for options in ({}, {"carry_open_doc": True}, {"literal_heuristics": True, "literal_window": 3}):
             found([block for block, _ in DAMAGED.values()], **options)
-        validate_array(np.array([CLEAN]), doc_id=1, eod_id=2, pad_id=3, vocab_size=9)
+        validate_array(np.array([CLEAN]), doc_id=10, eod_id=11, pad_id=12, vocab_size=9)
     assert compiles == []

@@ -154,6 +154,25 @@ def _levanter_ids(key, block, position, block_size: int):
     return jax.lax.while_loop(lambda c: c[0] < rounds, body, (jnp.int32(0), out))[1]
 
 
+def _last_at_most(
+    first: UInt32[Array, "stages sources"], stage: Int[Array, " n"], q: UInt32[Array, " n"]
+) -> Int[Array, " n"]:
+    """Per row, the last source ``s`` with ``first[stage, s] <= q`` (``first`` is nondecreasing
+    along sources; ``first[stage, 0] = 0 <= q``): a binary search, ``log2(sources)`` gathers a
+    row instead of a ``[rows, sources]`` compare and ``[rows, sources]`` table copies.
+
+        first[stage] = [0, 2, 2, 3, 4, 4] (source 1 has no rows), q = 2  ->  source 2
+    """
+    sources = first.shape[1]
+    low = jnp.zeros(q.shape, jnp.int32)  # sources before low are <= q; from high on, > q
+    high = jnp.full(q.shape, sources, jnp.int32)
+    for _ in range(sources.bit_length()):
+        mid = (low + high) // 2
+        at_most = first[stage, jnp.minimum(mid, sources - 1)] <= q
+        low, high = jnp.where(at_most & (mid < high), mid + 1, low), jnp.where(at_most, high, mid)
+    return low - 1
+
+
 def _divmod_reads(k, count, rank, length):
     """``divmod(k * count + rank, length)`` exactly (``k * count`` may pass 2^32)."""
     quotient = muldiv(k, count, rank, length)
@@ -179,11 +198,10 @@ def mixture_locate(schedule: MixtureSchedule, rows: UInt32[Array, " n"], epoch: 
     block = jnp.where(valid, block, U32(0))
     stage = (jnp.sum(block[:, None] >= schedule.stage_start[None, :], axis=1) - 1).astype(jnp.int32)
     q = mixture_block_ids(schedule, block, position)
-    first = schedule.first[stage]  # [n, sources]
-    source = (jnp.sum(first <= q[:, None], axis=1) - 1).astype(jnp.int32)
+    source = _last_at_most(schedule.first, stage, q)
 
     def pick(table):
-        return jnp.take_along_axis(table[stage], source[:, None], axis=1)[:, 0]
+        return table[stage, source]
 
     rank = q - pick(schedule.first)
     length = schedule.lengths[source]

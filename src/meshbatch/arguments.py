@@ -140,6 +140,11 @@ def check_names(name: str, value) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else value
     if not isinstance(names, Sequence) or not names or not all(isinstance(n, str) for n in names):
         raise TypeError(f"{name} must be a mesh axis name or a sequence of them (got {name}={value!r})")
+    repeated = sorted({n for n in names if list(names).count(n) > 1})
+    if repeated:
+        raise ValueError(
+            f"{name} must name each mesh axis once (got {name}={tuple(names)!r}: {repeated} repeated)"
+        )
     return tuple(names)
 
 

@@ -5,7 +5,8 @@ meshbatch validate-cache /data/cache --deep   # also reads every chunk and verif
 meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
 
 A failure prints one line, ``meshbatch <command>: error: <what went wrong>``, and exits 1; ``-v``
-shows the traceback instead.
+shows the traceback instead. Ctrl-C prints one line saying how to go on (``build-cache``: run the
+same command again to resume) and exits 130.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def _build_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+_AFTER_INTERRUPT = {
+    "build-cache": "the rows committed so far are kept: run the same command again to resume",
+    "preblock": "the output is incomplete: run the same command again to rebuild it",
+}
 _SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks)
 
 
@@ -115,6 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     try:
         return args.run(args)
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, and how to go on
+        if args.verbose:
+            raise
+        print(
+            f"meshbatch {args.command}: interrupted; {_AFTER_INTERRUPT.get(args.command, '')}",
+            file=sys.stderr,
+        )
+        return 130
     except Exception as e:  # one line for the user; -v for the traceback
         if args.verbose:
             raise

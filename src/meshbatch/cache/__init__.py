@@ -18,6 +18,8 @@ from .reader import TokenCache as TokenCache
 from .reads import PendingRead as PendingRead
 from .reads import run_reads as run_reads
 from .sharded_writer import ShardedCacheWriter as ShardedCacheWriter
+from .stores import StoreUnavailableError as StoreUnavailableError
+from .stores import kvstore_spec as kvstore_spec
 from .tokenizers import ByteTokenizer as ByteTokenizer
 from .tokenizers import HFTokenizer as HFTokenizer
 from .tokenizers import Tokenizer as Tokenizer

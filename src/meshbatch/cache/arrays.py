@@ -26,6 +26,8 @@ import numpy as np
 import tensorstore as ts
 
 from .checks import CacheIntegrityError
+from .stores import kvstore_spec as kvstore_spec
+from .stores import store_context_spec
 
 logger = logging.getLogger(__name__)
 
@@ -41,21 +43,15 @@ _shared_context: ts.Context | None = None
 def shared_context() -> ts.Context:
     """The process-wide TensorStore context (cache pool + I/O concurrency) every cache open uses.
 
-    Its cache pool holds ``MESHBATCH_TS_CACHE_BYTES`` bytes (default 1 GiB) of decoded chunks.
+    Its cache pool holds ``MESHBATCH_TS_CACHE_BYTES`` bytes (default 1 GiB) of decoded chunks;
+    object-store requests are retried a bounded number of times (``stores.store_context_spec``).
     """
     global _shared_context
     with _context_lock:
         if _shared_context is None:
             limit = int(os.environ.get("MESHBATCH_TS_CACHE_BYTES", DEFAULT_CACHE_POOL_BYTES))
-            _shared_context = ts.Context({"cache_pool": {"total_bytes_limit": limit}})
+            _shared_context = ts.Context(store_context_spec(cache_bytes=limit))
         return _shared_context
-
-
-def kvstore_spec(path: str) -> str | dict:
-    """A TensorStore kvstore for directory ``path``: a local path or any TensorStore URL (``gs://``)."""
-    if "://" in path:
-        return path.rstrip("/") + "/"
-    return {"driver": "file", "path": os.path.abspath(path) + "/"}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import IO, Literal
 
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 
 from meshbatch.arguments import check_choice, check_int
 
-from .checks import as_token_dtype, check_name, check_path
+from .checks import as_token_dtype, check_component, check_name, check_path
 from .ledger import Ledger, ledger_metadata, try_read_ledger
 from .tokenizers import ByteTokenizer, Tokenizer
 from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists
@@ -63,6 +64,10 @@ def iter_documents(
                     yield from (line.rstrip("\r\n") for line in f if line.strip())
         except UnicodeDecodeError as e:
             raise ValueError(_not_utf8(path, e)) from e
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            if not path.endswith(".gz"):
+                raise
+            raise ValueError(f"inputs: {path} is not a complete gzip file: {type(e).__name__}: {e}") from e
 
 
 def build_cache(
@@ -108,7 +113,7 @@ def build_cache(
         hasattr(tokenizer, a) for a in ("encode_batch", "vocab_size", "metadata")
     ):
         raise TypeError(f"tokenizer must provide encode_batch, vocab_size and metadata (got {tokenizer!r})")
-    check_name("field", field)
+    check_component("field", field)
     check_name("text_key", text_key)
     check_choice("text_docs", text_docs, TextDocs)
     check_choice("if_exists", if_exists, IfExists)
@@ -178,7 +183,15 @@ def _jsonl_text(line: str, text_key: str, *, where: str) -> str:
         raise ValueError(f"{where}: not valid JSON ({e})") from e
     if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
         raise ValueError(f"{where}: expected a JSON object with a string {text_key!r} field")
-    return record[text_key]
+    text = record[text_key]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # "\ud800" escapes a lone surrogate: valid JSON, not text
+        raise ValueError(
+            f"{where}: the {text_key!r} field holds a lone surrogate {text[e.start]!r} at character "
+            f"{e.start}: not encodable as UTF-8 text"
+        ) from e
+    return text
 
 
 def _check_inputs(paths) -> list[str]:

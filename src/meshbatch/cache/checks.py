@@ -104,6 +104,46 @@ def check_data_end(end: int, *, data: ts.TensorStore, recorded: int | None, wher
         ) from e
 
 
+def check_extent(end: int, *, data: ts.TensorStore, offsets: ts.TensorStore, rows: int, where: str) -> None:
+    """Checks that a finished part stops where its last offset says: what lies past it is fill.
+
+    Writers never write past the last row (Levanter's and meshbatch's, whose resume zeroes rows
+    it truncates), so the rest of the chunk holding the last token reads 0, and so does
+    ``offsets[rows + 1]`` (or its chunk is not stored). A last offset moved back, or a chunk copied
+    over from a larger cache, leaves tokens there: one chunk decode, no checksum needed::
+
+        offsets [3, 2, 3, 6], data [5, 6, 7, 8, 9, 9, 0, 0]   -> fine
+        offsets [3, 2, 3, 5], data [5, 6, 7, 8, 9, 9, 0, 0]   -> data[5] = 9 past the last row
+
+    Args:
+        end: the last offset; rows: the part's rows; where: the offsets array's path, for messages.
+    """
+    size = int(data.chunk_layout.read_chunk.shape[0] or 1)
+    stop = min(-(-end // size) * size, data.domain.exclusive_max[0]) if end % size else end + 1
+    stop = min(stop, data.domain.exclusive_max[0])
+    with ts.Batch() as batch:
+        tail = data[end:stop].read(batch=batch) if stop > end else None
+        after = offsets[rows + 1 : rows + 2].read(batch=batch)
+    for name, future, first in (("data", tail, end), ("offsets", after, rows + 1)):
+        if future is None:
+            continue
+        try:
+            values = future.result()
+        except ValueError as e:
+            if "NOT_FOUND" in str(e):
+                continue  # nothing stored past the end
+            raise CacheIntegrityError(
+                f"{where}: the chunk past the last row of {name} cannot be read: {e}"
+            ) from e
+        bad = np.flatnonzero(values)
+        if bad.size:
+            at, value = first + int(bad[0]), int(values[bad[0]])
+            raise CacheIntegrityError(
+                f"{where}: the last row ends at token {end}, but {name}[{at}] = {value} past it "
+                "is not the fill value 0 (a last offset moved back, or a chunk from another cache)"
+            )
+
+
 # -- arguments at the host boundary -------------------------------------------------------------
 
 
@@ -122,6 +162,43 @@ def check_name(name: str, value) -> str:
         raise TypeError(f"{name} must be a str (got {name}={value!r})")
     if not value:
         raise ValueError(f"{name} must not be empty (got {name}={value!r})")
+    return value
+
+
+def check_component(name: str, value) -> str:
+    r"""One path component from a caller (a field, shard or output name): it names a directory
+    inside the one it is joined to and can never leave it.
+
+        "input_ids", "part-0", "shard.1"    accepted
+        "", ".", "..", "a/b", "../x", "/abs", "a\b", "a\0b"   ValueError naming the parameter
+    """
+    value = check_name(name, value)
+    bad = (
+        value in (".", "..") or any(sep in value for sep in ("/", "\\", "\0", os.sep)) or os.path.isabs(value)
+    )
+    if bad:
+        raise ValueError(
+            f"{name} must be a single path component: no '/', '\\' or NUL, not absolute, not '.' "
+            f"or '..' (got {name}={value!r})"
+        )
+    return value
+
+
+def check_relative_path(name: str, value) -> str:
+    """A relative path below a directory, ``/``-separated, each part a ``check_component`` (a shard
+    name: ``"part-0"``, ``"sub/part-1"``; never ``"../x"``, ``"a/../b"``, ``"a//b"`` or ``"/abs"``).
+    """
+    value = check_name(name, value)
+    if value.startswith("/") or os.path.isabs(value):
+        raise ValueError(f"{name} must be a relative path inside the cache (got {name}={value!r})")
+    for part in value.split("/"):
+        try:
+            check_component(name, part)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be a relative path of names separated by '/': no '..', '.' or empty part, "
+                f"no '\\' or NUL (got {name}={value!r})"
+            ) from None
     return value
 
 

@@ -47,9 +47,18 @@ class Contents:
 
 
 def load_contents(
-    path: str, field: str, ledger: Ledger, old: Contents, *, context: ts.Context, expected: np.dtype | None
+    path: str,
+    field: str,
+    ledger: Ledger,
+    old: Contents,
+    *,
+    context: ts.Context,
+    expected: np.dtype | None,
+    verify: bool = True,
 ) -> Contents:
     """``old`` brought up to ``ledger``; only new rows and new shards are read.
+
+    With ``verify``, each segment carries the verifier of its data chunks (``verify.py``).
 
     Raises:
         CacheIntegrityError: a changed layout, fewer rows than loaded, rewritten shards, a dtype
@@ -60,8 +69,8 @@ def load_contents(
             f"cache at {path} changed layout {old.ledger.layout!r} -> {ledger.layout!r}"
         )
     if ledger.layout == CONSOLIDATED:
-        return _consolidated(path, field, ledger, old, context=context, expected=expected)
-    return _sharded(path, field, ledger, old, context=context, expected=expected)
+        return _consolidated(path, field, ledger, old, context=context, expected=expected, verify=verify)
+    return _sharded(path, field, ledger, old, context=context, expected=expected, verify=verify)
 
 
 def _dtype(
@@ -73,11 +82,12 @@ def _dtype(
     return found
 
 
-def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expected) -> Contents:
+def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expected, verify) -> Contents:
     rows, loaded = ledger.total_num_rows, old.offsets.shape[0] - 1
     if rows < loaded:
         raise CacheIntegrityError(f"cache at {path} went backwards: {rows} rows < {loaded} loaded")
-    arrays, offsets = load_part(
+    before = old.segments[0].verifier if old.segments else None
+    arrays, offsets, verifier = load_part(
         path,
         field,
         rows=rows,
@@ -86,13 +96,15 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
         context=context,
         arrays=old.arrays,
         loaded=old.offsets,
+        verify=verify,
+        verified=before.verified() if before is not None else frozenset(),
     )
     dtype = _dtype(arrays.data, expected, old.dtype, where=arrays.data_path)
-    segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path)
+    segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path, verifier)
     return Contents(ledger, offsets, (segment,), dtype, ("",), arrays)
 
 
-def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected) -> Contents:
+def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify) -> Contents:
     entries = shard_table(ledger, field)
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
@@ -103,21 +115,21 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected) -
 
     def load(entry):
         root = posixpath.join(path, entry.name)
-        arrays, offsets = load_part(
-            root, field, rows=entry.rows, finished=True, recorded=entry.tokens, context=context
+        arrays, offsets, verifier = load_part(
+            root, field, rows=entry.rows, finished=True, recorded=entry.tokens, context=context, verify=verify
         )
-        return arrays.data, offsets
+        return arrays.data, offsets, verifier
 
     with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
         loaded_parts = list(pool.map(load, entries[loaded:]))
     offsets, segments, dtype = [old.offsets], list(old.segments), old.dtype
     start = int(old.offsets[-1])
-    for entry, (data, shard_offsets) in zip(entries[loaded:], loaded_parts, strict=True):
+    for entry, (data, shard_offsets, verifier) in zip(entries[loaded:], loaded_parts, strict=True):
         where = posixpath.join(path, entry.name, field, "data")
         dtype = _dtype(data, expected, dtype, where=where)
         offsets.append(shard_offsets[1:] + start)
         if entry.tokens:
-            segments.append(Segment(where, start, entry.tokens, data, path))
+            segments.append(Segment(where, start, entry.tokens, data, path, verifier))
         start += entry.tokens
     parts = tuple(e.name for e in entries)
     return Contents(ledger, np.concatenate(offsets), tuple(segments), dtype, parts, None)

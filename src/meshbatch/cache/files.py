@@ -1,14 +1,32 @@
-"""Small local files of a cache (ledger, checksum sidecar): atomic JSON writes and their leftovers.
+"""Small files of a cache (ledger, checksum sidecar): atomic JSON writes and their leftovers.
 
 write_json_atomic("/c/shard_ledger.json", {...})
   -> /c/shard_ledger.json.tmp-4242-<32 hex>   written, fsynced
   -> renamed over /c/shard_ledger.json, directory fsynced
 killed before the rename: the temp file stays; remove_stale_temp_files("/c") deletes it when a
 writer next opens the cache.
+
+TensorStore's own leftovers matter more. Its file kvstore writes key ``c/0`` by writing
+``c/0.__lock`` and renaming it over ``c/0``; a writer killed before the rename leaves ``c/0.__lock``
+holding part or all of a value. TensorStore (0.1.86) reuses that file for the next write of the key
+without truncating it when the new value is shorter, so the rename installs the new bytes followed
+by the stale tail::
+
+    c/0.__lock  13105 bytes left by a SIGKILLed writer
+    next write  12926 bytes -> c/0 = 12926 new bytes + 179 stale bytes   (size 13105)
+
+A zarr v3 shard keeps its index (with a CRC-32C) in its last bytes, so the whole shard, every
+committed row in it, then fails with ``DATA_LOSS ... Digest mismatch``. ``remove_stale_lock_files``
+deletes the lock files no live writer holds before a cache writer's first write.
+
+At an object-store URL (``gs://``, ``s3://``) the file is one object written with one PUT through
+TensorStore's kvstore: a reader sees the old object or the new one, so no temp file is needed.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -16,8 +34,14 @@ import re
 import uuid
 from typing import Any
 
+import tensorstore as ts
+
+from .arrays import shared_context
+from .stores import is_url, kvstore_spec
+
 logger = logging.getLogger(__name__)
 
+LOCK_SUFFIX = ".__lock"  # TensorStore's file kvstore: <key>.__lock, renamed over <key> to commit
 _TEMP_FILE = re.compile(r"^.+\.json\.tmp-(\d+)-[0-9a-f]{32}$")
 
 
@@ -28,8 +52,10 @@ def write_json_atomic(path: str, value: Any) -> None:
     ``path``, and the directory is fsynced. A writer killed before the rename leaves the temp file;
     ``remove_stale_temp_files`` deletes it when a writer next opens the cache.
     """
-    if "://" in path:
-        raise ValueError(f"cache metadata is written to local paths only (got path={path!r})")
+    if is_url(path):
+        directory, name = path.rsplit("/", 1)
+        _kvstore(directory).write(name, json.dumps(value).encode()).result()
+        return
     root = os.path.dirname(path)
     os.makedirs(root, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -51,8 +77,8 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     A temp file whose process is still alive on this host (and is not this process) is kept: it may
     be another writer mid-commit. Returns the names removed.
     """
-    if not os.path.isdir(directory):
-        return []
+    if is_url(directory) or not os.path.isdir(directory):
+        return []  # object stores get no temp files
     removed = []
     for name in os.listdir(directory):
         match = _TEMP_FILE.match(name)
@@ -69,11 +95,71 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     return removed
 
 
+def remove_stale_lock_files(directory: str) -> list[str]:
+    """Deletes TensorStore ``*.__lock`` files under ``directory`` that no live writer holds.
+
+    A lock file is stale when its byte-range lock can be taken without waiting (a writer holds it
+    only while it writes, and the lock dies with its process). Deleting it while holding its lock,
+    after checking it is still the file at that path, is what TensorStore's own locking rule allows.
+    Returns the paths removed (relative to ``directory``). Object stores have no lock files.
+    """
+    if is_url(directory):
+        return []
+    removed = []
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            if name.endswith(LOCK_SUFFIX) and _remove_unheld_lock(os.path.join(parent, name)):
+                removed.append(os.path.relpath(os.path.join(parent, name), directory))
+    if removed:
+        logger.info("removed stale TensorStore lock files %s from %s", removed, directory)
+    return removed
+
+
+def _remove_unheld_lock(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # conflicts with TensorStore's OFD locks
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            logger.warning("keeping %s: a live writer holds it", path)
+            return False
+        try:
+            if os.stat(path).st_ino != os.fstat(fd).st_ino:
+                return False  # renamed or replaced since we opened it: not ours to delete
+        except FileNotFoundError:
+            return False
+        os.unlink(path)
+        _fsync_dir(os.path.dirname(path))
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_file(path: str) -> None:
     """Deletes ``path`` if it exists, durably (the directory is fsynced)."""
+    if is_url(path):
+        directory, name = path.rsplit("/", 1)
+        _kvstore(directory).write(name, None).result()  # None deletes
+        return
     if os.path.exists(path):
         os.unlink(path)
         _fsync_dir(os.path.dirname(path))
+
+
+def directory_exists(path: str) -> bool:
+    """Whether anything is stored under directory ``path`` (an object-store prefix or a local dir)."""
+    if not is_url(path):
+        return os.path.exists(path)
+    return bool(_kvstore(path).list().result())
+
+
+def _kvstore(directory: str) -> ts.KvStore:
+    return ts.KvStore.open(kvstore_spec(directory), context=shared_context()).result()
 
 
 def _process_alive(pid: int) -> bool:

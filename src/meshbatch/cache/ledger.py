@@ -13,8 +13,8 @@ A Levanter cache is committed by its ledger. Two layouts exist:
        "field_counts": {"input_ids": 16}, ...}
       rows 0-1 -> <root>/part-0, rows 2-4 -> <root>/part-1; tokens 0-6 and 7-15 likewise
 
-Ledgers are read through TensorStore's kvstore (so any TensorStore URL works) and written locally
-by an atomic temp-file + fsync + rename, so a reader sees either the old ledger or the new one.
+Ledgers are read and written through TensorStore's kvstore at object-store URLs (one PUT each) and
+written locally by an atomic temp-file + fsync + rename, so a reader sees the old ledger or the new one.
 Every value is type-checked on read: ``"total_num_rows": null`` or ``"is_finished": "yes"`` is a
 ``CacheIntegrityError`` naming the file and key, never a crash or a truthy guess.
 """
@@ -35,6 +35,7 @@ import tensorstore as ts
 from .arrays import kvstore_spec, shared_context
 from .checks import CacheIntegrityError
 from .files import remove_file, write_json_atomic
+from .stores import result
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,9 @@ class LedgerFile:
     def __init__(self, root: str, *, context: ts.Context | None = None):
         self.root = root
         self.where = posixpath.join(root, LEDGER_FILE_NAME)
-        self._kvstore = ts.KvStore.open(kvstore_spec(root), context=context or shared_context()).result()
+        self._kvstore = result(
+            ts.KvStore.open(kvstore_spec(root), context=context or shared_context()), what=f"opening {root}"
+        )
         local = root.removeprefix("file://")
         self._local = None if "://" in local else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
 
@@ -160,7 +163,7 @@ class LedgerFile:
             CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
         """
         stamp = self._stat()
-        found = self._kvstore.read(LEDGER_FILE_NAME).result()
+        found = result(self._kvstore.read(LEDGER_FILE_NAME), what=f"reading {self.where}")
         if found.state != "value":
             raise FileNotFoundError(
                 f"no ledger at {self.where}: not a token cache, or its writer never committed a row"
@@ -177,7 +180,7 @@ class LedgerFile:
             future = self._kvstore.read(LEDGER_FILE_NAME, if_not_equal=stamp)
 
             def answer():
-                found = future.result()
+                found = result(future, what=f"checking {self.where}")
                 if found.state == "unspecified":
                     return False, None, stamp
                 if found.state == "missing":
@@ -235,13 +238,13 @@ def try_read_ledger(root: str) -> Ledger | None:
 
 
 def write_ledger(root: str, ledger: Ledger) -> None:
-    """Commits ``ledger`` to ``<root>/shard_ledger.json`` atomically and durably (local paths only)."""
-    write_json_atomic(os.path.join(root, LEDGER_FILE_NAME), ledger.to_dict())
+    """Commits ``ledger`` to ``<root>/shard_ledger.json`` atomically and durably (local or object store)."""
+    write_json_atomic(posixpath.join(root, LEDGER_FILE_NAME), ledger.to_dict())
 
 
 def remove_ledger(root: str) -> None:
     """Deletes ``<root>/shard_ledger.json`` (durably) so the cache no longer reads as committed."""
-    remove_file(os.path.join(root, LEDGER_FILE_NAME))
+    remove_file(posixpath.join(root, LEDGER_FILE_NAME))
 
 
 def ledger_metadata(preprocessor_metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,7 +10,11 @@ scattered single-use spans it only adds read amplification, so it is opt-in::
     request 1 -> block 0 = tokens [0, 4): miss, read, keep
     request 2 -> block 1 = tokens [4, 8): miss, read, keep   (block 0 still cached: hits later)
 
-Nothing is shared between processes; hit/miss/eviction counts are on ``stats()``.
+Nothing is shared between processes; hit/miss/eviction counts are on ``stats()``. Threads share a
+block being read: the first to miss it reads it (``claim`` makes it the owner), the others wait for
+that read instead of reading the same block again (``shared`` counts them)::
+
+    thread 1: claim(b) -> owner, reads b, fulfil(b)      thread 2: claim(b) -> waits, gets b
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class BlockCache:
         self._blocks: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._pending: dict[Hashable, Pending] = {}
+        self.shared = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -55,6 +61,40 @@ class BlockCache:
             self._blocks.move_to_end(key)
             self.hits += 1
             return block
+
+    def claim(self, key: Hashable) -> tuple[np.ndarray | None, Pending | None, bool]:
+        """``(block, None, False)`` on a hit; else ``(None, pending, owner)``: the owner (the first
+        to miss) must ``fulfil`` or ``abandon`` the key; the others wait on ``pending``."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+                self.hits += 1
+                return block, None, False
+            pending = self._pending.get(key)
+            if pending is not None:
+                self.shared += 1
+                return None, pending, False
+            self.misses += 1
+            pending = self._pending[key] = Pending()
+            return None, pending, True
+
+    def fulfil(self, key: Hashable, block: np.ndarray) -> None:
+        """The owner of ``key`` read ``block``: cache it and hand it to the waiting threads."""
+        self.put(key, block)
+        with self._lock:
+            pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending.block = block
+            pending.done.set()
+
+    def abandon(self, key: Hashable, error: BaseException) -> None:
+        """The owner of ``key`` failed to read it: the waiting threads get ``error``."""
+        with self._lock:
+            pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending.error = error
+            pending.done.set()
 
     def put(self, key: Hashable, block: np.ndarray) -> None:
         """Inserts ``block`` (an owned array) and evicts least recently used blocks beyond ``max_bytes``.
@@ -81,12 +121,22 @@ class BlockCache:
             self._bytes = 0
 
     def stats(self) -> dict[str, int]:
-        """Hits, misses, evictions, blocks held and bytes held."""
+        """Hits, misses, evictions, reads shared with another thread, blocks held and bytes held."""
         with self._lock:
             return {
                 "hits": self.hits,
                 "misses": self.misses,
                 "evictions": self.evictions,
+                "shared": self.shared,
                 "blocks": len(self._blocks),
                 "bytes": self._bytes,
             }
+
+
+class Pending:
+    """A block one thread is reading for others: set ``done`` with ``block`` or ``error``."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.block: np.ndarray | None = None
+        self.error: BaseException | None = None

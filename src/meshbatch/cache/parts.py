@@ -8,7 +8,10 @@ offsets array fails by name instead of allocating what it claims::
     offsets[rows] != ledger field count       -> "reach token 25, but the ledger records 21 tokens"
     then offsets[loaded + 1 : rows + 1]       (only rows not loaded yet), checked monotone
     the data chunk holding the last token     (must exist and decode: no fill values)
+    finished: nothing but fill past the end    (rest of that chunk, offsets[rows + 1]: 0 or not stored)
     the checksum sidecar's dtype and counts   (if meshbatch wrote the part)
+    with verification (``verify.py``): the new offsets' chunks summed against the sidecar, and
+    the whole last data chunk read and summed (a chunk copied from a smaller cache reads zeros)
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import numpy as np
 import tensorstore as ts
 
 from .arrays import FieldArrays, open_field
-from .checks import CacheIntegrityError, check_data_end, check_offsets, check_row_count
+from .checks import CacheIntegrityError, check_data_end, check_extent, check_offsets, check_row_count
 from .checksums import check_sidecar
+from .verify import ChunkVerifier, check_last_chunk, verify_offsets
 
 
 def load_part(
@@ -33,7 +37,9 @@ def load_part(
     context: ts.Context,
     arrays: FieldArrays | None = None,
     loaded: np.ndarray | None = None,
-) -> tuple[FieldArrays, np.ndarray]:
+    verify: bool = True,
+    verified: frozenset = frozenset(),
+) -> tuple[FieldArrays, np.ndarray, ChunkVerifier | None]:
     """Opens (or reuses) the part's arrays and loads its offsets up to ``rows``.
 
     Args:
@@ -45,9 +51,13 @@ def load_part(
         context: TensorStore context of the opens.
         arrays: the part's arrays, if already open.
         loaded: int64 offsets loaded before (normalised, starting at 0); only rows after them are read.
+        verify: check the new offsets and the last data chunk against the checksum sidecar, and
+            return the verifier of the part's data chunks.
+        verified: chunks the previous snapshot's verifier had verified (kept where still final).
 
     Returns:
-        The arrays and int64 ``[rows + 1]`` offsets starting at 0.
+        The arrays, int64 ``[rows + 1]`` offsets starting at 0, and the data chunks' verifier
+        (``None`` without a sidecar or with ``verify=False``).
 
     Raises:
         CacheIntegrityError: see the module docstring.
@@ -59,12 +69,24 @@ def load_part(
     offsets = check_offsets(
         np.concatenate([raw[:1], loaded[1:], raw[1:]]), rows=rows, finished=finished, where=where
     )
-    end = int(offsets[-1])
-    if end > loaded[-1] or finished:
+    end, grew = int(offsets[-1]), rows > loaded.shape[0] - 1
+    sums = None
+    if end > loaded[-1] or finished or verify:
         check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+        if finished:
+            check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
         dtype = np.dtype(arrays.data.dtype.numpy_dtype)
-        check_sidecar(arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context)
-    return arrays, offsets
+        sums = check_sidecar(
+            arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context
+        )
+    if not verify or sums is None:
+        return arrays, offsets, None
+    if grew or finished:
+        verify_offsets(np.concatenate([raw[:1], offsets[1:]]), sums, first=loaded.shape[0], where=where)
+    verifier = ChunkVerifier(sums, end, where=arrays.data_path, verified=verified)
+    if end > loaded[-1] or finished:
+        check_last_chunk(verifier, arrays.data, end, cache=root)
+    return arrays, offsets, verifier
 
 
 def _read_offsets(

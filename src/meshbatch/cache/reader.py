@@ -12,8 +12,9 @@ global token offsets, so they may cross rows and, in the sharded layout, shards:
 Quick start: ``open(..., require_finished=False)`` reads a cache still being written; it sees the rows
 its ledger commits, and ``refresh()`` / ``wait_for_rows(n)`` pick up rows committed since.
 
-What a reader returns is what its writer committed, or an error: a missing or undecodable chunk is a
-``CacheIntegrityError`` naming the cache, array and token range (never zeros), and a cache replaced
+What a reader returns is what its writer committed, or an error: a missing or undecodable chunk, or
+one that fails the checksum its writer recorded (``verify.py``), is a ``CacheIntegrityError`` naming
+the cache, array and token range (never zeros or other tokens), and a cache replaced
 or rewritten under the reader is a ``CacheChangedError`` on the next read (see ``watch.py``).
 """
 
@@ -34,7 +35,8 @@ from .contents import Contents, load_contents
 from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
-from .watch import LedgerWatch
+from .verify import verify_default
+from .watch import LedgerWatch, shard_ledgers
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class TokenCache:
         self._contents = Contents()
         self._expected_dtype: np.dtype | None = None
         self._watch: LedgerWatch | None = None
+        self.verify = True
 
     @classmethod
     def open(
@@ -62,6 +65,7 @@ class TokenCache:
         dtype: np.dtype | str | None = None,
         block_cache: BlockCache | None = None,
         context: ts.Context | None = None,
+        verify: bool | None = None,
     ) -> TokenCache:
         """Opens and validates the cache at ``path`` (a local path or TensorStore URL).
 
@@ -73,13 +77,16 @@ class TokenCache:
             dtype: if given, the on-disk token dtype must equal it.
             block_cache: serve reads through this LRU of decoded blocks.
             context: TensorStore context; defaults to the process-wide shared one.
+            verify: check what is read against the writer's checksum sidecar (``verify.py``):
+                the offsets and the last data chunk at open, each data chunk on its first read.
+                ``None``: on unless the environment sets ``MESHBATCH_VERIFY_READS=0``.
 
         Raises:
             TypeError, ValueError: a bad argument, named.
             FileNotFoundError: no ledger, or missing zarr metadata.
             ValueError: unfinished ledger (with ``require_finished``).
             CacheIntegrityError: inconsistent ledger, offsets not monotone or beyond the data, arrays
-                not in Levanter's layout, dtype mismatch.
+                not in Levanter's layout, dtype mismatch, a chunk that fails its checksum.
         """
         path = check_path("path", path)
         check_bool("require_finished", require_finished)
@@ -91,6 +98,7 @@ class TokenCache:
             path, check_name("field", field), block_cache=block_cache, context=context or shared_context()
         )
         cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
+        cache.verify = verify_default() if verify is None else check_bool("verify", verify)
         file = LedgerFile(path, context=cache._context)
         ledger, stamp = file.read()
         if require_finished and not ledger.is_finished:
@@ -98,8 +106,9 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
+        shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
         cache._load(ledger)
-        cache._watch = LedgerWatch(file, ledger, stamp)
+        cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 
     @property
@@ -157,6 +166,9 @@ class TokenCache:
         ledger, stamp = self._watch.file.read()
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
+            self._watch.add_shards(
+                shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
+            )
             self._load(ledger)
         self._watch.update(ledger, stamp)
         return self.num_rows
@@ -257,7 +269,15 @@ class TokenCache:
             bytes_read=nbytes,
         )
         check = self._watch.start if self._watch is not None else None
-        return PendingRead(runs.span_starts + at, at + int(runs.run_offsets[-1]), targets, finish, check)
+        return PendingRead(
+            runs.span_starts + at,
+            at + int(runs.run_offsets[-1]),
+            targets,
+            finish,
+            check,
+            publish=getattr(finish, "publish", None),
+            abort=getattr(finish, "abort", None),
+        )
 
     def read_spans(self, starts, lengths) -> SpanRead:
         """Reads token spans (coalesced, see ``read_runs``) and returns them in request order."""
@@ -293,4 +313,5 @@ class TokenCache:
             self._contents,
             context=self._context,
             expected=self._expected_dtype,
+            verify=self.verify,
         )

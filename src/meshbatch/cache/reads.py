@@ -18,10 +18,13 @@ Nothing damaged or replaced is served: a read that fails (a chunk missing, since
 fill missing chunks, or one that does not decode) raises ``CacheIntegrityError`` naming the cache,
 the array and the token range; and after the reads, each cache read checks that its ledger is the
 one it loaded (one conditional read per cache per batch), raising ``CacheChangedError`` otherwise.
+A store that does not answer (object-store server gone, 5xx after TensorStore's bounded retries,
+no answer within ``MESHBATCH_READ_TIMEOUT_S``) raises ``StoreUnavailableError`` instead.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,7 +33,9 @@ import numpy as np
 import tensorstore as ts
 
 from .checks import CacheIntegrityError
-from .lru import BlockCache
+from .lru import BlockCache, Pending
+from .stores import StoreUnavailableError, is_unavailable, read_timeout_s
+from .verify import ChunkVerifier
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class Segment:
         tokens: committed tokens in the array.
         data: the open array.
         cache: the root of the cache it belongs to, for messages.
+        verifier: checks each data chunk on its first read against the writer's CRC-32
+            (``verify.py``); ``None`` for a cache without checksums or with verification off.
     """
 
     key: str
@@ -50,6 +57,7 @@ class Segment:
     tokens: int
     data: ts.TensorStore
     cache: str = ""
+    verifier: ChunkVerifier | None = None
 
 
 class Target(NamedTuple):
@@ -79,6 +87,9 @@ class PendingRead:
         finish: called after every target is read (block-cache copies, dtype checks), or ``None``.
         check: starts checking that the cache read is unchanged and returns the function that
             completes the check (raising ``CacheChangedError``); reads of one cache share one check.
+        publish: called after every target is read, before any ``finish``: hands blocks read for
+            other threads to them (a block cache's shared reads), or ``None``.
+        abort: called with the error when the reads fail, or ``None``.
     """
 
     span_starts: np.ndarray
@@ -86,6 +97,8 @@ class PendingRead:
     targets: list[Target]
     finish: Callable[[], None] | None
     check: Callable[[], Callable[[], None]] | None = None
+    publish: Callable[[], None] | None = None
+    abort: Callable[[BaseException], None] | None = None
 
 
 def plan_runs(
@@ -108,14 +121,70 @@ def plan_runs(
 
     Returns:
         ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
+        Whole-chunk reads that verify chunks read for the first time come after the data
+        reads in ``targets`` and are not counted in ``bytes_read``.
     """
     pieces = list(_pieces(segments, run_starts, run_offsets))
     if not pieces:
         return [], None, 0
     if block_cache is None:
         targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
-        return targets, None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
-    return _plan_blocks(pieces, dest, block_cache)
+        finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+    else:
+        targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
+    checks, verify = _plan_verification(pieces, targets)
+    if verify is None:
+        return targets, finish, nbytes
+
+    def verify_then_finish() -> None:
+        verify()
+        if finish is not None:
+            finish()
+
+    return targets + checks, verify_then_finish, nbytes
+
+
+def _plan_verification(pieces, reads: list[Target]) -> tuple[list[Target], Callable[[], None] | None]:
+    """What verifies the chunks ``pieces`` touch that are not verified yet, and the extra reads it needs.
+
+    A chunk that one of ``reads`` covers whole is summed from that read's destination (no extra
+    read); any other is read whole in the same batch::
+
+        chunk 3 = tokens [768, 1024), read [700, 1100) -> summed from that read's dest[68:324]
+        chunk 4 = tokens [1024, 1280), read [1100, 1110) -> one more read of [1024, 1280)
+    """
+    wanted: dict[tuple, tuple[Segment, int]] = {}
+    for _, seg, lo, hi in pieces:
+        if seg.verifier is not None:
+            for k in seg.verifier.pending(lo, hi):
+                wanted.setdefault((seg.key, k), (seg, k))
+    if not wanted:
+        return [], None
+    covered: dict[tuple, Target] = {}  # chunks some read covers whole: one pass over the reads
+    for t in reads:
+        verifier, end = t.segment.verifier, t.start + t.dest.shape[0]
+        if verifier is None:
+            continue
+        for k in range(-(-t.start // verifier.size), min(end // verifier.size + 1, verifier.limit)):
+            if (t.segment.key, k) in wanted and verifier.bounds(k)[1] <= end:
+                covered.setdefault((t.segment.key, k), t)
+    sources, extra = [], []
+    for key, (seg, k) in wanted.items():
+        lo, hi = seg.verifier.bounds(k)
+        dtype = np.dtype(seg.data.dtype.numpy_dtype)
+        covering = covered.get(key)
+        if covering is None:
+            covering = Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo)
+            extra.append(covering)
+        sources.append((seg, k, covering, lo - covering.start, hi - covering.start, dtype))
+
+    def verify() -> None:
+        for seg, k, target, a, b, dtype in sources:
+            values = target.dest[a:b]  # widened on decode at most: casting back is exact
+            values = values if values.dtype == dtype else values.astype(dtype)
+            seg.verifier.check(k, values, cache=seg.cache, token_start=seg.token_start)
+
+    return extra, verify
 
 
 def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, where: str) -> PendingRead:
@@ -139,17 +208,27 @@ def run_reads(reads: Sequence[PendingRead]) -> None:
         CacheChangedError: a cache read was replaced or changed since it was opened (checked after
             the reads, so no token of a replaced cache is returned).
         CacheIntegrityError: a read failed: a chunk is missing or does not decode.
+        StoreUnavailableError: the store did not answer within its retries and the read timeout.
     """
     checks = list(dict.fromkeys(read.check for read in reads if read.check is not None))
     try:
-        _read_into([target for read in reads for target in read.targets])
-    except CacheIntegrityError:
-        _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
+        try:
+            _read_into([target for read in reads for target in read.targets])
+        except CacheIntegrityError:
+            _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
+            raise
+        _run_checks(checks)
+        for read in reads:  # every block read for others is handed over before anyone waits for one
+            if read.publish is not None:
+                read.publish()
+        for read in reads:
+            if read.finish is not None:
+                read.finish()
+    except BaseException as error:
+        for read in reads:
+            if read.abort is not None:
+                read.abort(error)
         raise
-    _run_checks(checks)
-    for read in reads:
-        if read.finish is not None:
-            read.finish()
 
 
 def _run_checks(checks: list[Callable[[], Callable[[], None]]]) -> None:
@@ -193,6 +272,8 @@ def _read_into(targets: list[Target]) -> None:
     array (measured 2-3x faster than ``read()`` plus a copy for multi-MiB reads). Every read is
     awaited before the first failure is raised, so nothing writes into a buffer after this returns.
     """
+    timeout = read_timeout_s()
+    deadline = time.monotonic() + timeout
     with ts.Batch() as batch:
         futures = [
             ts.array(target.dest, copy=False, write=True).write(target.source, batch=batch)
@@ -201,11 +282,19 @@ def _read_into(targets: list[Target]) -> None:
     failed = None
     for target, future in zip(targets, futures, strict=True):
         try:
-            future.result()
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError as e:
+            for pending in futures:
+                pending.cancel()
+            raise StoreUnavailableError(
+                f"{target.describe()}: no answer from the store within {timeout}s (MESHBATCH_READ_TIMEOUT_S)"
+            ) from e
         except Exception as e:  # TensorStore reports I/O and decode failures as ValueError and others
             failed = failed or (target, e)
     if failed is not None:
         target, e = failed
+        if is_unavailable(e):
+            raise StoreUnavailableError(f"{target.describe()}: the store did not answer: {e}") from e
         raise CacheIntegrityError(f"{target.describe()}: read failed: {e}") from e
 
 
@@ -218,17 +307,20 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     size = cache.block_tokens
     dtype = np.dtype(pieces[0][1].data.dtype.numpy_dtype) if pieces else dest.dtype
     blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
-    missing: dict[tuple, tuple[Segment, int]] = {}
+    missing: dict[tuple, tuple[Segment, int]] = {}  # blocks this request reads (it owns them)
+    waiting: dict[tuple, Pending] = {}  # blocks another thread is reading
     for _, seg, lo, hi in pieces:
         for k in range(lo // size, (hi - 1) // size + 1):
             key = _block_key(seg, k, size)
-            if key in blocks or key in missing:
+            if key in blocks or key in missing or key in waiting:
                 continue
-            block = cache.get(key)
-            if block is None:
+            block, pending, owner = cache.claim(key)
+            if block is not None:
+                blocks[key] = block
+            elif owner:
                 missing[key] = (seg, k)
             else:
-                blocks[key] = block
+                waiting[key] = pending
 
     # consecutive missing blocks of one segment share a read
     groups: list[list[tuple]] = []
@@ -245,13 +337,21 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
         lo, hi = k0 * size, min((k0 + len(group)) * size, seg.tokens)
         targets.append(Target(np.empty(hi - lo, dtype=dtype), seg.data[lo:hi], seg, lo))
 
-    def finish() -> None:
+    def publish() -> None:
         for group, target in zip(groups, targets, strict=True):
             array = target.dest
             for j, key in enumerate(group):
                 block = array if len(group) == 1 else array[j * size : (j + 1) * size].copy()
                 blocks[key] = block
-                cache.put(key, block)
+                cache.fulfil(key, block)
+
+    def abort(error: BaseException) -> None:
+        for key in missing:
+            cache.abandon(key, error)
+
+    def finish() -> None:
+        for key, pending in waiting.items():
+            blocks[key] = _await_block(pending, key)
         for at, seg, lo, hi in pieces:
             pos = lo
             while pos < hi:
@@ -261,4 +361,16 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
                 dest[at : at + take] = block[pos - k * size : pos - k * size + take]
                 at, pos = at + take, pos + take
 
+    finish.publish, finish.abort = publish, abort  # run_reads calls them through PendingRead
     return targets, finish, sum(target.dest.nbytes for target in targets)
+
+
+def _await_block(pending: Pending, key: tuple) -> np.ndarray:
+    """The block another thread reads for this one, within the read timeout."""
+    timeout = read_timeout_s()
+    if not pending.done.wait(timeout):
+        raise StoreUnavailableError(f"block {key} read by another thread did not arrive within {timeout}s")
+    if pending.error is not None:
+        error = pending.error
+        raise type(error)(f"block {key} read by another thread failed: {error}") from error
+    return pending.block

@@ -24,7 +24,7 @@ import numpy as np
 
 from meshbatch.arguments import check_choice, check_int
 
-from .checks import as_token_dtype, check_name, check_path
+from .checks import as_token_dtype, check_component, check_path, check_relative_path
 from .files import remove_stale_temp_files
 from .ledger import (
     SHARDED,
@@ -62,9 +62,7 @@ class ShardedCacheWriter:
     ):
         root = check_path("root", root)
         check_choice("if_exists", if_exists, IfExists)
-        if "://" in root:
-            raise ValueError(f"ShardedCacheWriter writes local paths only (got {root=})")
-        self.root, self.field = root, check_name("field", field)
+        self.root, self.field = root, check_component("field", field)
         self.dtype = as_token_dtype("dtype", dtype)
         self._metadata = ledger_metadata(check_metadata(metadata))
         remove_stale_temp_files(root)
@@ -88,6 +86,7 @@ class ShardedCacheWriter:
             self._ledger = Ledger(0, {}, layout=SHARDED, metadata=self._metadata, cache_id=uuid.uuid4().hex)
             write_ledger(root, self._ledger)
         self._shard_if_exists: IfExists = "resume" if self._resumed else if_exists
+        self._written: set[str] = set()  # shard names passed to write_shard by this writer
 
     @property
     def finished_shards(self) -> tuple[str, ...]:
@@ -96,12 +95,24 @@ class ShardedCacheWriter:
     def write_shard(self, name: str, docs: Iterable, *, flush_tokens: int = DEFAULT_FLUSH_TOKENS) -> int:
         """Writes shard ``name`` from ``docs`` (rows already committed by an earlier run are skipped).
 
+        ``name`` is a relative path inside the cache (``"part-0"``, ``"sub/part-1"``; no ``..``, ``.``
+        or empty part, not absolute), unique in the cache: a
+        second ``write_shard`` with a name already written is a ``ValueError``; on a resumed writer
+        (``if_exists="resume"``) the first call with the name of a shard an earlier run finished
+        returns its row count without reading ``docs``.
+
         Returns:
             The shard's row count.
         """
-        name = check_name("name", name)
+        name = check_relative_path("name", name)
         check_int("flush_tokens", flush_tokens, low=1)
-        if name in self._ledger.finished_shards:
+        if name in self._written or (name in self._ledger.finished_shards and not self._resumed):
+            raise ValueError(
+                f"shard {name!r} is already written to {self.root}: shard names must be unique "
+                f"(got write_shard(name={name!r}) twice)"
+            )
+        self._written.add(name)
+        if name in self._ledger.finished_shards:  # resumed: finished by an earlier run
             logger.info("shard %s of %s already finished; skipping", name, self.root)
             return self._ledger.shard_rows[name]
         shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check

@@ -136,7 +136,7 @@ class HFTokenizer:
     Raises:
         ImportError: the ``tokenizers`` package is not installed.
         FileNotFoundError: no file at ``path``.
-        ValueError: ``eos_token`` is not in the vocabulary.
+        ValueError: the file is not a tokenizer.json (named), or ``eos_token`` is not in the vocabulary.
     """
 
     def __init__(self, path: str, *, add_special_tokens: bool = True, eos_token: str | None = None):
@@ -148,7 +148,10 @@ class HFTokenizer:
             raise FileNotFoundError(f"no tokenizer file at {path=}")
         with open(path, "rb") as f:
             self._sha256 = hashlib.sha256(f.read()).hexdigest()
-        self._tokenizer = _HFTokenizer.from_file(path)
+        try:
+            self._tokenizer = _HFTokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"tokenizer: {path} is not a Hugging Face tokenizer.json ({e})") from e
         self.path, self.add_special_tokens, self.eos_token = path, add_special_tokens, eos_token
         self.eos_id: int | None = None
         if eos_token is not None:

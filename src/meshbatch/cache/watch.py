@@ -10,17 +10,26 @@ conditional read on an object store). A moved ledger is parsed and compared with
     loaded {rows: 10},                                 now: no ledger                  being overwritten
 
 Only the first line is served; the others raise ``CacheChangedError`` naming the cache and what
-changed. Writers commit the ledger last and an overwrite removes it first, so a read whose check
+changed. A sharded cache's reader also watches the ledger of every finished shard it loaded: a
+shard directory replaced under it (a new ``cache_id``, or a rewritten or missing shard ledger) is a
+``CacheChangedError`` naming the shard, though the top-level ledger never changed. Each check
+costs one ``stat`` per loaded shard on a local disk (a conditional read elsewhere).
+
+Writers commit the ledger last and an overwrite removes it first, so a read whose check
 passes read the cache its reader loaded.
 """
 
 from __future__ import annotations
 
+import posixpath
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+
+import tensorstore as ts
 
 from .checks import CacheChangedError
-from .ledger import Ledger, LedgerFile
+from .ledger import SHARDED, Ledger, LedgerFile
+from .shard_table import shard_table
 
 
 def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
@@ -43,12 +52,43 @@ def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
     return None
 
 
+ShardFiles = dict[str, tuple[LedgerFile, Ledger, object]]
+
+
+def shard_ledgers(
+    root: str, ledger: Ledger, field: str, context: ts.Context, *, skip: Collection[str] = ()
+) -> ShardFiles:
+    """The ledger file, ledger and stamp of every finished shard of a sharded ``ledger`` (read before
+    its rows are loaded, so a replacement after the load changes the stamp). The shard table is
+    checked first (``shard_table``): no shard path leaves ``root``."""
+    if ledger.layout != SHARDED:
+        return {}
+    out = {}
+    for name in (entry.name for entry in shard_table(ledger, field)):
+        if name not in skip:
+            file = LedgerFile(posixpath.join(root, name), context=context)
+            out[name] = (file, *file.read())
+    return out
+
+
 class LedgerWatch:
     """The ledger a reader loaded, and the check that it is still the cache's ledger."""
 
-    def __init__(self, file: LedgerFile, loaded: Ledger, stamp: object):
+    def __init__(self, file: LedgerFile, loaded: Ledger, stamp: object, shards: ShardFiles | None = None):
         self.file, self.loaded, self._stamp = file, loaded, stamp
+        self._shards = dict(shards or {})
         self._lock = threading.Lock()
+
+    @property
+    def shard_names(self) -> set[str]:
+        with self._lock:
+            return set(self._shards)
+
+    def add_shards(self, shards: ShardFiles) -> None:
+        """Watches shards loaded since (``refresh``)."""
+        with self._lock:
+            for name, entry in shards.items():
+                self._shards.setdefault(name, entry)
 
     def update(self, loaded: Ledger, stamp: object) -> None:
         """Records a ledger the reader has loaded since (``refresh``)."""
@@ -65,19 +105,31 @@ class LedgerWatch:
         with self._lock:
             stamp = self._stamp
         answer = self.file.changed(stamp)
+        with self._lock:
+            shards = list(self._shards.items())
+        shard_answers = [(name, loaded, file.changed(stamp)) for name, (file, loaded, stamp) in shards]
 
         def complete() -> None:
             changed, ledger, new_stamp = answer()
-            if not changed:
-                return
-            if ledger is None:
+            if changed:
+                if ledger is None:
+                    raise CacheChangedError(
+                        f"cache {self.file.root} changed under an open reader: its ledger {self.file.where} "
+                        "is gone (the cache is being overwritten or was deleted)"
+                    )
+                self.raise_if_replaced(ledger)
+                with self._lock:  # it only grew: later checks compare against the newer file
+                    if self._stamp == stamp:
+                        self._stamp = new_stamp
+            for name, loaded, shard_answer in shard_answers:
+                changed, ledger, _ = shard_answer()
+                if not changed:
+                    continue
+                reason = "its ledger is gone" if ledger is None else ledger_change(loaded, ledger)
+                reason = reason or "its ledger was rewritten"
                 raise CacheChangedError(
-                    f"cache {self.file.root} changed under an open reader: its ledger {self.file.where} "
-                    "is gone (the cache is being overwritten or was deleted)"
+                    f"cache {self.file.root} changed under an open reader: shard {name!r} was replaced "
+                    f"({reason})"
                 )
-            self.raise_if_replaced(ledger)
-            with self._lock:  # it only grew: later checks compare against the newer file
-                if self._stamp == stamp:
-                    self._stamp = new_stamp
 
         return complete

@@ -10,9 +10,10 @@ A commit makes buffered rows visible, in an order that keeps every reader consis
     finish: shard_ledger.json {is_finished: true, field_counts: {...}}
 
 A writer killed at any point leaves a ledger that commits only complete rows (or no ledger yet).
-``if_exists="resume"`` reopens it at the ledger's row count, truncates rows written beyond it (those
-counted by ``offsets[0]``: their offsets and tokens are zeroed; tokens of a step 1 cut short lie past
-every offset and are overwritten as writing goes on), and continues; ``build_cache`` and
+Opening a writer first deletes what killed writers left: ``*.json.tmp-*`` files and TensorStore's
+``*.__lock`` files (``files.py``: reused, the latter tore shards). ``if_exists="resume"`` reopens the
+cache at the ledger's row count, zeroes every offset and token written past it (``resume.py``: a
+resumed cache equals a clean build), and continues; ``build_cache`` and
 ``ShardedCacheWriter.write_shard`` skip the inputs already committed. Every ledger carries the
 ``cache_id`` the cache was created with (a resume keeps it, an overwrite draws a new one), which is
 how an open ``TokenCache`` tells a grown cache from a replaced one.
@@ -20,8 +21,8 @@ how an open ``TokenCache`` tells a grown cache from a replaced one.
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping
@@ -31,11 +32,18 @@ import numpy as np
 
 from meshbatch.arguments import check_choice, check_int
 
-from .arrays import DEFAULT_CHUNK_SIZE, FieldArrays, create_field, open_field
-from .checks import CacheIntegrityError, as_token_dtype, check_dtype, check_name, check_path
-from .checksums import Checksums, OffsetsChecksums, RunningChecksums, chunk_crc, read_checksums, sidecar_path
-from .files import remove_file, remove_stale_temp_files, write_json_atomic
+from .arrays import DEFAULT_CHUNK_SIZE, create_field, open_field
+from .checks import CacheIntegrityError, as_token_dtype, check_component, check_dtype, check_path
+from .checksums import Checksums, OffsetsChecksums, RunningChecksums, sidecar_path
+from .files import (
+    directory_exists,
+    remove_file,
+    remove_stale_lock_files,
+    remove_stale_temp_files,
+    write_json_atomic,
+)
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
+from .resume import resume_checksums, zero_past
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +52,29 @@ DEFAULT_FLUSH_TOKENS = 1 << 25  # 32Mi tokens per commit: each commit rewrites t
 
 
 def check_metadata(value) -> Mapping[str, Any] | None:
+    """``metadata``: None or a mapping that JSON can hold exactly (it goes into the ledger).
+
+    Raises:
+        TypeError: not a mapping, or a value JSON cannot hold (``{"f": open}``), named.
+        ValueError: NaN or infinity, or a circular reference, named.
+    """
     if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"metadata must be a mapping or None (got metadata={value!r})")
+    if value is not None:
+        try:
+            json.dumps(dict(value), allow_nan=False)
+        except TypeError as e:
+            raise TypeError(f"metadata must be JSON-serialisable: {e} (got metadata={value!r:.200})") from e
+        except ValueError as e:
+            raise ValueError(f"metadata must be finite JSON: {e} (got metadata={value!r:.200})") from e
     return value
 
 
 class CacheWriter:
-    """Appends rows of tokens to a consolidated cache at a local path.
+    """Appends rows of tokens to a consolidated cache at a local path or ``gs://`` / ``s3://`` URL.
 
     Args:
-        path: cache root.
+        path: cache root (a local path or an object-store URL, see ``stores.py``).
         field: the jagged field written (Levanter's ``input_ids``).
         dtype: token dtype on disk; with ``if_exists="resume"`` it must match the existing cache's.
         if_exists: what to do with an existing cache: ``"error"``, ``"resume"`` from its committed rows,
@@ -81,24 +102,23 @@ class CacheWriter:
     ):
         path = check_path("path", path)
         check_choice("if_exists", if_exists, IfExists)
-        if "://" in path:
-            raise ValueError(f"CacheWriter writes local paths only (got {path=})")
-        self.path, self.field = path, check_name("field", field)
+        self.path, self.field = path, check_component("field", field)
         self.flush_tokens = check_int("flush_tokens", flush_tokens, low=1)
         self.dtype = as_token_dtype("dtype", dtype)
         self._metadata = ledger_metadata(check_metadata(metadata))
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._finished = False
-        self._field_root = os.path.join(path, field)
+        self._field_root = posixpath.join(path, field)
         remove_stale_temp_files(path)
         remove_stale_temp_files(self._field_root)
+        remove_stale_lock_files(self._field_root)  # before any write: see files.py
 
         existing = try_read_ledger(path)
         if existing is not None and if_exists == "resume":
             self._resume(existing)
             return
-        if (existing is not None or os.path.exists(self._field_root)) and if_exists == "error":
+        if (existing is not None or directory_exists(self._field_root)) and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {path}; pass if_exists='resume' or 'overwrite'")
         remove_ledger(path)  # before touching arrays: an old finished ledger must not outlive its data
         remove_file(sidecar_path(self._field_root))
@@ -228,48 +248,17 @@ class CacheWriter:
                 f"{ledger.field_counts[self.field]} tokens"
             )
         self._arrays.offsets[0].write(self.rows).result()
-        if on_disk > self.rows:  # rows written after the last commit: truncate them
-            stale_end = int(self._arrays.offsets[on_disk].read().result())
-            zero_offsets = self._arrays.offsets[self.rows + 1 : on_disk + 1].write(0)
-            if stale_end > self.tokens:
-                self._arrays.data[self.tokens : stale_end].write(0).result()
-            zero_offsets.result()
-            logger.info("truncated %s from %d uncommitted rows back to %d", self.path, on_disk, self.rows)
-        self._data_sums, self._offsets_sums = _resume_checksums(
+        # rows and tokens a killed flush wrote past the commit (offsets[0] may or may not count them)
+        stale = zero_past(self._arrays.offsets, self.rows + 1) + zero_past(self._arrays.data, self.tokens)
+        if stale or on_disk > self.rows:
+            logger.info(
+                "truncated %s back to its %d committed rows (offsets[0] was %d; %d stale values zeroed)",
+                self.path,
+                self.rows,
+                on_disk,
+                stale,
+            )
+        self._data_sums, self._offsets_sums = resume_checksums(
             self._arrays, self._field_root, rows=self.rows, tokens=self.tokens, dtype=self.dtype
         )
         logger.info("resuming %s at row %d (token %d)", self.path, self.rows, self.tokens)
-
-
-def _resume_checksums(
-    arrays: FieldArrays, field_root: str, *, rows: int, tokens: int, dtype: np.dtype
-) -> tuple[RunningChecksums, OffsetsChecksums]:
-    """The checksum trackers at the committed ``rows``/``tokens``.
-
-    Full chunks below the commit keep the sidecar's sums (it is written before each ledger, so it
-    covers at least the committed rows); partial chunks, and every chunk when the sidecar is missing
-    or does not match, are summed from disk.
-    """
-    size = DEFAULT_CHUNK_SIZE
-    try:
-        found = read_checksums(field_root)
-    except CacheIntegrityError as e:
-        logger.warning("ignoring a damaged checksum sidecar; re-summing from disk: %s", e)
-        found = None
-    usable = found is not None and found.chunk_elements == size and found.dtype == dtype
-    full_data, full_offsets = tokens // size, (rows + 1) // size
-
-    def sums(array, stop: int, recorded: tuple[int, ...] | None, first: int = 0) -> list[int]:
-        if recorded is not None and len(recorded) >= stop:
-            return list(recorded[first:stop])
-        logger.info("summing chunks %d..%d of %s from disk", first, stop, field_root)
-        return [chunk_crc(array[k * size : (k + 1) * size].read().result()) for k in range(first, stop)]
-
-    data_done = sums(arrays.data, full_data, found.data if usable else None)
-    data_tail = arrays.data[full_data * size : tokens].read().result()
-    head = arrays.offsets[1 : min(size, rows + 1)].read().result()
-    rest_done = sums(arrays.offsets, full_offsets, found.offsets if usable else None, first=1)
-    tail_start = max(size, full_offsets * size)
-    rest_tail = arrays.offsets[tail_start : rows + 1].read().result() if rows + 1 > tail_start else []
-    offsets = OffsetsChecksums(size, head, RunningChecksums(size, np.int64, rest_done, rest_tail))
-    return RunningChecksums(size, dtype, data_done, data_tail), offsets

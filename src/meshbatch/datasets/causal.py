@@ -24,6 +24,7 @@ needs the final length, and is refused until the cache is finished. Once the cac
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import equinox as eqx
@@ -115,6 +116,14 @@ class CausalLMDataset(Dataset):
         eos_id: int | None = None,
         ignore_id: int | None = None,
     ):
+        if not (hasattr(source, "num_tokens") and callable(getattr(source, "prepare_read", None))):
+            hint = (
+                " (open a path with TokenCache.open(path))" if isinstance(source, str | os.PathLike) else ""
+            )
+            raise TypeError(
+                f"source must be a TokenCache or another TokenSource with num_tokens and prepare_read "
+                f"(got source={source!r}){hint}"
+            )
         seq_len = check_int("seq_len", seq_len, low=1)
         if not isinstance(shuffle, ShuffleSpec):
             raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")

@@ -16,12 +16,15 @@ A buffer's size is static (``rows x max_row_tokens`` plus the margins), so build
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from meshbatch.cache import run_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
 from .row_layout import RowLayout
+from .telemetry import record_read
 
 
 def check_spans(dataset: Dataset, spans: Spans, rows: int) -> None:
@@ -67,7 +70,7 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.nd
         return [buffer], [offsets]
     # Scratch: every source's unique runs back to back (never more than all spans' tokens).
     reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
-    run_reads(reads)
+    _timed_reads(reads)
     margin = dataset.content_margin
     size = 2 * margin + layout.rows_per_device * dataset.max_row_tokens
     buffers, offsets = [], []
@@ -96,7 +99,7 @@ def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
 def _read_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """One group's spans read straight into its buffer: ``(tokens, offsets)``."""
     reads, buffer, offsets = _prepare_group(dataset, spans, rows)
-    run_reads(reads)
+    _timed_reads(reads)
     return buffer, offsets
 
 
@@ -120,3 +123,10 @@ def _prepare_group(
     buffer[:margin] = 0
     buffer[at:] = 0
     return reads, buffer, where.astype(np.int32)
+
+
+def _timed_reads(reads: list) -> None:
+    """``run_reads``, its latency recorded in the producing stream's log (``telemetry``)."""
+    began = time.perf_counter()
+    run_reads(reads)
+    record_read(time.perf_counter() - began)

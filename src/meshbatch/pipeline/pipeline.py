@@ -46,6 +46,7 @@ from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
 from .state_planner import StatePlanner
+from .telemetry import pipeline_stats, read_counters
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -60,7 +61,8 @@ class Pipeline:
         batch_size: global rows per step: an int, a ``BatchSchedule`` or ``(start_step, size)`` pairs.
         key: the data key (a typed key or an int seed); every shuffle of the dataset derives from it.
         data_axes: mesh axis name(s) the batch dimension is sharded over.
-        prefetch: batches kept ready (or in the making) by ``iterate_from``.
+        prefetch: batches kept ready (or in the making) by ``iterate_from``, or ``"auto"``: adapted
+            to the measured read latency and step time (``prefetch.AutoDepth``; up to 8).
         workers: threads making batches concurrently in ``iterate_from``.
         max_epochs: stop before the first step that would read past this many epochs; ``None``
             streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
@@ -76,7 +78,7 @@ class Pipeline:
         batch_size,
         key,
         data_axes: str | tuple[str, ...] = "data",
-        prefetch: int = 4,
+        prefetch: int | str = 4,
         workers: int = 2,
         max_epochs: int | None = None,
         stages: Sequence[BuildStage] = (),
@@ -268,9 +270,18 @@ class Pipeline:
                 raise ValueError(f"step={step} differs from the state's step={state['step']}")
             step = state["step"]
         start = 0 if step is None else check_step(step)
-        return Prefetcher(
+        self._stream = Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
+        self._stream_counters = read_counters(self.dataset)
+        return self._stream
+
+    def stats(self) -> dict[str, float]:
+        """What the latest ``iterate_from`` stream measured: consumer wait p50/p95/p99/max, stall
+        fraction of the consumer's time, read latency p50/p99, bytes and requests per example,
+        prefetch occupancy (``telemetry.pipeline_stats``); ``{}`` before any stream."""
+        stream = getattr(self, "_stream", None)
+        return {} if stream is None else pipeline_stats(self, stream, self._stream_counters)
 
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()

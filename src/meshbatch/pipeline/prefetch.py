@@ -8,7 +8,10 @@ GIL) and handed out in order.
 
     with Prefetcher(make, start=0, depth=4, workers=2) as it:
         batch = next(it)            # waits only if the producers fell behind
-    it.stats()["wait_mean_s"]       # how long the consumer waited, per batch
+    it.stats()["wait_p99_s"]        # how long the consumer waited (p50/p95/p99/max), stall_fraction, ...
+
+``depth="auto"`` adapts the depth (and the steps made at once) to what is measured (``AutoDepth``):
+enough steps in the making to cover the time one step takes to make, counted in consumer steps.
 
 ``make(step)`` ends the stream by raising ``EndOfStream``. Any other error is raised to the
 consumer at its step and again on every later ``next``: a failed step is never skipped.
@@ -27,6 +30,8 @@ import numpy as np
 
 from meshbatch.arguments import check_int
 
+from .telemetry import StreamLog, bind
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -39,8 +44,10 @@ class _Workers:
     """The threads and what they share; holds no reference to the ``Prefetcher`` (so dropping the
     prefetcher lets ``weakref.finalize`` stop them)."""
 
-    def __init__(self, produce: Callable[[int], object], start: int, depth: int, workers: int):
-        self.produce, self.depth = produce, depth
+    def __init__(
+        self, produce: Callable[[int], object], start: int, depth: int, workers: int, log: StreamLog
+    ):
+        self.produce, self.depth, self.log = produce, depth, log
         self.lock = threading.Condition()
         self.done: dict[int, tuple[bool, object]] = {}  # step -> (ok, item or exception)
         self.next_claim = start  # next step a worker will make
@@ -55,6 +62,7 @@ class _Workers:
             thread.start()
 
     def work(self) -> None:
+        bind(self.log)
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
@@ -65,8 +73,10 @@ class _Workers:
                     return  # nothing left to make: the thread ends
                 step = self.next_claim
                 self.next_claim += 1
+            began = time.perf_counter()
             try:
                 result = (True, self.produce(step))
+                self.log.made.append((step, time.perf_counter() - began))
             except EndOfStream:
                 with self.lock:
                     self.end = step if self.end is None else min(self.end, step)
@@ -95,8 +105,10 @@ class Prefetcher(Generic[T], Iterator[T]):
     Args:
         produce: makes the item of one step; raising ``EndOfStream`` ends the stream there.
         start: the first step.
-        depth: items ready or in the making ahead of the consumer (>= 1).
-        workers: threads making items concurrently (>= 1, at most ``depth``).
+        depth: items ready or in the making ahead of the consumer (>= 1), or ``"auto"``: adapted
+            to measured times by ``AutoDepth``, one thread per item in the making.
+        workers: threads making items concurrently (>= 1, at most ``depth``; unused with "auto").
+        max_depth: the most items ``"auto"`` keeps in the making.
         on_take: called with each step as the consumer receives it.
 
     Use it as a context manager, or call ``close()``; an unreferenced prefetcher also stops.
@@ -107,17 +119,28 @@ class Prefetcher(Generic[T], Iterator[T]):
         produce: Callable[[int], T],
         *,
         start: int = 0,
-        depth: int = 4,
+        depth: int | str = 4,
         workers: int = 1,
         on_take: Callable[[int], None] | None = None,
+        max_depth: int = 8,
     ):
-        check_prefetch(depth, workers)
+        self.auto = None
+        if depth == "auto":
+            check_int("max_depth", max_depth, low=AutoDepth.min_depth)
+            self.auto = AutoDepth(max_depth=max_depth)
+            depth, workers = self.auto.initial, self.auto.max_depth  # threads beyond depth idle
+        else:
+            check_prefetch(depth, workers)
         self._on_take = on_take
-        self._workers = _Workers(produce, start, depth, workers)
+        self.log = StreamLog()
+        self._workers = _Workers(produce, start, depth, workers, self.log)
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._failure: BaseException | None = None
-        self._waits: list[float] = []
-        self._ready_at_take: list[int] = []
+
+    @property
+    def depth(self) -> int:
+        """The current prefetch depth (changes over time with ``depth="auto"``)."""
+        return self._workers.depth
 
     @property
     def step(self) -> int:
@@ -129,6 +152,8 @@ class Prefetcher(Generic[T], Iterator[T]):
             raise self._failure
         shared = self._workers
         start = time.perf_counter()
+        if self.auto is not None:
+            self._adapt(shared)
         with shared.lock:
             ready = sum(1 for s in shared.done if s >= shared.consumed)
             while shared.consumed not in shared.done:
@@ -141,8 +166,9 @@ class Prefetcher(Generic[T], Iterator[T]):
             if ok:
                 shared.consumed += 1
                 shared.lock.notify_all()  # a worker may claim another step
-        self._waits.append(time.perf_counter() - start)
-        self._ready_at_take.append(ready)
+        self.log.asked.append(start)
+        self.log.waits.append(time.perf_counter() - start)
+        self.log.ready.append(ready)
         if not ok:
             self._failure = item
             self.close()
@@ -151,25 +177,29 @@ class Prefetcher(Generic[T], Iterator[T]):
             self._on_take(self._workers.consumed - 1)
         return item
 
+    def _adapt(self, shared: _Workers) -> None:
+        depth = self.auto.depth(self.log)
+        if depth != shared.depth:
+            with shared.lock:
+                shared.depth = depth
+                shared.lock.notify_all()
+            self.log.depth.append((time.perf_counter(), depth))
+            logger.info("prefetch depth -> %d", depth)
+
     def stats(self) -> dict[str, float]:
-        """Consumer wait per batch (seconds) and how many batches were ready when it asked."""
-        waits = np.asarray(self._waits) if self._waits else np.zeros(1)
-        ready = np.asarray(self._ready_at_take) if self._ready_at_take else np.zeros(1)
-        return {
-            "batches": len(self._waits),
-            "wait_total_s": float(waits.sum()),
-            "wait_mean_s": float(waits.mean()),
-            "wait_p50_s": float(np.percentile(waits, 50)),
-            "wait_p95_s": float(np.percentile(waits, 95)),
-            "wait_max_s": float(waits.max()),
-            "ready_mean": float(ready.mean()),
-            "ready_min": float(ready.min()),
-        }
+        """What the stream measured (``telemetry.StreamLog.summary``): consumer wait p50/p95/p99/max
+        and mean (seconds), ``stall_fraction`` of the consumer's time, ``step_p50_s``, batches ready
+        when it asked (``ready_mean``/``ready_min``), time to make a step and to read its tokens
+        (``make_*``, ``read_*``), and the current ``depth``."""
+        return {**self.log.summary(), "depth": self._workers.depth}
+
+    def occupancy(self) -> np.ndarray:
+        """Prefetch occupancy over time: ``[batches, 2]`` (seconds since start, batches ready)."""
+        return self.log.occupancy()
 
     def reset_stats(self) -> None:
-        """Forget the waits so far (e.g. the first batch's, which includes compiling)."""
-        self._waits.clear()
-        self._ready_at_take.clear()
+        """Forget what was measured so far (e.g. the first batch's wait, which includes compiling)."""
+        self.log.clear()
 
     def close(self) -> None:
         """Stops the workers once their current step is made; safe to call more than once."""
@@ -187,9 +217,45 @@ class Prefetcher(Generic[T], Iterator[T]):
         self.close()
 
 
-def check_prefetch(depth: int, workers: int, *, depth_name: str = "depth") -> None:
-    """Raise for a prefetch depth or worker count that is not a positive int (``TypeError`` for
-    the type, ``ValueError`` for the value) or more workers than depth."""
+class AutoDepth:
+    """The prefetch depth from measured times: steps in the making cover the time to make one.
+
+    Rule (re-evaluated at every ``next`` from the last ``window`` measurements)::
+
+        depth = clamp(ceil(make_max / step_p50) + 1, min_depth, max_depth)
+
+    ``make`` is how long a worker takes to make one step (its reads, with their latency, and the
+    host work), ``step`` the consumer's time between two ``next`` calls. Reads of step ``k + d``
+    are then under way while step ``k`` is consumed. The slowest recent step counts, not a typical
+    one: the steps that start a new shuffle window read all its blocks at once, and a depth sized
+    for the others stalls there. Example: most steps take 0.15 s to make, those that open a window
+    0.45 s, the training step 0.2 s -> ceil(2.25) + 1 = 4 steps in the making, by 4 threads. Until
+    ``window // 4`` steps are measured, the depth stays at ``initial``. An explicit
+    integer ``depth`` (``Pipeline(prefetch=8)``) overrides the rule.
+    """
+
+    min_depth = 2
+
+    def __init__(self, *, max_depth: int = 8, initial: int = 4, window: int = 32):
+        self.max_depth, self.window = max_depth, window
+        self.initial = min(max(initial, self.min_depth), max_depth)
+
+    def depth(self, log: StreamLog) -> int:
+        made, asked = log.made[-self.window :], log.asked[-self.window :]
+        if len(made) < max(2, self.window // 4) or len(asked) < 3:
+            return self.initial
+        make = max(s for _, s in made)
+        step = float(np.median(np.diff(asked)))
+        wanted = int(np.ceil(make / max(step, 1e-6))) + 1
+        return min(max(wanted, self.min_depth), self.max_depth)
+
+
+def check_prefetch(depth: int | str, workers: int, *, depth_name: str = "depth") -> None:
+    """Raise for a prefetch depth (a positive int or ``"auto"``) or worker count that is not a
+    positive int (``TypeError`` for the type, ``ValueError`` for the value) or more workers than depth."""
+    if isinstance(depth, str) and depth == "auto":  # an array compared to "auto" is no bool
+        check_int("workers", workers, low=1)
+        return
     check_int(depth_name, depth, low=1)
     check_int("workers", workers, low=1)
     if workers > depth:

@@ -3,9 +3,9 @@
 Every row goes to the child that has consumed the fewest real tokens (``real_tokens``: a causal
 window counts ``seq_len``, a splice frame its copy length); ties are broken by a keyed hash; the
 chosen child's count grows by the row's tokens. A step plans its whole global batch at once: each
-child plans its next ``batch`` rows and counts their tokens, and one jitted scan picks
-(``meshbatch.kernels.select_scan``). Every process plans the same global batch from the same
-state, so the counts agree everywhere without any reduction between ranks.
+child plans its next ``batch`` rows and counts their tokens, and one jitted merge picks
+(``meshbatch.kernels.select_merge``, equal to ``select_scan``). Every process plans the same
+global batch from the same state, so the counts agree everywhere without any reduction between ranks.
 
 The state is part of training state. ``state_dict`` gives the seed's shape::
 
@@ -21,6 +21,7 @@ configured spec the checkpoint lacks starts at row 0 with the ``baseline`` count
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from jaxtyping import Array, PRNGKeyArray, UInt32
 
 from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import Counts, named_salts, select_scan
+from meshbatch.kernels import Counts, named_salts, select_merge
 
 from .composite import Composite, CompositeDevice
 
@@ -63,6 +64,7 @@ class BalancedDevice(CompositeDevice):
     spec, from its name and the mixture's key), each child's rows per epoch and ``seq_len``."""
 
     salts: UInt32[Array, " specs"]
+    names: tuple[str, ...] = eqx.field(static=True)
     lengths: tuple[int, ...] = eqx.field(static=True)
     seq_len: int = eqx.field(static=True)
 
@@ -78,7 +80,8 @@ class BalancedDevice(CompositeDevice):
             plan, _ = child.plan(Rows(position, epoch), None)
             upcoming.append(plan)
             table.append(child.real_tokens(plan).astype(jnp.int32))
-        picked = select_scan(state.tokens, jnp.stack(table), self.salts)
+        picked = select_merge(state.tokens, jnp.stack(table), self.salts)
+        picked = dataclasses.replace(picked, counts=self._refuse_wrap(state.tokens, picked.counts))
         plans = tuple(
             jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
             for c, plan in enumerate(upcoming)
@@ -96,6 +99,20 @@ class BalancedDevice(CompositeDevice):
         after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
         detail = self.group_plans(picked.source, plans, tokens=picked.tokens)
         return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
+
+    def _refuse_wrap(self, before: Counts, after: Counts) -> Counts:
+        """``after``, or an error when a count passed ``2^64 - 1`` and wrapped.
+
+        A step adds fewer than ``2^32`` tokens per spec (``plan`` refuses more), so a count wrapped
+        exactly when its high word went down: ``hi = 2^32 - 1 -> 0``. The check runs on device
+        (``equinox.error_if``) and raises at the step that would wrap, naming the specs.
+        """
+        wrapped = jnp.any(after.hi < before.hi)
+        message = (
+            f"a token-balanced count of specs {list(self.names)} would pass 2^64 - 1 consumed tokens "
+            "and wrap; refused (reset the counts with load_state_dict)"
+        )
+        return Counts(eqx.error_if(after.hi, wrapped, message), after.lo)
 
 
 class TokenBalancedMixture(Composite):
@@ -121,7 +138,13 @@ class TokenBalancedMixture(Composite):
         ids = jnp.asarray([zlib.crc32(name.encode()) for name in self.names], U32)
         fields, host = self.make_children(child_keys)
         lengths = tuple(child.num_examples for child in host.children)
-        device = BalancedDevice(salts=named_salts(word, ids), lengths=lengths, seq_len=self.seq_len, **fields)
+        device = BalancedDevice(
+            salts=named_salts(word, ids),
+            names=tuple(self.names),
+            lengths=lengths,
+            seq_len=self.seq_len,
+            **fields,
+        )
         return device, host
 
     def device(self, key: PRNGKeyArray) -> BalancedDevice:

@@ -15,9 +15,12 @@ from tqdm.auto import tqdm
 from meshbatch.cache import TokenCache, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 
+from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS
 from .pack_layout import Layout
 
+PARTIAL_SUFFIX = ".partial"
+REAL_TOKENS_NPY = "real_tokens.npy"
 CHUNK_TOKENS = 1 << 18  # tokens per stored chunk (rows of whole blocks)
 BATCH_TOKENS = 1 << 22  # tokens assembled per write
 
@@ -25,7 +28,11 @@ BATCH_TOKENS = 1 << 22  # tokens assembled per write
 def write_blocks(
     output, cache: TokenCache, layout: Layout, ids, vocab: int, output_format: str, disable
 ) -> dict:
-    """Writes every block of ``layout`` to ``output``; returns ``{"blocks", "literal_markers"}``."""
+    """Writes every block of ``layout`` to ``output``; returns ``{"blocks", "literal_markers"}``.
+
+    ``npy`` files are written under hidden names (``.chunk000000.npy.partial``) that no reader
+    lists; ``publish_npy`` gives them their names once the header is written.
+    """
     S, N = layout.spec.block_size, layout.num_blocks
     chunk_rows = max(1, CHUNK_TOKENS // S)
     batch_rows = chunk_rows * max(1, BATCH_TOKENS // (chunk_rows * S))
@@ -34,7 +41,7 @@ def write_blocks(
     offsets = cache.doc_offsets()
     real = layout.real_tokens()[layout.block_order]
     store = _create(output, BLOCKS, [N, S], [chunk_rows, S]) if output_format == "zarr" else None
-    literal, pending = 0, None
+    literal, pending, sums = 0, None, []
     with tqdm(total=N, desc=f"writing {output}", unit="block", disable=disable) as bar:
         for p0 in range(0, N, batch_rows):
             p1 = min(N, p0 + batch_rows)
@@ -44,25 +51,59 @@ def write_blocks(
                 pending.result()
             if store is not None:
                 pending = store[p0:p1].write(rows)
+                sums += chunk_sums(np.asarray(rows, np.int32), chunk_rows)  # whole chunks but the last
             else:
                 for c0 in range(p0, p1, chunk_rows):
                     name = f"chunk{c0 // chunk_rows:06d}.npy"
-                    np.save(os.path.join(output, name), rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
+                    _save_hidden(output, name, rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
             bar.update(p1 - p0)
     if pending is not None:
         pending.result()
     if store is not None:
         _create(output, REAL_TOKENS, [N], [max(1, CHUNK_TOKENS)])[:].write(real).result()
+        write_sidecar(
+            output,
+            blocks=N,
+            block_size=S,
+            chunk_rows=chunk_rows,
+            real_chunk=CHUNK_TOKENS,
+            data=sums,
+            real=chunk_sums(np.asarray(real, np.int32), CHUNK_TOKENS),
+        )
     else:
-        np.save(os.path.join(output, "real_tokens.npy"), real)
+        _save_hidden(output, REAL_TOKENS_NPY, real)
     return {"blocks": N, "literal_markers": literal}
 
 
+def _hidden(name: str) -> str:
+    return f".{name}{PARTIAL_SUFFIX}"
+
+
+def _save_hidden(output: str, name: str, array: np.ndarray) -> None:
+    with open(os.path.join(output, _hidden(name)), "wb") as f:
+        np.save(f, array)
+
+
+def publish_npy(output: str) -> None:
+    """Renames the hidden ``npy`` files of ``write_blocks`` to their names: ``real_tokens.npy`` first,
+    then the chunks in order (a kill between two renames leaves fewer chunk rows than the header
+    says: a named error when opened, never a silently short dataset)."""
+    hidden = sorted(n for n in os.listdir(output) if n.startswith(".chunk") and n.endswith(PARTIAL_SUFFIX))
+    for name in [_hidden(REAL_TOKENS_NPY), *hidden]:
+        os.replace(os.path.join(output, name), os.path.join(output, name[1 : -len(PARTIAL_SUFFIX)]))
+
+
 def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:
-    codecs = [{"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}}]
+    # crc32c after compression: TensorStore checks every chunk as it reads it (Levanter never
+    # reads block stores, so its codec list need not match)
+    codecs = [
+        {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}},
+        {"name": "crc32c"},
+    ]
     spec = {
         "driver": "zarr3",
         "kvstore": kvstore_spec(os.path.join(root, name)),
+        "store_data_equal_to_fill_value": True,  # every chunk stored: a missing one is missing data
         "metadata": {
             "shape": shape,
             "data_type": "int32",

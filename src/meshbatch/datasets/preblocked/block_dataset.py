@@ -37,7 +37,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_device import BlockDevice
 from .block_sources import open_blocks
-from .block_store import check_paths, detect_format
+from .block_store import STRUCTURAL_IDS, check_paths, check_structural_ids, detect_format, tokenizer_markers
 from .masking import MLMMasking
 from .pack_layout import PackSpec, plan_layout
 
@@ -94,6 +94,7 @@ class BlockDataset(Dataset):
             if missing:
                 raise ValueError(f"legacy mode needs {missing} (a token cache has no preblock header)")
             self.ids = {name: check_token_id(name, v) for name, v in given.items()}
+            check_structural_ids({n: self.ids[n] for n in STRUCTURAL_IDS}, self.ids["vocab_size"])
             if not isinstance(pack, PackSpec):
                 raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
             if not isinstance(field, str):
@@ -109,6 +110,11 @@ class BlockDataset(Dataset):
                 raise ValueError("pack applies to jagged token caches; preblocked data is packed already")
             self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
             self.ids = _preblocked_ids(self.sources, given)
+            check_structural_ids(
+                {n: self.ids[n] for n in STRUCTURAL_IDS},
+                self.ids["vocab_size"],
+                in_vocab=tokenizer_markers(self.sources, self.ids),
+            )
             sizes = {s.block_size for s in self.sources}
             if len(sizes) != 1:
                 raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")

@@ -21,13 +21,15 @@ from typing import NamedTuple
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache import BlockCache, ReadCounters, shared_context
+from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 from meshbatch.cache.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.ledger import read_ledger
 from meshbatch.cache.reads import PendingRead, run_reads
+from meshbatch.cache.verify import verify_default
 
 from .assemble import ramp
+from .block_checksums import read_verifier
 from .block_store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, chunk_files, detect_format, read_header
 
 logger = logging.getLogger(__name__)
@@ -155,7 +157,13 @@ class StoreBlocks(BlockSource):
 
     def __init__(self, path: str, header: Header, *, context: ts.Context | None = None):
         context = context or shared_context()
-        spec = lambda name: {"driver": "zarr3", "kvstore": kvstore_spec(posixpath.join(path, name))}  # noqa: E731
+        # a chunk that is not stored fails the read (never zeros); one rewritten on disk is re-read
+        spec = lambda name: {  # noqa: E731
+            "driver": "zarr3",
+            "kvstore": kvstore_spec(posixpath.join(path, name)),
+            "fill_missing_data_reads": False,
+            "recheck_cached_data": True,
+        }
         self.blocks = ts.open(spec(BLOCKS), context=context, open=True, read=True).result()
         shape = tuple(self.blocks.shape)
         if len(shape) != 2 or shape[1] != header.block_size or shape[0] < header.num_blocks:
@@ -173,19 +181,51 @@ class StoreBlocks(BlockSource):
                 f"the header says {header.num_blocks} blocks (an interrupted write?)"
             )
         super().__init__(path, header.num_blocks, header.block_size, header)
+        self.verifier = (
+            read_verifier(path, blocks=header.num_blocks, block_size=header.block_size)
+            if verify_default()
+            else None
+        )
 
     def real_tokens(self) -> np.ndarray:
-        return self._real[: self.num_blocks].read().result().astype(np.int32)
+        """Raises ``CacheIntegrityError`` naming the array when a chunk is missing or damaged."""
+        try:
+            real = self._real[: self.num_blocks].read().result()
+        except ValueError as e:
+            where = posixpath.join(self.path, REAL_TOKENS)
+            raise CacheIntegrityError(f"{where}: cannot read blocks [0, {self.num_blocks}): {e}") from e
+        if self.verifier is not None:
+            self.verifier.check_real(real)
+        return real.astype(np.int32)
 
     def _plan_rows(self, first, stop, dest):
-        return [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")], None
+        targets = [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")]
+        return self._verified(np.arange(first, stop), targets)
 
     def _plan_gather(self, rows, dest):
         if rows.size == 0:
             return [], None
         # one read of every row: TensorStore groups them by chunk
         what = f"{self.path}: {rows.size} blocks in [{int(rows.min())}, {int(rows.max()) + 1})"
-        return [RowsTarget(dest, self.blocks.oindex[rows, :], what)], None
+        return self._verified(rows, [RowsTarget(dest, self.blocks.oindex[rows, :], what)])
+
+    def _verified(self, rows: np.ndarray, targets: list):
+        """``targets`` plus a whole-chunk read of each chunk of ``rows`` not verified yet, and the
+        check of those chunks against the writer's sums (``block_checksums.py``)."""
+        chunks = self.verifier.pending(rows) if self.verifier is not None else []
+        if not chunks:
+            return targets, None
+        extra = []
+        for c in chunks:
+            lo, hi = self.verifier.rows(c)
+            buffer = np.empty((hi - lo, self.block_size), np.int32)
+            extra.append(RowsTarget(buffer, self.blocks[lo:hi, :], f"{self.path}: blocks [{lo}, {hi})"))
+
+        def verify() -> None:
+            for c, target in zip(chunks, extra, strict=True):
+                self.verifier.check(c, target.dest)
+
+        return targets + extra, verify
 
 
 class ChunkBlocks(BlockSource):

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import tensorstore as ts
 
+from meshbatch.arguments import check_int
 from meshbatch.cache import shared_context
 from meshbatch.cache.arrays import kvstore_spec
 from meshbatch.cache.ledger import LEDGER_FILE_NAME
@@ -67,15 +68,81 @@ class Header:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT_NAME, "version": 1, **dataclasses.asdict(self)}
 
+    @property
+    def in_vocab_markers(self) -> tuple[str, ...]:
+        """Structural ids that are the tokenizer's own marker tokens (allowed inside the vocabulary)."""
+        names = self.source.get("tokenizer_markers", ()) if isinstance(self.source, dict) else ()
+        return tuple(n for n in names if n in STRUCTURAL_IDS)
+
     @staticmethod
     def from_dict(raw: dict[str, Any], *, where: str) -> Header:
+        """Parses a header, refusing one that is not a JSON object, lacks fields or has bad ids.
+
+        Raises:
+            ValueError: named, with ``where``.
+        """
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where} is not a preblock header (a JSON {type(raw).__name__}, not an object)")
         if raw.get("format") != FORMAT_NAME:
             raise ValueError(f"{where} is not a preblock header (format={raw.get('format')!r})")
         names = [f.name for f in dataclasses.fields(Header)]
         missing = [n for n in names if n not in raw]
         if missing:
             raise ValueError(f"{where} lacks {missing}")
-        return Header(**{n: raw[n] for n in names})
+        header = Header(**{n: raw[n] for n in names})
+        try:
+            check_structural_ids(
+                {n: getattr(header, n) for n in STRUCTURAL_IDS},
+                header.vocab_size,
+                in_vocab=header.in_vocab_markers,
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from e
+        return header
+
+
+STRUCTURAL_IDS = ("doc_id", "eod_id", "pad_id")
+
+
+def check_structural_ids(ids: dict[str, int], vocab_size: int, *, in_vocab=()) -> dict[str, int]:
+    """``doc_id``, ``eod_id`` and ``pad_id``: integers, non-negative, distinct, outside the vocabulary.
+
+    A structural id inside ``[0, vocab_size)`` would also be an ordinary token, so blocks would no
+    longer parse back to their documents; the only exception is a tokenizer's own marker token
+    (``in_vocab`` names those, e.g. a Hugging Face tokenizer with a ``[DOC]`` special token)::
+
+        check_structural_ids({"doc_id": 257, "eod_id": 258, "pad_id": 259}, 257)   # fine
+        check_structural_ids({"doc_id": 97, ...}, 257)     # ValueError: doc_id=97 is inside the vocabulary
+
+    Raises:
+        TypeError: an id that is not an int.
+        ValueError: a negative id, two equal ids, an id inside the vocabulary.
+    """
+    for name, value in ids.items():
+        check_int(name, value, low=0, high=2**31 - 1)
+    check_int("vocab_size", vocab_size, low=1, high=2**31 - 1)
+    names = list(ids)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if ids[a] == ids[b]:
+                raise ValueError(f"{a} and {b} must differ (got {a}={ids[a]}, {b}={ids[b]})")
+    for name, value in ids.items():
+        if value < vocab_size and name not in in_vocab:
+            raise ValueError(
+                f"{name}={value} is inside the vocabulary [0, {vocab_size}): a structural id must not be "
+                f"an ordinary token (use ids >= vocab_size={vocab_size})"
+            )
+    return dict(ids)
+
+
+def tokenizer_markers(sources, ids: dict[str, int]) -> tuple[str, ...]:
+    """Structural ids every source's header records as its tokenizer's own marker token, unchanged."""
+    headers = [s.header for s in sources]
+    if not headers or any(h is None for h in headers):
+        return ()
+    return tuple(
+        n for n in STRUCTURAL_IDS if all(n in h.in_vocab_markers and getattr(h, n) == ids[n] for h in headers)
+    )
 
 
 def check_path(name: str, value) -> str:
@@ -112,10 +179,9 @@ def read_header(root: str) -> Header | None:
 
 def write_header(root: str, header: Header) -> None:
     """Writes ``<root>/preblock.json`` (local paths) atomically."""
-    path = os.path.join(root, HEADER_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(header.to_dict(), f, indent=1)
-    os.replace(path + ".tmp", path)
+    from meshbatch.cache.files import write_json_atomic
+
+    write_json_atomic(os.path.join(root, HEADER_FILE), header.to_dict())
 
 
 def chunk_files(root: str) -> list[str]:
@@ -126,18 +192,34 @@ def chunk_files(root: str) -> list[str]:
     return [os.path.join(root, n) for _, n in matched]
 
 
+def _check_readable(file: str) -> None:
+    """Raises, naming ``file``, when a store's ``blocks/zarr.json`` cannot be read."""
+    try:
+        with open(file, "rb"):
+            pass
+    except OSError as e:
+        raise type(e)(
+            e.errno,
+            f"{os.path.dirname(file)}/ is a preblocked store's blocks array, but it cannot be read "
+            f"({e.strerror})",
+            file,
+        ) from e
+
+
 def detect_format(path: str) -> Format:
     """Which layout ``path`` holds: a preblocked store, ``chunk*.npy`` matrices or a jagged cache.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        OSError: ``path`` has a ``blocks/`` that cannot be read (named, never taken for a cache).
         ValueError: ``path`` holds none of them.
     """
     path = check_path("path", path)
     if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no directory at {path=}")
     local = "://" not in path
-    if local and os.path.isfile(os.path.join(path, BLOCKS, "zarr.json")):
+    if local and os.path.lexists(os.path.join(path, BLOCKS)):
+        _check_readable(os.path.join(path, BLOCKS, "zarr.json"))
         return "store"
     if local and chunk_files(path):
         return "npy"

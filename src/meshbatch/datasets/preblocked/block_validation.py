@@ -29,7 +29,7 @@ from meshbatch.arguments import check_bool, check_int, check_token_id
 from meshbatch.kernels import ANOMALY_KINDS, LITERAL_KINDS, validate_blocks
 
 from .block_sources import BlockSource, open_blocks
-from .block_store import check_path
+from .block_store import STRUCTURAL_IDS, check_path, check_structural_ids, tokenizer_markers
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,8 @@ def _ids(source, **given) -> dict[str, int]:
             raise ValueError(f"{name} is needed: the data has no preblock header to read it from")
         ids[name] = check_token_id(name, value if value is not None else getattr(header, name))
     check_int("vocab_size", ids["vocab_size"], low=1)
+    in_vocab = tokenizer_markers([source], ids) if header is not None else ()
+    check_structural_ids({n: ids[n] for n in STRUCTURAL_IDS}, ids["vocab_size"], in_vocab=in_vocab)
     return ids
 
 

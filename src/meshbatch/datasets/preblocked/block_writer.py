@@ -25,16 +25,26 @@ import numpy as np
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
+from meshbatch.cache.files import remove_file, write_json_atomic
 from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 
-from .assemble import write_blocks
-from .block_store import BLOCKS, HEADER_FILE, Header, check_path, check_paths, write_header
+from .assemble import publish_npy, write_blocks
+from .block_store import (
+    BLOCKS,
+    HEADER_FILE,
+    Header,
+    check_path,
+    check_paths,
+    check_structural_ids,
+    write_header,
+)
 from .escape import EscapingTokenizer
 from .pack_layout import SHUFFLE_LEVELS, PackSpec, ShuffleLevel, plan_layout
 
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["zarr", "npy"]
+INCOMPLETE_FILE = ".preblock-incomplete"  # present from the first write until the output is complete
 
 
 def preblock(
@@ -116,6 +126,9 @@ def preblock(
         named = _named_markers(tokenizer)
         vocab = vocab_size if vocab_size is not None else tokenizer.vocab_size
     vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
+    given_ids = {
+        n: v for n, v in (("doc_id", doc_id), ("eod_id", eod_id), ("pad_id", pad_id)) if v is not None
+    }
     ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
     _prepare_output(output, if_exists)
 
@@ -139,6 +152,7 @@ def preblock(
             "kind": "text",
             "inputs": [os.path.abspath(p) for p in inputs],
             "tokenizer": encoder.metadata(),
+            "tokenizer_markers": [n for n in named if n not in given_ids],
         }
     if cache.num_rows == 0:
         raise ValueError(f"no documents to pack in {inputs}")
@@ -169,6 +183,8 @@ def preblock(
         fill=fill,
     )
     write_header(output, header)
+    if output_format == "npy":
+        publish_npy(output)
     if output_format == "zarr":  # committed last: an interrupted write never reads as a store
         n = layout.num_blocks
         write_ledger(
@@ -177,6 +193,7 @@ def preblock(
                 n, {"": n}, True, ("",), {BLOCKS: n * block_size}, metadata=ledger_metadata(header.to_dict())
             ),
         )
+    remove_file(os.path.join(output, INCOMPLETE_FILE))  # the last step: the output is complete
     if counts["literal_markers"]:
         logger.warning(
             "%d tokens inside documents equal a structural id (doc/eod/pad = %s); they are structural "
@@ -191,6 +208,14 @@ def preblock(
 
 
 def _prepare_output(output: str, if_exists: str) -> None:
+    """Empties ``output`` for writing and marks it incomplete until ``preblock`` finishes.
+
+    An output still marked incomplete (a killed run) is rebuilt whatever ``if_exists`` says: it
+    holds nothing but a partial write of ours.
+    """
+    if os.path.isfile(os.path.join(output, INCOMPLETE_FILE)):
+        logger.warning("%s holds an interrupted preblock run; rebuilding it", output)
+        shutil.rmtree(output)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         if if_exists == "error":
             raise FileExistsError(f"{output} exists; pass if_exists='overwrite' to replace it")
@@ -198,6 +223,9 @@ def _prepare_output(output: str, if_exists: str) -> None:
             raise FileExistsError(f"{output} exists and holds no {HEADER_FILE}: refusing to overwrite it")
         shutil.rmtree(output)
     os.makedirs(output, exist_ok=True)
+    write_json_atomic(
+        os.path.join(output, INCOMPLETE_FILE), {"writer": "meshbatch.preblock", "pid": os.getpid()}
+    )
 
 
 def _cache_vocab(path: str) -> int:
@@ -221,6 +249,6 @@ def _marker_ids(doc_id, eod_id, pad_id, vocab: int, named: dict[str, int]) -> tu
     defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
     given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
     ids = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
-    if len(set(ids.values())) != 3:
-        raise ValueError(f"doc_id, eod_id and pad_id must differ (got {ids})")
+    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
+    check_structural_ids(ids, vocab, in_vocab=in_vocab)
     return ids["doc_id"], ids["eod_id"], ids["pad_id"]

@@ -1,0 +1,172 @@
+"""Where a cache lives: a local directory or an object-store URL, as a TensorStore kvstore.
+
+Every byte of a cache (arrays, ledger, checksum sidecar) goes through TensorStore's own kvstore
+drivers, so a cache at ``gs://bucket/path`` or ``s3://bucket/path`` is read and written exactly like
+a local one::
+
+    kvstore_spec("/data/c")          -> {"driver": "file", "path": "/data/c/"}
+    kvstore_spec("gs://b/c")         -> {"driver": "gcs", "bucket": "b", "path": "c/"}
+    kvstore_spec("s3://b/c")         -> {"driver": "s3", "bucket": "b", "path": "c/"}
+                                        (+ "endpoint"/"aws_region" from the environment, below)
+
+Pointing at a server other than the cloud's (a local emulator, MinIO, a proxy):
+
+- GCS: TensorStore reads ``TENSORSTORE_GCS_HTTP_URL`` (``http://127.0.0.1:4443``).
+- S3: ``MESHBATCH_S3_ENDPOINT`` (else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``) becomes
+  the kvstore's ``endpoint``; ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` its ``aws_region``.
+
+A store that stops answering is retried by TensorStore with exponential backoff (the
+``gcs_request_retries`` / ``s3_request_retries`` context resources, bounded: see
+``store_context``), and every read meshbatch waits on has a deadline; past either, the read
+raises ``StoreUnavailableError`` (never zeros, never a hang).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import tensorstore as ts
+
+OBJECT_SCHEMES = ("gs", "s3")
+DEFAULT_RETRIES = 6  # attempts after the first; backoff 0.1 s doubling to 2 s: about 6 s in all
+DEFAULT_READ_TIMEOUT_S = 120.0  # the longest meshbatch waits on one batch of reads
+
+
+class StoreUnavailableError(OSError):
+    """The store holding a cache did not answer (server gone, 5xx, timeouts) within its retries
+    and deadline. Nothing was returned for the read: no token of a failed read is ever served."""
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+def split_url(path: str) -> tuple[str, str, str]:
+    """``"gs://bucket/a/b"`` -> ``("gs", "bucket", "a/b")``.
+
+    Raises:
+        ValueError: no bucket in the URL.
+    """
+    scheme, rest = path.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"object-store URL needs a bucket: {scheme}://BUCKET/PATH (got path={path!r})")
+    return scheme, bucket, key.strip("/")
+
+
+def kvstore_spec(path: str) -> str | dict[str, Any]:
+    """The TensorStore kvstore of directory ``path``: local, ``gs://``, ``s3://`` or any TensorStore URL."""
+    if not is_url(path):
+        return {"driver": "file", "path": os.path.abspath(path) + "/"}
+    scheme = path.split("://", 1)[0]
+    if scheme not in OBJECT_SCHEMES:
+        return path.rstrip("/") + "/"
+    scheme, bucket, key = split_url(path)
+    spec: dict[str, Any] = {"driver": "gcs" if scheme == "gs" else "s3", "bucket": bucket}
+    spec["path"] = key + "/" if key else ""
+    if scheme == "s3":
+        endpoint = _first_env("MESHBATCH_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        if endpoint:
+            spec["endpoint"] = endpoint
+        region = _first_env("AWS_REGION", "AWS_DEFAULT_REGION")
+        if region:
+            spec["aws_region"] = region
+    return spec
+
+
+def store_context_spec(
+    *,
+    cache_bytes: int,
+    retries: int | None = None,
+    initial_delay_s: float = 0.1,
+    max_delay_s: float = 2.0,
+    request_concurrency: int | None = None,
+    copy_concurrency: int | None = None,
+) -> dict[str, Any]:
+    """The JSON of a TensorStore context: cache pool, bounded retries, request concurrency.
+
+    ``retries`` defaults to ``MESHBATCH_STORE_RETRIES`` (else 6): with backoff from
+    ``initial_delay_s`` doubling to ``max_delay_s``, a store that is gone fails a read after about
+    ``sum(min(initial * 2**i, max) for i < retries)`` seconds plus the requests' own time.
+    """
+    if retries is None:
+        retries = int(os.environ.get("MESHBATCH_STORE_RETRIES", DEFAULT_RETRIES))
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0 (got retries={retries})")
+    backoff = {
+        "max_retries": retries,
+        "initial_delay": f"{initial_delay_s}s",
+        "max_delay": f"{max_delay_s}s",
+    }
+    spec: dict[str, Any] = {
+        "cache_pool": {"total_bytes_limit": int(cache_bytes)},
+        "gcs_request_retries": backoff,
+        "s3_request_retries": backoff,
+    }
+    if request_concurrency is not None:
+        spec["gcs_request_concurrency"] = {"limit": int(request_concurrency)}
+        spec["s3_request_concurrency"] = {"limit": int(request_concurrency)}
+    if copy_concurrency is not None:
+        spec["data_copy_concurrency"] = {"limit": int(copy_concurrency)}
+    return spec
+
+
+def sized_context_spec(
+    *, read_latency_s: float, step_s: float, requests_per_step: float, bytes_per_step: int, depth: int
+) -> dict[str, Any]:
+    """A context sized from measured latency (``Pipeline.stats()``), by Little's law.
+
+    Requests in flight = requests per second x latency; the limit is twice that (a tail), at least
+    32 (TensorStore's default) and at most 1024. The cache pool holds every step in the making
+    twice over, at least 256 MiB. Retries back off up to ten latencies (at least 2 s)::
+
+        100 ms latency, 40 requests per 0.25 s step, 4 MiB a step, depth 4
+        -> request concurrency 2 * 40 / 0.25 * 0.1 = 32, cache pool 256 MiB, max_delay 2 s
+    """
+    for name, value in (("read_latency_s", read_latency_s), ("step_s", step_s)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 (got {name}={value})")
+    in_flight = requests_per_step / step_s * read_latency_s
+    concurrency = min(max(int(2 * in_flight + 0.999), 32), 1024)
+    pool = max(2 * depth * int(bytes_per_step), 256 << 20)
+    return store_context_spec(
+        cache_bytes=pool,
+        request_concurrency=concurrency,
+        max_delay_s=max(2.0, 10 * read_latency_s),
+        copy_concurrency=os.cpu_count() or 1,
+    )
+
+
+def read_timeout_s() -> float:
+    """Seconds meshbatch waits on one batch of reads: ``MESHBATCH_READ_TIMEOUT_S`` (default 120)."""
+    return float(os.environ.get("MESHBATCH_READ_TIMEOUT_S", DEFAULT_READ_TIMEOUT_S))
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether a TensorStore error says the store did not answer (rather than bad data)."""
+    text = str(error)
+    return any(code in text for code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED"))
+
+
+def result(future: ts.Future, *, what: str):
+    """``future.result()`` within ``read_timeout_s()``; a store that does not answer (timeout, or
+    an error TensorStore gives after its retries) is a ``StoreUnavailableError`` naming ``what``."""
+    timeout = read_timeout_s()
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError as e:
+        future.cancel()
+        raise StoreUnavailableError(f"{what}: no answer from the store within {timeout}s") from e
+    except ValueError as e:
+        if is_unavailable(e):
+            raise StoreUnavailableError(f"{what}: the store did not answer: {e}") from e
+        raise
+
+
+def _first_env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None

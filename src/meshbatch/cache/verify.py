@@ -1,0 +1,139 @@
+"""Verified reads: what a reader serves is checked against the CRC-32s its writer recorded.
+
+A cache meshbatch wrote has a checksum sidecar (``checksums.py``): a CRC-32 per
+``chunk_elements``-element chunk of both arrays. A reader uses it twice:
+
+- at open (and ``refresh``), the offsets it loads are summed chunk by chunk in memory (they are
+  read anyway) and the data chunk holding the last token is read whole and summed;
+- on the first read that touches a data chunk, the whole chunk is read in the same TensorStore
+  batch, summed and compared; a chunk that matches is remembered (per reader), so later reads of
+  it cost nothing::
+
+    sidecar: chunk_elements 4, tokens 10, data [c0, c1, c2]
+    read tokens [5, 7)   -> chunk 1 = tokens [4, 8) read too; crc32 == c1? remember (1, 4)
+    read tokens [6, 10)  -> chunk 1 remembered; chunk 2 = tokens [8, 10) read and summed
+
+A mismatch is a ``CacheIntegrityError`` naming the cache, the array, the chunk and its token range
+(bit rot that still decodes, a chunk copied over from another cache, an offset moved). A chunk
+whose recorded extent reaches past the rows the reader's ledger commits (a cache still being
+written) is verified once the reader loads a ledger that covers it. Caches without a sidecar
+(Levanter's) have nothing to verify against. ``MESHBATCH_VERIFY_READS=0`` (or
+``TokenCache.open(..., verify=False)``) turns verification off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from .checks import CacheIntegrityError
+from .checksums import Checksums, chunk_crc
+
+VERIFY_ENV = "MESHBATCH_VERIFY_READS"
+
+
+def verify_default() -> bool:
+    """Whether reads are verified when ``verify`` is not given: ``MESHBATCH_VERIFY_READS`` (default on)."""
+    return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
+    return (
+        f"{where}: chunk {k} (elements [{lo}, {hi})) fails its checksum: the writer recorded crc32 "
+        f"{recorded:#010x}, the chunk now sums to {found:#010x}"
+    )
+
+
+class ChunkVerifier:
+    """The data chunks of one consolidated part a reader may verify, and those it has verified.
+
+    Args:
+        sums: the part's checked sidecar.
+        tokens: tokens the reader's ledger commits for the part.
+        where: the data array's path, for messages.
+        verified: ``(chunk, length)`` pairs verified by an earlier snapshot of the same part.
+    """
+
+    def __init__(self, sums: Checksums, tokens: int, *, where: str, verified: frozenset = frozenset()):
+        self.size, self.extent, self.recorded, self.where = sums.chunk_elements, sums.tokens, sums.data, where
+        # a chunk is final once every element it sums is committed; the tail only when the counts agree
+        self.limit = len(sums.data) if sums.tokens == tokens else tokens // self.size
+        self._verified = {(k, n) for k, n in verified if k < self.limit and n == self._length(k)}
+        self._lock = threading.Lock()
+
+    def _length(self, k: int) -> int:
+        return min((k + 1) * self.size, self.extent) - k * self.size
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        """Element range ``[lo, hi)`` of data chunk ``k`` that its checksum covers."""
+        return k * self.size, k * self.size + self._length(k)
+
+    def pending(self, lo: int, hi: int) -> list[int]:
+        """Chunks overlapping tokens ``[lo, hi)`` that can be verified and are not yet."""
+        last = min((hi - 1) // self.size, self.limit - 1)
+        with self._lock:
+            return [k for k in range(lo // self.size, last + 1) if (k, self._length(k)) not in self._verified]
+
+    def check(self, k: int, values: np.ndarray, *, cache: str, token_start: int | None) -> None:
+        """Compares chunk ``k``'s values with its recorded CRC-32; remembers a match.
+
+        Raises:
+            CacheIntegrityError: they differ (names the cache, the array, the chunk and its tokens).
+        """
+        found = chunk_crc(values)
+        if found != self.recorded[k]:
+            lo, hi = self.bounds(k)
+            tokens = (
+                "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
+            )
+            raise CacheIntegrityError(
+                f"cache {cache}: " + _mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
+            )
+        with self._lock:
+            self._verified.add((k, values.shape[0]))
+
+    def verified(self) -> frozenset:
+        """The ``(chunk, length)`` pairs verified so far."""
+        with self._lock:
+            return frozenset(self._verified)
+
+
+def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) -> None:
+    """Checks the offsets chunks that hold elements ``first`` and after against the sidecar.
+
+    Args:
+        raw: int64 ``[rows + 1]`` offsets as on disk (``raw[0]`` the row count written).
+        sums: the part's checked sidecar (it may record more rows than ``raw`` holds).
+        first: the first element loaded now (chunk 0 is checked whenever it is complete, since
+            ``offsets[0]`` changes with every commit).
+        where: the offsets array's path, for messages.
+
+    Raises:
+        CacheIntegrityError: a chunk's CRC-32 differs from the recorded one.
+    """
+    size, n = sums.chunk_elements, raw.shape[0]
+    for k in sorted({0, *range(first // size, -(-n // size))}):
+        lo, hi = k * size, min((k + 1) * size, sums.rows + 1)
+        if hi > n or hi <= lo or (k == 0 and int(raw[0]) != sums.rows):
+            continue  # elements past the rows loaded, or a count ahead of the sidecar: not final
+        found = chunk_crc(raw[lo:hi])
+        if found != sums.offsets[k]:
+            raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
+
+
+def check_last_chunk(verifier: ChunkVerifier, data, end: int, *, cache: str) -> None:
+    """Reads the whole data chunk holding token ``end - 1`` and verifies it (at open: a chunk
+    copied over from a smaller cache reads its zeros past that cache's end)."""
+    if end == 0:
+        return
+    k = (end - 1) // verifier.size
+    if k >= verifier.limit or not verifier.pending(end - 1, end):
+        return  # not final yet, or verified by an earlier snapshot
+    lo, hi = verifier.bounds(k)
+    try:
+        values = data[lo:hi].read().result()
+    except ValueError as e:
+        raise CacheIntegrityError(f"cache {cache}: {verifier.where}: chunk {k} cannot be read: {e}") from e
+    verifier.check(k, values, cache=cache, token_start=None)

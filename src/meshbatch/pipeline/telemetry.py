@@ -1,0 +1,114 @@
+"""What a stream measured: consumer waits, step times, prefetch occupancy, read latency.
+
+The consumer side is recorded at each ``next``: when it asked, how long it waited, how many
+batches were ready. The producer side at each step made: how long making it took and how long its
+reads took (``record_read``, called by ``fetch`` in the producing thread). ``summary`` turns them
+into the numbers a user watches::
+
+    asked at t = 0.0, 0.30, 0.60, 0.95 ; waited 0.0, 0.0, 0.05, 0.0
+    -> step_s p50 0.30 (time between asks), stall_fraction = 0.05 / 0.95,
+       wait p50/p95/p99/max over the 4 waits, ready_mean / ready_min, occupancy = [(t, ready), ...]
+
+``stall_fraction`` is the share of the consumer's wall time (first ask to last batch received) spent
+waiting for data: 0 for a loader that always has a batch ready.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_local = threading.local()
+
+
+def quantiles(values, prefix: str, unit: str = "s") -> dict[str, float]:
+    """``{prefix_p50_s, prefix_p95_s, prefix_p99_s, prefix_max_s, prefix_mean_s}`` of ``values``."""
+    v = np.asarray(values, dtype=np.float64) if len(values) else np.zeros(1)
+    out = {f"{prefix}_p{q}_{unit}": float(np.percentile(v, q)) for q in (50, 95, 99)}
+    out[f"{prefix}_max_{unit}"] = float(v.max())
+    out[f"{prefix}_mean_{unit}"] = float(v.mean())
+    return out
+
+
+@dataclass
+class StreamLog:
+    """Everything one stream recorded (appends are atomic under the GIL; lists only grow)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    asked: list[float] = field(default_factory=list)  # when the consumer called next
+    waits: list[float] = field(default_factory=list)  # how long it waited
+    ready: list[int] = field(default_factory=list)  # batches ready when it asked
+    made: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds to make it)
+    reads: list[float] = field(default_factory=list)  # seconds per batch of reads
+    depth: list[tuple[float, int]] = field(default_factory=list)  # (time, prefetch depth) changes
+
+    def clear(self) -> None:
+        self.started = time.perf_counter()
+        for values in (self.asked, self.waits, self.ready, self.made, self.reads, self.depth):
+            values.clear()
+
+    def summary(self) -> dict[str, float]:
+        waits = self.waits
+        total = float(np.sum(waits)) if waits else 0.0
+        out: dict[str, float] = {"batches": len(waits), "wait_total_s": total}
+        out.update(quantiles(waits, "wait"))
+        if len(self.asked) >= 2:
+            span = self.asked[-1] + waits[-1] - self.asked[0]
+            out["step_p50_s"] = float(np.median(np.diff(self.asked)))
+            out["stall_fraction"] = float(np.sum(waits) / span) if span > 0 else 0.0
+        else:
+            out["step_p50_s"], out["stall_fraction"] = 0.0, 0.0
+        ready = np.asarray(self.ready) if self.ready else np.zeros(1)
+        out["ready_mean"], out["ready_min"] = float(ready.mean()), float(ready.min())
+        out.update(quantiles([s for _, s in self.made], "make"))
+        reads = list(self.reads)
+        out["read_batches"] = len(reads)
+        out.update({k: v for k, v in quantiles(reads, "read").items() if "_p95" not in k})
+        return out
+
+    def occupancy(self) -> np.ndarray:
+        """float64 ``[batches, 2]``: seconds since the stream started, batches ready, at each ask."""
+        n = min(len(self.asked), len(self.ready))
+        return np.stack([np.asarray(self.asked[:n]) - self.started, np.asarray(self.ready[:n], float)], 1)
+
+
+def bind(log: StreamLog | None) -> None:
+    """Makes ``log`` the one ``record_read`` writes to in this thread (a producer thread)."""
+    _local.log = log
+
+
+def record_read(seconds: float) -> None:
+    """Records one batch of reads' latency in the calling thread's stream log, if it has one."""
+    log = getattr(_local, "log", None)
+    if log is not None:
+        log.reads.append(seconds)
+
+
+def read_counters(dataset) -> dict[str, int]:
+    """Reads issued and bytes read so far by every source of ``dataset`` that counts them."""
+    total = {"reads_issued": 0, "bytes_read": 0}
+    for source in getattr(dataset, "sources", ()):
+        counters = getattr(source, "counters", None)
+        if counters is not None:
+            now = counters.as_dict()
+            for key in total:
+                total[key] += int(now.get(key, 0))
+    return total
+
+
+def pipeline_stats(pipeline, stream, since: dict[str, int]) -> dict[str, float]:
+    """A ``Pipeline`` stream's ``stats()`` plus reads per example over the steps it made.
+
+    ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
+    ``bytes_per_example`` the bytes they decoded, per example made since the stream began.
+    """
+    out = stream.stats()
+    examples = sum(pipeline.schedule.batch_size(step) for step, _ in list(stream.log.made))
+    now = read_counters(pipeline.dataset)
+    out["examples_made"] = examples
+    for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
+        out[name] = (now[key] - since[key]) / examples if examples else 0.0
+    return out
