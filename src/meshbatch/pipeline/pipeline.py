@@ -270,10 +270,11 @@ class Pipeline:
                 raise ValueError(f"step={step} differs from the state's step={state['step']}")
             step = state["step"]
         start = 0 if step is None else check_step(step)
+        # counted before the workers start: with compiled programs shared, a step may read at once
+        self._stream_counters = read_counters(self.dataset)
         self._stream = Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
-        self._stream_counters = read_counters(self.dataset)
         return self._stream
 
     def stats(self) -> dict[str, float]:
