@@ -39,6 +39,7 @@ from meshbatch.datasets.protocol import Content, Dataset, Rows
 from meshbatch.datasets.splice.indexed import SpliceDataset, split_indices
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.fetch import fetch_rows
+from meshbatch.pipeline.programs import build_program_single, plan_program
 from meshbatch.shuffles.shuffle_spec import block_shuffle
 
 T = TypeVar("T")
@@ -150,12 +151,11 @@ class MeshbatchDataset(_Rows):
                 "meshbatch.levanter.fast_path()) or through meshbatch.Pipeline"
             )
         self.dataset, self.Pos = dataset, Pos
-        self.num_examples, self.epochs = dataset.num_examples, loader_epochs(epochs)
+        self.epochs = loader_epochs(epochs)
         self.key = loader_key(key)
         with local_cpu_mesh():
-            self.tables = dataset.init(self.key)
-        self._plan = jax.jit(dataset.plan)
-        self._build = jax.jit(dataset.build)
+            self.device, self.host = dataset.make(self.key)  # the dataset's two halves for the key
+        self.num_examples = self.host.num_examples
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples).
@@ -172,12 +172,12 @@ class MeshbatchDataset(_Rows):
         epoch, position = split_indices(indices, self.num_examples)
         with local_cpu_mesh():
             rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
-            plan, _ = self._plan(self.tables, rows, None)
+            plan, _ = plan_program(self.device, rows, None)
             content = None
-            if self.dataset.fetches:
-                tokens, offsets = fetch_rows(self.dataset, self.dataset.spans(jax.tree.map(np.asarray, plan)))
+            if self.host.fetches:
+                tokens, offsets = fetch_rows(self.host, self.host.spans(jax.tree.map(np.asarray, plan)))
                 content = Content(jnp.asarray(tokens), jnp.asarray(offsets))
-            return self._build(self.tables, plan, content)
+            return build_program_single(self.device, plan, content)
 
     async def get_batch(self, indices: Sequence[int]) -> Sequence[LmExample]:
         if len(indices) == 0:
