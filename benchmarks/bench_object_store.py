@@ -14,9 +14,9 @@ of the cache, so the per-example cost of a full shuffle shows only on a cache mu
 * Levanter ``DataLoader`` over ``PermutationDataset(TokenSeqDataset(cache, seq_len))`` (a Levanter
   user's ``shuffle: true``), its default prefetch;
 * meshbatch ``Pipeline(CausalLMDataset(cache, seq_len, shuffle=block))``: a block shuffle whose
-  blocks are 256 examples (4 read chunks, one request), windows of 8 blocks, read through a
-  ``BlockCache`` of four windows, ``prefetch="auto"`` (the depth covers the measured time to make a
-  step).
+  blocks are ``--block-examples`` examples (512: 8 read chunks, one request), windows of 8
+  blocks, read through a ``BlockCache`` of four windows, ``prefetch="auto"`` (the depth covers
+  the measured time to make a step).
 
 The consumer is the same loop for both, on 8 virtual CPU devices: ask for the next batch,
 ``block_until_ready`` it (the wait), then sleep a stand-in training step drawn uniformly from
@@ -180,6 +180,7 @@ def plot(results: dict, out: pathlib.Path, args) -> None:
         ax.plot(np.arange(len(waits)), waits, marker="o", markersize=3, label=name)
     ax.axvline(args.warmup - 0.5, color="gray", linestyle=":", label="warm-up ends")
     ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("step")
     ax.set_ylabel("consumer wait (ms)")
     ax.set_title(
@@ -199,7 +200,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--block-examples", type=int, default=256, help="examples per shuffle block")
+    parser.add_argument("--block-examples", type=int, default=512, help="examples per shuffle block")
     parser.add_argument(
         "--cache-factor", type=float, default=4.0, help="cache size in multiples of the examples consumed"
     )

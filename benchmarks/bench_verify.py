@@ -119,16 +119,18 @@ def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
     visits) and ``steps+1..2*steps`` on the same pipeline (most chunks verified), per side."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     times = {(p, side): [] for p in ("first", "second") for side in ("on", "off")}
+    cpu = {key: [] for key in times}
     for r in range(rounds):
         for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
             dataset = CausalLMDataset(_open(path, side == "on"), seq_len, shuffle=ShuffleSpec("full"))
             pipeline = Pipeline(dataset, mesh=mesh, batch_size=64, key=r, prefetch=1, workers=1)
             jax.block_until_ready(pipeline.batch(0))
             for p, first in (("first", 1), ("second", steps + 1)):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 for s in range(first, first + steps):
                     jax.block_until_ready(pipeline.batch(s))
                 times[(p, side)].append((time.perf_counter() - start) / steps)
+                cpu[(p, side)].append((time.process_time() - start_cpu) / steps)
     row = {}
     for p in ("first", "second"):
         on, off = times[(p, "on")], times[(p, "off")]
@@ -136,11 +138,13 @@ def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
             "off_ms_per_step": statistics.median(off) * 1e3,
             "on_ms_per_step": statistics.median(on) * 1e3,
             "on_over_off_time": _ratio(on, off),
+            "on_over_off_cpu": _ratio(cpu[(p, "on")], cpu[(p, "off")]),
         }
         print(
             f"pipeline step (64 x {seq_len}, full shuffle, 1 device), steps {p}: off "
             f"{row[p]['off_ms_per_step']:.1f} ms, on {row[p]['on_ms_per_step']:.1f} ms, time on / off "
-            f"{row[p]['on_over_off_time']:.3f} (median of per-round ratios)"
+            f"{row[p]['on_over_off_time']:.3f}, CPU on / off {row[p]['on_over_off_cpu']:.3f} "
+            "(medians of per-round ratios)"
         )
     return row
 

@@ -21,7 +21,7 @@ from mp_harness import assemble, run_jobs
 import meshbatch
 from meshbatch import Batch, Pipeline
 from meshbatch.cache import CacheWriter, TokenCache
-from meshbatch.datasets import Content, Dataset, Plan, Rows, Spans
+from meshbatch.datasets import Content, Dataset, DeviceDataset, Plan, Rows, Spans
 from meshbatch.kernels import causal_lm_batch, gather_windows
 
 SEQ = 16
@@ -30,42 +30,73 @@ STEPS = 5
 LEAVES = ("tokens", "loss_mask", "segment_ids")
 
 
-class TwoSourceToy(Dataset):
-    """Row ``e``: tokens ``[e*S, e*S + head)`` of source 0, then ``[e*S + head, (e+1)*S)`` of source 1,
-    ``head = 1 + e mod (S - 1)``; examples in a keyed permutation, reshuffled per epoch."""
+class HeadPlan(eqx.Module):
+    """``TwoSourceToy``'s plan detail: tokens each row reads from source 0."""
 
-    spans_per_row = 2
+    head: jax.Array
 
-    def __init__(self, first, second, seq_len: int):
-        self.sources = (first, second)
-        self.seq_len = self.max_row_tokens = seq_len
-        self.num_examples = min(first.num_tokens, second.num_tokens) // seq_len
 
-    def init(self, key):
-        return meshbatch.permutation("feistel", self.num_examples, key)
+class TwoSourceDevice(DeviceDataset):
+    """``TwoSourceToy``'s device half: a keyed permutation and ``seq_len``."""
 
-    def plan(self, tables, rows, state=None):
-        example = tables(rows.position, epoch=rows.epoch)
+    shuffle: eqx.Module
+    seq_len: int = eqx.field(static=True)
+
+    def plan(self, rows, state=None):
+        example = self.shuffle(rows.position, epoch=rows.epoch)
         head = (1 + example % jnp.uint32(self.seq_len - 1)).astype(jnp.int32)
         source = (example % jnp.uint32(2)).astype(jnp.int32)
-        return Plan(rows=rows, source=source, example=example, detail={"head": head}), None
+        return Plan(rows=rows, source=source, example=example, detail=HeadPlan(head)), None
 
-    def spans(self, plan):
-        first = plan.example.astype(np.int64) * self.seq_len
-        head = plan.detail["head"].astype(np.int64)
-        starts = np.stack([first, first + head], axis=1)
-        lengths = np.stack([head, self.seq_len - head], axis=1)
-        return Spans(np.tile(np.array([0, 1], np.int32), (starts.shape[0], 1)), starts, lengths)
-
-    def build(self, tables, plan, content: Content):
+    def build(self, plan, content: Content):
         position = jnp.arange(self.seq_len, dtype=jnp.int32)[None, :]
-        head = plan.detail["head"][:, None]
+        head = plan.detail.head[:, None]
         index = jnp.where(
             position < head, content.offsets[:, :1] + position, content.offsets[:, 1:] + position - head
         )
         tokens = jnp.take(content.tokens, index)
         loss_mask = jnp.broadcast_to(position < self.seq_len - 1, tokens.shape).astype(jnp.int32)
         return Batch(tokens=tokens, loss_mask=loss_mask, segment_ids=(position >= head).astype(jnp.int32))
+
+
+class TwoSourceToy(Dataset):
+    """Row ``e``: tokens ``[e*S, e*S + head)`` of source 0, then ``[e*S + head, (e+1)*S)`` of source 1,
+    ``head = 1 + e mod (S - 1)``; examples in a keyed permutation, reshuffled per epoch."""
+
+    spans_per_row = 2
+
+    def __init__(self, first, second, seq_len: int, max_row_tokens: int | None = None):
+        self.sources = (first, second)
+        self.seq_len = seq_len
+        self.max_row_tokens = seq_len if max_row_tokens is None else max_row_tokens
+        self.num_examples = min(first.num_tokens, second.num_tokens) // seq_len
+
+    def device(self, key):
+        return TwoSourceDevice(meshbatch.permutation("feistel", self.num_examples, key), self.seq_len)
+
+    def spans(self, plan):
+        first = plan.example.astype(np.int64) * self.seq_len
+        head = plan.detail.head.astype(np.int64)
+        starts = np.stack([first, first + head], axis=1)
+        lengths = np.stack([head, self.seq_len - head], axis=1)
+        return Spans(np.tile(np.array([0, 1], np.int32), (starts.shape[0], 1)), starts, lengths)
+
+
+class CountingDevice(DeviceDataset):
+    """``CountingToy``'s device half: no tables, only configuration."""
+
+    num_examples: int = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
+
+    def plan(self, rows, state=None):
+        n = jnp.uint32(self.num_examples)
+        offset = jnp.arange(rows.position.shape[0], dtype=jnp.uint32)
+        example = (rows.position + state % n + offset) % n
+        new_state = state + jnp.sum(example, dtype=jnp.uint32)
+        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), new_state
+
+    def build(self, plan, content):
+        return causal_lm_batch(gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len))
 
 
 class CountingToy(Dataset):
@@ -77,25 +108,15 @@ class CountingToy(Dataset):
         self.seq_len = self.max_row_tokens = seq_len
         self.num_examples = source.num_tokens // seq_len
 
-    def init(self, key):
-        return None
+    def device(self, key):
+        return CountingDevice(self.num_examples, self.seq_len)
 
     def init_state(self):
         return jnp.zeros((), jnp.uint32)
 
-    def plan(self, tables, rows, state=None):
-        n = jnp.uint32(self.num_examples)
-        offset = jnp.arange(rows.position.shape[0], dtype=jnp.uint32)
-        example = (rows.position + state % n + offset) % n
-        new_state = state + jnp.sum(example, dtype=jnp.uint32)
-        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), new_state
-
     def spans(self, plan):
         starts = plan.example.astype(np.int64)[:, None] * self.seq_len
         return Spans(np.zeros(starts.shape, np.int32), starts, np.full(starts.shape, self.seq_len, np.int64))
-
-    def build(self, tables, plan, content):
-        return causal_lm_batch(gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len))
 
     def state_dict(self, state):
         return {"counter": int(state)}
@@ -282,8 +303,7 @@ def test_protocol_errors_name_the_dataset(caches):
         """Declares one token fewer per row than its rows read."""
 
     first, second = (TokenCache.open(p) for p in caches)
-    wide = WideToy(first, second, SEQ)
-    wide.max_row_tokens = SEQ - 1
+    wide = WideToy(first, second, SEQ, max_row_tokens=SEQ - 1)
     with pytest.raises(
         ValueError, match=f"WideToy planned a row of {SEQ} tokens > its max_row_tokens={SEQ - 1}"
     ):
@@ -298,6 +318,6 @@ def test_rows_of_a_plan_are_the_stream_coordinates(caches):
     first, second = (TokenCache.open(p) for p in caches)
     dataset = TwoSourceToy(first, second, SEQ)
     rows = Rows(jnp.arange(3, dtype=jnp.uint32), jnp.ones(3, jnp.uint32))
-    plan, state = dataset.plan(dataset.init(jax.random.key(0)), rows)
+    plan, state = dataset.device(jax.random.key(0)).plan(rows)
     assert state is None and plan.rows is rows
     chex.assert_shape([plan.source, plan.example], (3,))

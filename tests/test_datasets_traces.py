@@ -1,13 +1,17 @@
-"""The worked traces of docs/datasets.md, step by step: plan, spans, fetch and build as printed."""
+"""Every worked trace of docs/datasets.md, step by step: plan, spans, fetch and build as printed,
+the second pipeline that compiles nothing, and the shape of a checkpoint."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiles import count_compiles
 
-from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset
+from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
+from meshbatch.datasets.causal import CausalDevice, WindowBuild
+from meshbatch.datasets.splice.splice_dataset import SplicePlan
 from meshbatch.pipeline.fetch import fetch
 from meshbatch.pipeline.row_layout import RowLayout
 
@@ -16,10 +20,10 @@ def mesh_of(devices: int):
     return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
-def plan_of(dataset, tables, position, epoch=None):
+def plan_of(device, position, epoch=None):
     epoch = np.zeros_like(position) if epoch is None else epoch
     rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
-    plan, _ = dataset.plan(tables, rows)
+    plan, _ = device.plan(rows)
     return jax.tree.map(np.asarray, plan)
 
 
@@ -36,7 +40,8 @@ def trace_caches(tmp_path_factory):
 def test_causal_trace(trace_caches):
     cache = TokenCache.open(trace_caches[0])
     dataset = CausalLMDataset(cache, 4, shuffle=ShuffleSpec("none"))
-    plan = plan_of(dataset, dataset.init(jax.random.key(0)), np.arange(4, 8))
+    plan = plan_of(dataset.device(jax.random.key(0)), np.arange(4, 8))
+    assert plan.rows.position.tolist() == [4, 5, 6, 7] and plan.rows.epoch.tolist() == [0, 0, 0, 0]
     assert plan.source.tolist() == [0, 0, 0, 0] and plan.example.tolist() == [4, 5, 6, 7]
     layout = RowLayout.create(mesh_of(2), ("data",), 4)
     spans = dataset.spans(plan)
@@ -48,7 +53,10 @@ def test_causal_trace(trace_caches):
     assert tokens[1].tolist() == [*range(34, 42)] and offsets[1].tolist() == [[0], [4]]
     batch = Pipeline(dataset, mesh=mesh_of(2), batch_size=4, key=0).batch(1)
     assert np.asarray(batch.tokens)[:2].tolist() == [[26, 27, 28, 29], [30, 31, 32, 33]]
+    assert np.asarray(batch.tokens)[2:].tolist() == [[34, 35, 36, 37], [38, 39, 40, 41]]
     assert np.asarray(batch.loss_mask)[0].tolist() == [1, 1, 1, 0]
+    # "The buffer of a device always has rows_per_device * max_row_tokens slots (here 8)"
+    assert layout.rows_per_device * dataset.max_row_tokens == 8 == len(tokens[0])
 
 
 def test_splice_trace(trace_caches):
@@ -56,13 +64,15 @@ def test_splice_trace(trace_caches):
     spec = dict(seq_len=6, content_length=3, content_start_mode="slide_within", pad_token_id=0)
     dataset = SpliceLMDataset.from_cache(cache, [2], pool=False, **spec)
     assert dataset.num_examples == 13  # t = 0, 1: s in 0..3; t = 2: s in 0..4
-    plan = plan_of(dataset, dataset.init(jax.random.key(0)), np.array([4, 5]))
-    assert {k: v.tolist() for k, v in plan.detail.items()} == {
+    plan = plan_of(dataset.device(jax.random.key(0)), np.array([4, 5]))
+    assert isinstance(plan.detail, SplicePlan)
+    assert {k: getattr(plan.detail, k).tolist() for k in ("doc", "t", "s", "copy_len")} == {
         "doc": [0, 0],
         "t": [1, 1],
         "s": [0, 1],
         "copy_len": [3, 3],
     }
+    assert plan.example.tolist() == [4, 5] and dataset.content_margin == 6
     spans = dataset.spans(plan)
     assert spans.start.tolist() == [[10], [10]] and spans.length.tolist() == [[3], [3]]
     layout = RowLayout.create(mesh_of(1), ("data",), 2)
@@ -75,3 +85,34 @@ def test_splice_trace(trace_caches):
     assert np.asarray(batch.tokens).tolist() == [[51, 52, 53, 0, 0, 0], [0, 51, 52, 53, 0, 0]]
     assert np.asarray(batch.loss_mask).tolist() == [[1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0]]
     assert np.asarray(batch.segment_ids).tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]]
+
+
+def test_second_pipeline_trace(trace_caches):
+    """docs/datasets.md, "a second pipeline compiles nothing": keys 3, 3, 4 over equal datasets."""
+
+    def first_batch(key):
+        dataset = CausalLMDataset(TokenCache.open(trace_caches[0]), 4, shuffle=ShuffleSpec())
+        return dataset, np.asarray(Pipeline(dataset, mesh=mesh_of(1), batch_size=4, key=key).batch(0).tokens)
+
+    dataset, first = first_batch(3)
+    with count_compiles() as compiles:
+        again, same = first_batch(3)
+        _, other = first_batch(4)
+    assert compiles == []
+    np.testing.assert_array_equal(same, first)
+    assert not np.array_equal(other, first)  # other rows
+    one, two = dataset.device(jax.random.key(3)), again.device(jax.random.key(3))
+    assert one is not two and isinstance(one, CausalDevice)
+    assert one.window == two.window == WindowBuild(seq_len=4, eos_id=None, ignore_id=None)
+    assert one.builder() == one.window
+
+
+def test_checkpoint_trace(trace_caches):
+    """docs/datasets.md, "Carried state": {"version": 1, "step": k, **dataset.state_dict(state)}."""
+    children = {"a": CausalLMDataset(TokenCache.open(trace_caches[0]), 4, shuffle=ShuffleSpec("none"))}
+    dataset = TokenBalancedMixture(children)
+    pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=2, key=0)
+    pipeline.batch(0)
+    saved = pipeline.state_dict()
+    assert saved == {"version": 1, "step": 1, **dataset.state_dict(pipeline._planner.state(1))}
+    assert saved["datasets"] == [{"spec": "a", "row_offset": 2, "token_offset": 8}]

@@ -7,8 +7,9 @@ import pytest
 from compiles import count_compiles
 from mixture_reference import least_consumed
 
-from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
-from meshbatch.kernels.mixtures.interleave_merge import windows
+from meshbatch.kernels import Counts, select_least_consumed, select_merge, select_scan, source_salts
+from meshbatch.kernels.mixtures import interleave
+from meshbatch.kernels.mixtures.interleave_merge import SCAN_SOURCES, windows
 
 U32 = jnp.uint32
 
@@ -98,3 +99,14 @@ def test_never_recompiles():
         for step in steps[1:]:
             jax.block_until_ready(select_merge(*step))
     assert compiles == []
+
+
+def test_least_consumed_takes_the_scan_up_to_28_sources():
+    """The pipeline's kernel: the scan while it compiles to one loop, the merge above; equal."""
+    for sources in (SCAN_SOURCES, SCAN_SOURCES + 1):
+        tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (sources, 40)), jnp.int32)
+        args = (counts_of([0] * sources), tokens, source_salts(U32(2), sources))
+        scans = interleave.select_scan._cache_size()
+        out = select_least_consumed(*args)
+        assert interleave.select_scan._cache_size() == scans + (sources <= SCAN_SOURCES)
+        assert_same(out, select_scan(*args))

@@ -163,7 +163,8 @@ def test_causal_yaml_reaches_the_dataset(root):
         f"""\
         type: causal_lm
         tokenizer: {root}/tok
-        base: {{cache_dir: {root}/cache/causal, train_urls: [{root}/train.jsonl]}}
+        cache_dir: {root}/cache/causal
+        train_urls: [{root}/train.jsonl]
         shuffle: era
         era_length: 16
         permutation_type: linear
@@ -179,7 +180,7 @@ def test_causal_yaml_reaches_the_dataset(root):
     )
     assert dataset.seq_len == SEQ and dataset.eos_id == 256
     block = parse(
-        root, f"type: causal_lm\ntokenizer: {root}/tok\nbase: {{cache_dir: {root}/cache/causal}}\n"
+        root, f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/causal\nshuffle: block\n"
     ).data
     assert block.shuffle_spec() == ShuffleSpec("block", window_blocks=8)
 
@@ -198,7 +199,7 @@ def test_levanter_yamls_still_parse(root):
         ("type: no_such_type\n", "no_such_type"),
         ("type: causal_lm\nshuffle: sideways\n", "shuffle"),
         ("type: causal_lm\nshuffle: block\nera_length: 4\n", "era_length"),
-        ("type: causal_lm\nquick_start: true\n", "quick_start"),
+        ("type: causal_lm\nshuffle: block\nquick_start: true\n", "quick_start"),
         ("type: causal_lm\nshuffle: none\nquick_start: true\nfast_path: false\n", "fast_path"),
         ("type: splice_multi_document\nvalidation_starts: 0\n", "validation_starts"),
         ("type: splice_multi_document\ncontent_length: 1\n", "content_length"),
@@ -226,9 +227,7 @@ def test_bad_configs_fail_naming_the_field(root, data, named):
 
 
 def test_byte_tokenizer_directory_matches_for_levanter_and_meshbatch(root):
-    config = parse(
-        root, f"type: causal_lm\ntokenizer: {root}/tok\nbase: {{cache_dir: {root}/cache/t}}\n"
-    ).data
+    config = parse(root, f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/t\n").data
     texts = ["héllo wörld\n\tx", "a  b", ""]
     levanter_ids = [config.the_tokenizer(t)["input_ids"] for t in texts]
     ours = [list(map(int, ids)) for ids in ByteTokenizer().encode_batch(texts)]
@@ -248,17 +247,16 @@ def test_dataclass_fields_cover_the_splice_spec():
 MIXTURE = """\
 type: {type}
 tokenizer: {root}/tok
-base:
-  type: mixture
-  configs:
-    web: {{cache_dir: {root}/cache/web, train_urls: [{root}/train.jsonl]}}
-    code:
-      cache_dir: {root}/cache/code
-      train_urls: [{root}/train.jsonl]
-      validation_urls: [{root}/train.jsonl]
-  train_weights: {weights}
+configs:
+  web: {{cache_dir: {root}/cache/web, train_urls: [{root}/train.jsonl]}}
+  code:
+    cache_dir: {root}/cache/code
+    train_urls: [{root}/train.jsonl]
+    validation_urls: [{root}/train.jsonl]
+train_weights: {weights}
 shuffle: era
 era_length: 8
+permutation_type: feistel  # Levanter's default is linear
 eos_id: 256
 """
 
@@ -269,7 +267,7 @@ def test_stable_mixture_yaml_reaches_the_mixture(root):
         root, MIXTURE.format(type="stable_mixture", root=root, weights=staged) + "mixture_block_size: 16\n"
     ).data
     assert isinstance(config, StableMixtureLMConfig)
-    assert config.base.stages() == [(0, {"web": 0.7, "code": 0.3}), (4, {"web": 0.2, "code": 0.8})]
+    assert config.stages() == [(0, {"web": 0.7, "code": 0.3}), (4, {"web": 0.2, "code": 0.8})]
     mixture = config.mixture(SEQ, batch_size=4)
     assert mixture.names == ["web", "code"] and mixture.block_size == 16
     assert all(child.shuffle_spec == ShuffleSpec("era", era_length=8) for child in mixture.children)
@@ -281,8 +279,8 @@ def test_stable_mixture_yaml_reaches_the_mixture(root):
     rows = np.arange(64, dtype=np.uint32)
     key = jax.random.key(0)
     np.testing.assert_array_equal(
-        np.asarray(mixture.init(key)["schedule"].lookup(rows)[0]),
-        np.asarray(want.init(key)["schedule"].lookup(rows)[0]),
+        np.asarray(mixture.device(key).schedule.lookup(rows)[0]),
+        np.asarray(want.device(key).schedule.lookup(rows)[0]),
     )
     assert sorted(config.validation_sets(hax.Axis("position", SEQ))) == ["code"]
 
@@ -313,9 +311,12 @@ def test_token_balanced_mixture_trains_on_the_fast_path_only(root):
 
 def test_mixture_configs_refuse_what_does_not_apply(root):
     for data, named in (
-        (f"type: stable_mixture\ntokenizer: {root}/tok\nbase: {{cache_dir: x}}\n", "mixture"),
-        ("type: stable_mixture\nbase: {type: mixture, configs: {a: {}}}\ndataset_name: a\n", "dataset_name"),
-        ("type: stable_mixture\nmixture_block_size: 16\nstop_strategy: never\n", "stop_strategy"),
+        (f"type: stable_mixture\ntokenizer: {root}/tok\n", "mixture"),
+        ("type: stable_mixture\nconfigs: {a: {}}\ndataset_name: a\n", "dataset_name"),
+        (
+            "type: stable_mixture\nconfigs: {a: {}}\nmixture_block_size: 16\nstop_strategy: never\n",
+            "stop_strategy",
+        ),
     ):
         with pytest.raises(Exception, match=named):
             parse(root, data)
@@ -334,7 +335,7 @@ def test_quick_start_yaml_serves_batches_while_the_cache_is_built(tmp_path):
     cache_dir = tmp_path / "cache"
     data = (
         f"type: causal_lm\ntokenizer: {tmp_path}/tok\n"
-        f"base: {{cache_dir: {cache_dir}, train_urls: [{tmp_path}/big.jsonl]}}\n"
+        f"cache_dir: {cache_dir}\ntrain_urls: [{tmp_path}/big.jsonl]\n"
         "shuffle: era\nera_length: 64\nquick_start: true\n"
     )
     Pos = hax.Axis("position", SEQ)

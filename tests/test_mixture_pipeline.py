@@ -16,6 +16,7 @@ from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import PositionLog, derive_keys
 from meshbatch.kernels import causal_lm_batch
+from meshbatch.pipeline.programs import plan_program
 
 SEQ = 16
 BATCH = 8
@@ -123,7 +124,7 @@ def stable_reference(paths, steps: int, compat) -> list[np.ndarray]:
         mine = source == s
         child = kids[name]
         rows = Rows(jnp.asarray(index[mine], jnp.uint32), jnp.asarray(epoch[mine], jnp.uint32))
-        plan, _ = child.plan(child.init(child_keys[name]), rows)
+        plan, _ = child.device(child_keys[name]).plan(rows)
         starts = np.asarray(plan.example).astype(np.int64) * SEQ
         out[mine] = flat_tokens(paths[s])[starts[:, None] + np.arange(SEQ)]
     return list(out.reshape(steps, BATCH, SEQ))
@@ -164,12 +165,12 @@ def test_causal_and_splice_children_never_recompile(caches):
 
 def plan_steps(dataset, steps: int, state=None):
     """The dataset's plans of ``steps`` steps of BATCH rows (jitted, no pipeline) and the state."""
-    tables, plan = dataset.init(as_key(KEY)), jax.jit(dataset.plan)
+    device = dataset.device(as_key(KEY))
     state = dataset.init_state() if state is None else state
     rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     plans = []
     for _ in range(steps):
-        made, state = plan(tables, rows, state)
+        made, state = plan_program(device, rows, state)
         plans.append(made)
     return plans, state
 
@@ -177,15 +178,15 @@ def plan_steps(dataset, steps: int, state=None):
 def balanced_reference(paths, steps: int):
     """Each row's (source, nth) from the heap reference over the children's real tokens."""
     dataset = TokenBalancedMixture(children(paths, splice=True))
-    tables = dataset.init(as_key(KEY))
+    device = dataset.device(as_key(KEY))
     table = []
     for c, child in enumerate(dataset.children):
         ahead = np.arange(steps * BATCH)
         position, epoch = ahead % child.num_examples, ahead // child.num_examples
         rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
-        plan, _ = child.plan(tables["children"][c], rows)
-        table.append(np.asarray(child.real_tokens(tables["children"][c], plan)))
-    salts = [int(s) for s in np.asarray(tables["salts"])]
+        plan, _ = device.children[c].plan(rows)
+        table.append(np.asarray(device.children[c].real_tokens(plan)))
+    salts = [int(s) for s in np.asarray(device.salts)]
     return least_consumed([0] * len(table), np.stack(table), salts)
 
 
@@ -345,9 +346,7 @@ def test_mixture_arguments(caches):
     by_rows = [(0, WEIGHTS), (2 * 8 + 4, stages[1][1])]  # step 3 starts at row 2 * 8 + 1 * 4
     want = meshbatch.mixture_schedule(lengths, by_rows, block_size=4, key=0)
     for field in ("stage_start", "counts", "base_index"):
-        np.testing.assert_array_equal(
-            np.asarray(getattr(mixture.template, field)), np.asarray(getattr(want, field))
-        )
+        np.testing.assert_array_equal(np.asarray(mixture.rows[field]), np.asarray(getattr(want, field)))
     with pytest.raises(ValueError, match="pass the pipeline's batch_size"):
         Mixture(kids, stages, block_size=4)
     with pytest.raises(ValueError, match="row 24, not a multiple of block_size=16"):
@@ -364,14 +363,18 @@ def test_mixture_arguments(caches):
 
 def test_counts_that_would_pass_2_to_the_64_are_refused_not_wrapped(caches):
     mixture = TokenBalancedMixture(children(caches))
+    device = mixture.device(as_key(KEY))  # one compilation (plan_program) for both cases
+    rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     near = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 5} for n in NAMES]}
     with pytest.raises(
-        Exception, match=r"token-balanced count of specs \['a', 'b', 'c'\] would pass 2\^64 - 1"
+        RuntimeError, match=r"token-balanced count of specs \['a', 'b', 'c'\] would pass 2\^64 - 1"
     ):
-        plan_steps(mixture, 1, mixture.load_state_dict(near))
+        jax.block_until_ready(plan_program(device, rows, mixture.load_state_dict(near)))
     with pytest.raises(ValueError, match=r"token_offset of 'a' must be <= 18446744073709551615"):
         mixture.load_state_dict({"datasets": [{"spec": "a", "row_offset": 0, "token_offset": 2**64}]})
     high = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 2**20} for n in NAMES]}
-    _, state = plan_steps(mixture, 2, mixture.load_state_dict(high))  # exact up to 2^64 - 1
+    state = mixture.load_state_dict(high)
+    for _ in range(2):  # exact up to 2^64 - 1
+        _, state = plan_program(device, rows, state)
     counts = [e["token_offset"] for e in mixture.state_dict(state)["datasets"]]
     assert sum(counts) == 3 * (2**64 - 2**20) + 2 * BATCH * SEQ

@@ -24,6 +24,8 @@ from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalanc
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
+from meshbatch.kernels.mixtures import interleave_merge
+from meshbatch.pipeline.programs import plan_program
 
 INT32_MAX = 2**31 - 1
 
@@ -108,36 +110,38 @@ def children(tmp_path_factory):
     }
 
 
-def test_balanced_component_past_2_31_rows(children):
+def test_balanced_component_past_2_31_rows(children, monkeypatch):
     """A state where ``a`` has given 2^31 - 20 rows and ``b`` 2^32 - 10 (tokens just below 2^33):
     three steps of 32 rows carry both past 2^31 and 2^32 rows; every pick,
     every child row ``(position, epoch)`` and the final offsets equal an int64 reference (the
     heap rule over the children's real tokens of rows ``divmod(row_offset + j, length)``)."""
+    # three sources would pick with the scan; the merge is the kernel under test here (the
+    # pipeline tests run the scan)
+    monkeypatch.setattr(interleave_merge, "SCAN_SOURCES", 0)
     dataset = TokenBalancedMixture(children)
     rows = {"a": 2**31 - 20, "b": 2**32 - 10, "c": 5}
     tokens = {"a": 2**33 - 100, "b": 2**33 - 60, "c": 2**33 - 80}
     start = {"datasets": [{"spec": n, "row_offset": rows[n], "token_offset": tokens[n]} for n in rows]}
-    tables = dataset.init(as_key(3))
+    device = dataset.device(as_key(3))
     state = dataset.load_state_dict(start)
-    plan = jax.jit(dataset.plan)
     batch_rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     picked = []
     for _ in range(3):
-        made, state = plan(tables, batch_rows, state)
+        made, state = plan_program(device, batch_rows, state)
         picked.append((np.asarray(made.source), np.asarray(made.example)))
 
     lengths = np.asarray([child.num_examples for child in dataset.children], np.int64)
     offsets = np.asarray([rows[n] for n in dataset.names], np.int64)
     table = []
-    for c, child in enumerate(dataset.children):
+    for c in range(len(dataset.children)):
         ahead = offsets[c] + np.arange(3 * BATCH, dtype=np.int64)
         child_rows = Rows(
             jnp.asarray(ahead % lengths[c], jnp.uint32), jnp.asarray(ahead // lengths[c], jnp.uint32)
         )
-        child_plan, _ = jax.jit(child.plan)(tables["children"][c], child_rows)
-        table.append(np.asarray(child.real_tokens(tables["children"][c], child_plan)).astype(np.int64))
+        child_plan, _ = plan_program(device.children[c], child_rows, None)
+        table.append(np.asarray(device.children[c].real_tokens(child_plan)).astype(np.int64))
     table = np.stack(table)
-    salts = [int(s) for s in np.asarray(tables["salts"])]
+    salts = [int(s) for s in np.asarray(device.salts)]
     order, final = least_consumed([tokens[n] for n in dataset.names], table, salts)
     want_source = np.asarray([s for s, _ in order])
     want_example = np.asarray([(offsets[s] + j) % lengths[s] for s, j in order])

@@ -17,9 +17,12 @@ from meshbatch.datasets.preblocked import PackSpec, preblock
 from meshbatch.datasets.preblocked.block_dataset import BlockDataset
 from meshbatch.datasets.protocol import Content, Rows
 from meshbatch.kernels.preblocked.block_batch import block_batch
+from meshbatch.pipeline.programs import build_program_single, plan_program
 
 BLOCK = 64
 IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)
+KEY = 11  # the pipeline key of every step here; the stores are written with its packing key
+PACK = BlockDataset.pack_key(KEY)
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +38,20 @@ def data(tmp_path_factory):
     paths = {}
     for level in ("document", "segment"):
         paths[level] = str(root / f"store-{level}")
-        preblock(paths[level], [str(text)], block_size=BLOCK, shuffle_level=level, key=5, progress=False)
+        preblock(paths[level], [str(text)], block_size=BLOCK, shuffle_level=level, key=PACK, progress=False)
     paths["cache"] = os.path.join(paths["document"], "tokens")
     paths["npy"] = str(root / "npy")
-    preblock(paths["npy"], [paths["cache"]], block_size=BLOCK, key=5, output_format="npy", progress=False)
+    preblock(paths["npy"], [paths["cache"]], block_size=BLOCK, key=PACK, output_format="npy", progress=False)
     return paths
 
 
 def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
     """One step the way the pipeline runs it: plan, spans, one coalesced read per source, build."""
-    if not hasattr(dataset, "_test_jit"):  # one compilation per dataset, not per call
-        dataset._test_jit = (jax.jit(dataset.plan), jax.jit(dataset.build), dataset.init(jax.random.key(11)))
-    plan_fn, build_fn, tables = dataset._test_jit
+    device, dataset = dataset.make(jax.random.key(KEY))  # legacy: packed for the key
+    # (module-level programs: equal device halves compile once)
     n = len(positions)
     rows = Rows(position=jnp.asarray(positions, jnp.uint32), epoch=jnp.full((n,), epoch, jnp.uint32))
-    plan, _ = plan_fn(tables, rows)
+    plan, _ = plan_program(device, rows, None)
     spans = dataset.spans(jax.tree.map(np.asarray, plan))
     buffer = np.zeros(n * dataset.max_row_tokens + 1, np.int32)
     offsets, at, reads = np.zeros(spans.start.shape, np.int64), 0, []
@@ -60,12 +62,15 @@ def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
         reads.append(read)
     run_reads(reads)
     content = Content(tokens=jnp.asarray(buffer), offsets=jnp.asarray(offsets.astype(np.int32)))
-    return build_fn(tables, plan, content), np.asarray(dataset.real_tokens(tables, plan))
+    return build_program_single(device, plan, content), np.asarray(device.real_tokens(plan))
 
 
 def test_format_detection_picks_the_mode(data):
     store, npy = BlockDataset(data["document"]), BlockDataset(data["npy"])
-    legacy = BlockDataset(data["cache"], pack=PackSpec(BLOCK), pack_key=5, **IDS)
+    legacy = BlockDataset(data["cache"], pack=PackSpec(BLOCK), **IDS)
+    with pytest.raises(AttributeError, match=r"depend on the packing key.*make\(key\)\[1\]\.num_examples"):
+        legacy.num_examples  # noqa: B018 - unknown until packed for a key
+    legacy = legacy.make(jax.random.key(KEY))[1]
     assert (store.format, npy.format, legacy.format) == ("store", "npy", "levanter")
     assert not store.legacy and not npy.legacy and legacy.legacy
     assert store.spans_per_row == 1 and legacy.spans_per_row > 1
@@ -92,9 +97,7 @@ def test_every_mode_gives_identical_batches(data, level):
     )  # shuffles are ShuffleSpec's (tested with it); rows come in random order here
     modes = {
         "store": BlockDataset(data[level], shuffle=shuffle),
-        "legacy": BlockDataset(
-            data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), pack_key=5, **IDS
-        ),
+        "legacy": BlockDataset(data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), **IDS),
     }
     if level == "document":
         modes["npy"] = BlockDataset(data["npy"], shuffle=shuffle)
@@ -129,11 +132,9 @@ def test_two_sources_read_in_one_step(data):
 def test_legacy_mode_over_two_caches_equals_two_stores(data):
     shuffle = ShuffleSpec("none")
     stores = BlockDataset([data["document"], data["document"]], shuffle=shuffle)
-    legacy = BlockDataset(
-        [data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), pack_key=5, **IDS
-    )
+    legacy = BlockDataset([data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), **IDS)
     n = stores.num_examples
-    assert legacy.num_examples == n
+    assert legacy.make(jax.random.key(KEY))[1].num_examples == n
     positions = np.random.default_rng(1).integers(0, n, 256)
     (want, _), (got, _) = fetch_and_build(stores, positions), fetch_and_build(legacy, positions)
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))

@@ -36,7 +36,8 @@ def store(tmp_path_factory):
             for para in topics[name].split("\n\n")[:10]:
                 f.write(json.dumps({"text": para}) + "\n")
     path = str(root / "store")
-    preblock(path, [str(text)], block_size=BLOCK, key=5, progress=False)
+    # written with the packing key of the pipelines' key (7): legacy mode packs the same blocks
+    preblock(path, [str(text)], block_size=BLOCK, key=BlockDataset.pack_key(7), progress=False)
     return path
 
 
@@ -50,9 +51,7 @@ class MaskedSteps:
 
     def __init__(self, mesh, path: str, legacy: bool = False):
         if legacy:
-            dataset = BlockDataset(
-                os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), pack_key=5, **IDS
-            )
+            dataset = BlockDataset(os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), **IDS)
         else:
             dataset = BlockDataset(path, shuffle=SHUFFLE)
         self.dataset = dataset
@@ -98,13 +97,13 @@ def test_store_and_on_the_fly_packing_give_the_same_masked_batches(store, refere
 def test_static_masks_repeat_per_block_dynamic_ones_do_not(one_device):
     steps = one_device
     dataset, n = steps.dataset, steps.dataset.num_examples
-    tables = dataset.init(jax.random.key(7))
+    shuffle = dataset.device(jax.random.key(7)).shuffle
     per_block = {"static": {}, "dynamic": {}}
     for index, pipeline in enumerate(steps.pipelines):
         mode = ("static", "dynamic")[index]
         for step in range(2 * STEPS):  # more rows than blocks: blocks seen in two epochs
             rows = np.arange(step * BATCH, (step + 1) * BATCH)
-            example = np.asarray(dataset.shuffle_spec.apply(tables.shuffle, rows % n, rows // n))
+            example = np.asarray(dataset.shuffle_spec.apply(shuffle, rows % n, rows // n))
             labels = np.asarray(pipeline.batch(step).labels)
             for block, row in zip(example.tolist(), labels, strict=True):
                 per_block[mode].setdefault(block, []).append(row)

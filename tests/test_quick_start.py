@@ -93,7 +93,7 @@ def test_training_starts_before_the_cache_is_finished(tmp_path, spec):
 
     finished = pipeline_over(TokenCache.open(path), spec)
     examples = np.arange(STEPS * BATCH).reshape(STEPS, BATCH)
-    shuffle = finished.dataset.init(jax.random.key(5))
+    shuffle = finished.dataset.device(jax.random.key(5)).shuffle
     for step, got in enumerate(batches):
         np.testing.assert_array_equal(got, np.asarray(finished.batch(step).tokens), err_msg=f"{step=}")
         rows = examples[step]
@@ -115,5 +115,8 @@ def test_orders_that_need_the_final_length_are_refused(tmp_path):
             with pytest.raises(ValueError, match=f"shuffle strategy='{strategy}' needs the final length"):
                 CausalLMDataset(growing, SEQ, shuffle=ShuffleSpec(strategy))
         dataset = CausalLMDataset(growing, SEQ, shuffle=ShuffleSpec("none"))
-        assert not dataset.length_is_final and not dataset.wait_for(4)
-    assert dataset.wait_for(10**6) and dataset.num_examples == sum(d.size for d in DOCS[:10]) // SEQ
+        assert not dataset.length_is_final and dataset.wait_for(4) is None
+    final = dataset.wait_for(10**6)  # the cache is finished: a new, final dataset
+    assert final.length_is_final and final.num_examples == sum(d.size for d in DOCS[:10]) // SEQ
+    assert not dataset.length_is_final  # the growing one is a value: unchanged
+    assert final.wait_for(10**6) is None

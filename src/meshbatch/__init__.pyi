@@ -11,6 +11,7 @@ from .cache import build_cache as build_cache
 from .cache import validate_cache as validate_cache
 from .datasets import CausalLMDataset as CausalLMDataset
 from .datasets import Dataset as Dataset
+from .datasets import DeviceDataset as DeviceDataset
 from .datasets import SpliceLMDataset as SpliceLMDataset
 from .datasets.mixtures import Mixture as Mixture
 from .datasets.mixtures import TokenBalancedMixture as TokenBalancedMixture

@@ -37,10 +37,8 @@ def main(config_path: str, checkpoint: str, steps: int) -> dict:
     rows = np.arange(steps * batch)
     seen = dataset.batch(rows)
     epoch, position = np.divmod(rows, dataset.num_examples)
-    plan, _ = dataset._plan(
-        dataset.tables, Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)), None
-    )
-    doc, t, s, copy_len = (np.asarray(plan.detail[name]) for name in ("doc", "t", "s", "copy_len"))
+    plan, _ = dataset.device.plan(Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)))
+    doc, t, s, copy_len = (np.asarray(getattr(plan.detail, name)) for name in ("doc", "t", "s", "copy_len"))
     late = seq_len - copy_len
     late -= (late - 2) % 4
     later = np.flatnonzero(late > s)

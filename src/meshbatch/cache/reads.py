@@ -155,7 +155,7 @@ def _plan_verification(pieces, reads: list[Target]) -> tuple[list[Target], Calla
     """
     wanted: dict[tuple, tuple[Segment, int]] = {}
     for _, seg, lo, hi in pieces:
-        if seg.verifier is not None:
+        if seg.verifier is not None and not seg.verifier.complete:
             for k in seg.verifier.pending(lo, hi):
                 wanted.setdefault((seg.key, k), (seg, k))
     if not wanted:

@@ -123,7 +123,7 @@ class LedgerWatch:
                         self._stamp = new_stamp
             for name, loaded, shard_answer in shard_answers:
                 changed, ledger, _ = shard_answer()
-                if not changed:
+                if not changed or ledger == loaded:  # a store may answer unchanged content in full
                     continue
                 reason = "its ledger is gone" if ledger is None else ledger_change(loaded, ledger)
                 reason = reason or "its ledger was rewritten"

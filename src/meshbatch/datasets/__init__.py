@@ -8,6 +8,7 @@ from .causal import CausalLMDataset as CausalLMDataset
 from .protocol import BuildStage as BuildStage
 from .protocol import Content as Content
 from .protocol import Dataset as Dataset
+from .protocol import DeviceDataset as DeviceDataset
 from .protocol import Plan as Plan
 from .protocol import Rows as Rows
 from .protocol import Spans as Spans

@@ -9,12 +9,16 @@ EOS-derived segment ids.
     cache tokens = [0 .. 9], seq_len = 4:  examples [0 1 2 3], [4 5 6 7]   (8, 9 dropped)
     rows position = [1, 0]  ->  example = [1, 0]  ->  spans (4, 4), (0, 4)  ->  one read [0, 8)
 
+The dataset is a value: ``device(key)`` makes ``CausalDevice`` (the shuffle's tables, the window
+build's configuration); the dataset itself reads spans on the host and is never changed.
+
 Quick start: over a cache still being written (``TokenCache.open(..., require_finished=False)``)
 the dataset serves the windows already committed and waits (Levanter's
 ``wait_until_len_at_least``) for the ones a step needs. Cache order needs only those windows; an
 era shuffle needs their whole eras (era ``e`` is permuted as soon as windows up to ``(e + 1) *
 era_length`` are committed: the same order the finished cache gives). A full or block shuffle
-needs the final length, and is refused until the cache is finished.
+needs the final length, and is refused until the cache is finished. Once the cache is finished,
+``wait_for`` returns the final dataset, a new value the pipeline makes again for its key.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import os
 import time
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
@@ -32,12 +37,57 @@ from meshbatch.cache import DEFAULT_CHUNK_SIZE
 from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from .protocol import Content, Dataset, Plan, Rows, Spans
+from .protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
 
 logger = logging.getLogger(__name__)
 MAX_EXAMPLES = 2**32 - 1
 FULL_SHUFFLE = ShuffleSpec()
 GROWING_ORDERS = ("none", "era")  # orders defined before the final length is known
+
+
+class WindowBuild(eqx.Module):
+    """The build of causal windows: each row's ``seq_len`` tokens from the fetched buffer, with
+    Levanter's causal loss mask and EOS-derived segment ids. Equal for windows of any cache, so a
+    mixture of caches builds them in one call."""
+
+    seq_len: int = eqx.field(static=True)
+    eos_id: int | None = eqx.field(static=True)
+    ignore_id: int | None = eqx.field(static=True)
+
+    def __call__(self, plan: Plan, content: Content) -> Batch:
+        windows = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
+        return causal_lm_batch(windows, eos_id=self.eos_id, ignore_id=self.ignore_id)
+
+
+class CausalDevice(DeviceDataset):
+    """The device half of ``CausalLMDataset``: the shuffle (``None`` for cache order) and the build.
+
+    Attributes:
+        shuffle_spec: the ordering (static).
+        shuffle: the shuffle module ``shuffle_spec.create`` made for the key, or ``None``.
+        window: the window build (static configuration only).
+    """
+
+    shuffle_spec: ShuffleSpec = eqx.field(static=True)
+    shuffle: eqx.Module | None
+    window: WindowBuild
+
+    @property
+    def seq_len(self) -> int:
+        return self.window.seq_len
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        """The example each row reads: ``shuffle(position)`` (with its epoch if reshuffling)."""
+        example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
+        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), None
+
+    def build(self, plan: Plan, content: Content) -> Batch:
+        """Rows of the batch from their windows in the fetched buffer."""
+        return self.window(plan, content)
+
+    def builder(self) -> WindowBuild:
+        """Windows of any cache build alike: ``build`` reads only the content and these fields."""
+        return self.window
 
 
 class CausalLMDataset(Dataset):
@@ -109,23 +159,26 @@ class CausalLMDataset(Dataset):
             )
         return num_examples
 
-    def wait_for(self, examples: int) -> bool:
+    def wait_for(self, examples: int) -> CausalLMDataset | None:
         """Blocks until windows ``[0, examples)`` (whole eras of them) are committed, or the cache
-        is finished (then ``num_examples`` becomes its real length and this returns ``True``)."""
+        is finished: then returns the final dataset (a new value, ``num_examples`` the real
+        length); ``None`` while the cache grows, and always once the length is final."""
         if self.length_is_final:
-            return False
+            return None
         era = self.shuffle_spec.era_length if self.shuffle_spec.strategy == "era" else 1
         needed = -(-examples // era) * era * self.seq_len
         delay, waited, start = 0.01, 0.0, time.monotonic()
         while True:
             self.source.refresh()
             if self.source.is_finished:
-                self.num_examples = self._final_length()
-                self.length_is_final = True
-                logger.info("%r finished: %d examples per epoch", self.source, self.num_examples)
-                return True
+                final = CausalLMDataset(
+                    self.source, self.seq_len, shuffle=self.shuffle_spec, eos_id=self.eos_id,
+                    ignore_id=self.ignore_id,
+                )  # fmt: skip
+                logger.info("%r finished: %d examples per epoch", self.source, final.num_examples)
+                return final
             if self.source.num_tokens >= needed:
-                return False
+                return None
             if time.monotonic() - start - waited > 60:
                 waited = time.monotonic() - start
                 logger.info("waiting for %r to commit %d tokens (%d so far)", self.source, needed,
@@ -133,30 +186,17 @@ class CausalLMDataset(Dataset):
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
 
-    def init(self, key: PRNGKeyArray):
-        """The shuffle module (or ``None`` for cache order)."""
+    def device(self, key: PRNGKeyArray) -> CausalDevice:
+        """The shuffle for ``key`` (``None`` for cache order) and the window build."""
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
-        return self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
-
-    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        """The example each row reads: ``shuffle(position)`` (with its epoch if reshuffling)."""
-        example = self.shuffle_spec.apply(tables, rows.position, rows.epoch)
-        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), None
+        shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
+        window = WindowBuild(self.seq_len, self.eos_id, self.ignore_id)
+        return CausalDevice(self.shuffle_spec, shuffle, window)
 
     def spans(self, plan: Plan) -> Spans:
         """Each row's window: tokens ``[example * seq_len, (example + 1) * seq_len)``."""
         starts = plan.example.astype(np.int64)[:, None] * self.seq_len
         return Spans(np.zeros(starts.shape, np.int32), starts, np.full(starts.shape, self.seq_len, np.int64))
-
-    def build(self, tables, plan: Plan, content: Content) -> Batch:
-        """Rows of the batch from their windows in the fetched buffer."""
-        del tables
-        windows = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
-        return causal_lm_batch(windows, eos_id=self.eos_id, ignore_id=self.ignore_id)
-
-    def build_signature(self):
-        """Windows of any cache build alike: ``build`` reads only the content and these fields."""
-        return ("CausalLMDataset", self.seq_len, self.eos_id, self.ignore_id)
 
     def __repr__(self) -> str:
         return (

@@ -1,12 +1,19 @@
 """The dataset protocol: everything ``Pipeline`` asks of a dataset, written once.
 
-A dataset maps rows of an endless example stream to rows of a batch in three steps:
+A dataset is a value in two halves. What a user constructs (``CausalLMDataset(cache, 4)``, a
+mixture, ...) is the host half: configuration, sources and numpy-only ``spans``. For a key it
+makes the device half, a frozen ``equinox.Module`` (static fields: configuration; array fields:
+tables) whose ``plan`` and ``build`` are pure:
 
-    init   (host, once)     key -> tables: the device pytree the kernels close over
-    plan   (jitted)         tables, Rows, state -> Plan, state: which example each row reads
-    spans  (host)           Plan -> Spans: the token ranges each row needs, per source
+    make   (host, once)     key -> (DeviceDataset, host Dataset): tables for this key
+    plan   (jitted)         device.plan(Rows, state) -> Plan, state: which example each row reads
+    spans  (host)           host.spans(Plan) -> Spans: the token ranges each row needs, per source
     (fetch, the pipeline's: each source read coalesced, all in one batch -> Content per device)
-    build  (jitted, shard)  tables, Plan, Content -> Batch
+    build  (jitted, shard)  device.build(Plan, Content) -> Batch
+
+Equal device halves (equal static fields, array fields of equal shapes and dtypes) are one
+program to jit: the pipeline's programs are module-level and take the device half as an
+argument, so a second pipeline over an equal dataset compiles nothing new.
 
 Stream index ``g`` is position ``g mod num_examples`` of epoch ``g // num_examples``; the pipeline
 splits it into those two uint32 numbers, so a kernel never sees a 64-bit integer. A trace for
@@ -27,7 +34,6 @@ by every process, in step order, so the state is the same everywhere.
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
@@ -63,7 +69,8 @@ class Plan(eqx.Module):
         rows: the stream coordinates the plan was made for (build stages key on them).
         source: ``int32[n]`` which of the dataset's ``sources`` (or children) the row reads.
         example: ``uint32[n]`` the example within that source: a window, a block, a splice row.
-        detail: dataset-specific leaves, each ``[n, ...]`` (splice: ``doc, t, s, copy_len``).
+        detail: the dataset's own typed module of ``[n, ...]`` leaves (``SplicePlan(doc, t, s,
+            copy_len)``, a mixture's children's plans), or ``None``.
     """
 
     rows: Rows
@@ -125,7 +132,9 @@ class TokenSource(Protocol):
 
 
 class BuildStage(Protocol):
-    """A per-shard ``Batch -> Batch`` step after ``build`` (masking, loss weights).
+    """A per-shard ``Batch -> Batch`` step after ``build`` (masking, loss weights), written as an
+    ``equinox.Module`` like the device half (static configuration, array fields such as its key),
+    so equal stages share the build program.
 
     A stage carries its own key and derives per-row randomness from the plan's stream
     coordinates (``fold_in(key, position)``, then the epoch) or its examples
@@ -136,10 +145,51 @@ class BuildStage(Protocol):
     def __call__(self, batch: Batch, plan: Plan) -> Batch: ...
 
 
-class Dataset(abc.ABC):
-    """Base class of pipeline datasets; see the module docstring for how a step flows.
+class DeviceDataset(eqx.Module):
+    """The device half of a dataset: a frozen value whose ``plan`` and ``build`` are pure.
 
-    Attributes (set by subclasses):
+    Static fields hold configuration (``seq_len``, token ids, a ``ShuffleSpec``), array fields the
+    tables made for a key (shuffles, schedules, document pools). Two device halves with equal
+    static fields and tables of equal shapes are the same program to jit, whatever the key.
+    """
+
+    @abc.abstractmethod
+    def plan(self, rows: Rows, state: State | None = None) -> tuple[Plan, State | None]:
+        """Each row's example (jitted; rows of one step, or a part of them when stateless).
+
+        Args:
+            rows: the rows' stream coordinates, in global row order.
+            state: the carried state at the start of the step (``None`` when stateless).
+
+        Returns:
+            The plan (every leaf ``[n, ...]``) and the state after these rows.
+        """
+
+    @abc.abstractmethod
+    def build(self, plan: Plan, content: Content | None) -> Batch:
+        """Batch rows from their plan and fetched content (``None`` without sources); jitted,
+        per device shard, so it sees only that shard's rows."""
+
+    def builder(self) -> eqx.Module:
+        """The part of this value ``build`` reads. Children of a mixture whose builders are equal
+        (``eqx.tree_equal``) build alike for the same plan and content, so they share one build
+        call. Default: the whole value (shared only with an equal dataset)."""
+        return self
+
+    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
+        """``int32[n]``: the non-padding tokens each planned row trains on (what a token-balanced
+        mixture counts); jitted. Defaults to the device half's ``seq_len`` per row."""
+        return jnp.full(plan.example.shape, self.seq_len, jnp.int32)
+
+
+class Dataset(abc.ABC):
+    """What a user constructs, and the host half of a dataset (numpy only); never mutated.
+
+    ``make(key)`` gives the device half for a key and the host half that reads for it (``self``
+    unless what the host reads depends on the key). When a growing source's length becomes final
+    (quick start), ``wait_for`` returns a new, final dataset and the pipeline makes it again.
+
+    Attributes (set by subclasses, at construction):
         num_examples: examples per epoch, ``1 <= num_examples <= 2**32 - 1``.
         seq_len: tokens per row of the batches ``build`` makes.
         sources: the token sources ``spans`` refers to, by index; empty for device-resident data.
@@ -166,55 +216,30 @@ class Dataset(abc.ABC):
         return bool(self.sources)
 
     @abc.abstractmethod
-    def init(self, key: PRNGKeyArray) -> Tables:
-        """The device tables for ``key`` (a typed threefry key, already checked): shuffles,
-        schedules, document pools. Called once per pipeline; never stores the key on ``self``."""
+    def device(self, key: PRNGKeyArray) -> DeviceDataset:
+        """The device half for ``key`` (a typed threefry key, already checked): every table
+        derives from it (``fold_in`` per purpose); nothing keeps the key but the tables."""
+
+    def make(self, key: PRNGKeyArray) -> tuple[DeviceDataset, Dataset]:
+        """``(device half, host half)`` for ``key``; the host half is ``self`` by default."""
+        return self.device(key), self
 
     def init_state(self) -> State | None:
         """The carried state at step 0; ``None`` for a stateless dataset (the default)."""
         return None
 
-    @abc.abstractmethod
-    def plan(self, tables: Tables, rows: Rows, state: State | None = None) -> tuple[Plan, State | None]:
-        """Each row's example (jitted; rows of one step, or a part of them when stateless).
-
-        Args:
-            tables: what ``init`` returned.
-            rows: the rows' stream coordinates, in global row order.
-            state: the carried state at the start of the step (``None`` when stateless).
-
-        Returns:
-            The plan (every leaf ``[n, ...]``) and the state after these rows.
-        """
-
     def spans(self, plan: Plan) -> Spans:
-        """Host: the token spans each planned row reads (``plan``'s leaves are numpy)."""
+        """Host: the token spans each planned row reads (``plan``'s leaves are numpy arrays)."""
         raise NotImplementedError(f"{type(self).__name__} has no sources to read spans from")
 
-    @abc.abstractmethod
-    def build(self, tables: Tables, plan: Plan, content: Content | None) -> Batch:
-        """Batch rows from their plan and fetched content (``None`` without sources); jitted,
-        per device shard, so it sees only that shard's rows."""
-
-    def build_signature(self) -> Hashable | None:
-        """Equal (non-``None``) signatures promise equal ``build`` output for the same plan and
-        content whatever the tables, so a mixture builds such children in one call. ``None``
-        (the default): never shared."""
-        return None
-
-    def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:
-        """``int32[n]``: the non-padding tokens each planned row trains on (what a token-balanced
-        mixture counts); jitted. Defaults to ``seq_len`` per row."""
-        return jnp.full(plan.example.shape, self.seq_len, jnp.int32)
-
-    def wait_for(self, examples: int) -> bool:
+    def wait_for(self, examples: int) -> Dataset | None:
         """Blocks until stream rows ``[0, examples)`` can be planned and read (quick start).
 
-        Returns ``True`` once, when the length has just become final: ``num_examples`` is then
-        the real length and the pipeline makes the tables again from the same key. A dataset
-        whose sources are finished has every row: the default returns ``False`` at once.
+        Returns the final dataset (a new value: ``num_examples`` the real length) once, when the
+        length has just become final; the pipeline then makes it for the same key. ``None``
+        otherwise; a dataset whose sources are finished has every row and returns ``None`` at once.
         """
-        return False
+        return None
 
     def state_dict(self, state: State | None) -> dict[str, Any]:
         """A JSON-able checkpoint of ``state`` (empty when stateless)."""

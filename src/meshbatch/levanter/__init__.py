@@ -3,7 +3,8 @@
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
   meshbatch dataset, the seed-named splice datasets, marin's ``BlockShufflingDataset``);
 * ``config``, ``splice_config``, ``mixture_config``, ``sources``: the ``data:`` config types a
-  Levanter YAML names (draccus) and the text behind them;
+  Levanter YAML names (draccus), Levanter's own config classes extended; ``caches``: caches
+  built by Levanter's machinery; ``fields``: every Levanter field honoured or refused;
 * ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop;
 * ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml``.
 """
@@ -11,6 +12,7 @@
 from .async_datasets import BlockShufflingDataset as BlockShufflingDataset
 from .async_datasets import MeshbatchDataset as MeshbatchDataset
 from .async_datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
+from .async_datasets import ShuffledDataset as ShuffledDataset
 from .async_datasets import SpliceDocumentDataset as SpliceDocumentDataset
 from .async_datasets import lm_examples as lm_examples
 from .async_datasets import loader_key as loader_key
@@ -19,12 +21,12 @@ from .config import MeshbatchLMConfig as MeshbatchLMConfig
 from .fast import PipelineLoader as PipelineLoader
 from .fast import batched_lm_example as batched_lm_example
 from .fast import fast_path as fast_path
+from .fields import FIELDS as FIELDS
 from .mixture_config import StableMixtureLMConfig as StableMixtureLMConfig
 from .mixture_config import TokenBalancedMixtureLMConfig as TokenBalancedMixtureLMConfig
 from .sources import BaseDataConfig as BaseDataConfig
 from .sources import ConfigError as ConfigError
 from .sources import MixtureBaseConfig as MixtureBaseConfig
-from .sources import SourceConfig as SourceConfig
 from .sources import UrlBaseConfig as UrlBaseConfig
 from .splice_config import SpliceMultiDocumentLMConfig as SpliceMultiDocumentLMConfig
 from .splice_config import SpliceSingleDocumentLMConfig as SpliceSingleDocumentLMConfig

@@ -39,6 +39,7 @@ from meshbatch.datasets.protocol import Content, Dataset, Rows
 from meshbatch.datasets.splice.indexed import SpliceDataset, split_indices
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.fetch import fetch_rows
+from meshbatch.pipeline.programs import build_program_single, plan_program
 from meshbatch.shuffles.shuffle_spec import block_shuffle
 
 T = TypeVar("T")
@@ -150,12 +151,11 @@ class MeshbatchDataset(_Rows):
                 "meshbatch.levanter.fast_path()) or through meshbatch.Pipeline"
             )
         self.dataset, self.Pos = dataset, Pos
-        self.num_examples, self.epochs = dataset.num_examples, loader_epochs(epochs)
+        self.epochs = loader_epochs(epochs)
         self.key = loader_key(key)
         with local_cpu_mesh():
-            self.tables = dataset.init(self.key)
-        self._plan = jax.jit(dataset.plan)
-        self._build = jax.jit(dataset.build)
+            self.device, self.host = dataset.make(self.key)  # the dataset's two halves for the key
+        self.num_examples = self.host.num_examples
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples).
@@ -172,12 +172,12 @@ class MeshbatchDataset(_Rows):
         epoch, position = split_indices(indices, self.num_examples)
         with local_cpu_mesh():
             rows = Rows(jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32))
-            plan, _ = self._plan(self.tables, rows, None)
+            plan, _ = plan_program(self.device, rows, None)
             content = None
-            if self.dataset.fetches:
-                tokens, offsets = fetch_rows(self.dataset, self.dataset.spans(jax.tree.map(np.asarray, plan)))
+            if self.host.fetches:
+                tokens, offsets = fetch_rows(self.host, self.host.spans(jax.tree.map(np.asarray, plan)))
                 content = Content(jnp.asarray(tokens), jnp.asarray(offsets))
-            return self._build(self.tables, plan, content)
+            return build_program_single(self.device, plan, content)
 
     async def get_batch(self, indices: Sequence[int]) -> Sequence[LmExample]:
         if len(indices) == 0:
@@ -289,3 +289,54 @@ class BlockShufflingDataset(AsyncDataset[T]):
 
     async def getitem_async(self, index: int) -> T:
         return (await self.get_batch([index]))[0]
+
+
+class ShuffledDataset(AsyncDataset[T]):
+    """A finite Levanter dataset (e.g. its packed chat or supervised dataset, whose loss masks
+    come from the cache's mask fields) read in the order of a meshbatch ``ShuffleSpec``: index
+    ``g`` is element ``spec(g mod n)`` of epoch ``g // n``; ``ShuffleSpec("none")`` keeps order.
+
+    Args:
+        dataset: a finite ``AsyncDataset``.
+        spec: the order (``compat="levanter"`` gives Levanter's own permutations).
+        key: the data key.
+        epochs: see ``loader_epochs``.
+    """
+
+    def __init__(self, dataset: AsyncDataset[T], spec, *, key: PRNGKeyArray | int, epochs: int | None = None):
+        super().__init__()
+        self.dataset, self.spec, self.key = dataset, spec, loader_key(key)
+        self.epochs = loader_epochs(epochs)
+        self._tables, self._n = None, None
+
+    async def _order(self):
+        if self._n is None:
+            self._n = await self.dataset.async_len()
+            with local_cpu_mesh():
+                self._tables = self.spec.create(self._n, self.key, default_block=1)
+        return self._tables, self._n
+
+    async def async_len(self) -> int:
+        if self.epochs is None:
+            raise ValueError("ShuffledDataset streams every epoch (epochs=None): it has no length")
+        return (await self._order())[1] * self.epochs
+
+    async def final_length_is_known(self) -> bool:
+        return self.epochs is not None
+
+    def is_finite(self) -> bool:
+        return self.epochs is not None
+
+    async def current_len(self) -> int | None:
+        return None if self.epochs is None else await self.async_len()
+
+    async def get_batch(self, indices: Sequence[int]) -> Sequence[T]:
+        if len(indices) == 0:
+            return []
+        tables, n = await self._order()
+        epoch, position = split_indices(np.asarray(indices, dtype=np.int64), n)
+        with local_cpu_mesh():
+            mapped = self.spec.apply(
+                tables, jnp.asarray(position, jnp.uint32), jnp.asarray(epoch, jnp.uint32)
+            )
+        return await self.dataset.get_batch([int(i) for i in np.asarray(mapped)])

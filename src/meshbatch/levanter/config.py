@@ -1,182 +1,223 @@
-"""Levanter data configs for meshbatch datasets, parsed by draccus from ``data:`` in a YAML file.
+"""Levanter data configs for meshbatch datasets: Levanter's own config classes, extended.
 
-Each is an ``LMTaskConfig`` (``the_tokenizer``, ``train_set``, ``validation_sets``,
-``tagged_eval_sets``, ``build_caches``, ``sources``) and a draccus choice named by ``type:``:
+A meshbatch config *is* Levanter's: ``causal_lm`` subclasses ``UrlSingleDatasetLMConfig``,
+``stable_mixture`` / ``token_balanced_mixture`` subclass ``LMMixtureDatasetConfig`` and the splice
+configs keep the seed's ``base:`` (itself one of those two). So a Levanter ``data:`` block trains
+with meshbatch after adding one ``type:`` line, with Levanter's fields, defaults and meanings
+(``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
+``n``); meshbatch's orders (block shuffle, strong permutations, splice, token balancing) are
+opt-in fields. Levanter's machinery builds the caches (``caches.py``); meshbatch replaces what
+``train_set`` and the validation sets return. Every Levanter field is honoured or refused at
+parse time (``fields.py``).
 
     data:
-      type: splice_multi_document          # or splice_single_document, causal_lm
-      tokenizer: byte_tokenizer            # a local Hugging Face tokenizer directory (no download)
-      base:
-        type: url_single_dataset           # or mixture (configs + train_weights), as the seed writes
-        cache_dir: cache/corpus            # built here from train_urls by meshbatch on first use
-        train_urls: [data/train.jsonl]
-      num_docs: 4
-      content_start_mode: coverage_balanced
-
-``python -m meshbatch.levanter.train_lm --config_path cfg.yaml`` runs Levanter's ``train_lm`` with
-these types accepted (``TrainLmConfig`` below); everything else in the YAML is Levanter's own.
-Caches are built offline by meshbatch from local text with the tokenizer directory's
-``tokenizer.json`` (``ByteTokenizer().save_pretrained(dir)`` writes one for bytes), so Levanter's
-tokenizer and the cache agree. A wrong field name, an unknown ``type:`` or a value outside a
-``Literal`` fails at parse time naming the field; contradictory values fail in ``__post_init__``.
+      type: causal_lm                      # the one added line
+      tokenizer: gpt2                      # Levanter's tokenizer loading (hub name, local dir)
+      cache_dir: cache/owt
+      train_urls: ["owt/train.{1..8}-of-8.jsonl.gz"]
+      validation_urls: ["owt/val.{1..2}-of-2.jsonl.gz"]
 """
 
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import draccus
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
-from levanter.data.text import LMTaskConfig
+from levanter.data.text import LMTaskConfig, TextLmDatasetFormat, UrlSingleDatasetLMConfig, dataset_for_format
 from levanter.models.lm_model import LmExample
+from levanter.store.cache import TreeCache
 
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import GROWING_ORDERS, CausalLMDataset
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from .async_datasets import MeshbatchDataset
-from .sources import BaseDataConfig, ConfigError, SourceConfig, UrlBaseConfig, _checked
+from .async_datasets import MeshbatchDataset, ShuffledDataset
+from .caches import build_split, source_format
+from .fields import refuse
+from .observe import StepMetrics, start
+from .sources import ConfigError, _checked
+
+logger = logging.getLogger(__name__)
+ShuffleField = bool | int | Literal["none", "full", "era", "block"]
 
 
 @dataclass(frozen=True)
 class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
-    """What every meshbatch data config shares: a ``base`` of text, the component it reads
-    (``dataset_name``; the only one when ``None``), and Levanter's ``LMTaskConfig`` fields
-    (``tokenizer`` must be a local directory, or left unset to use ``base.tokenizer``)."""
+    """What every meshbatch data config adds to Levanter's ``LMTaskConfig``."""
 
-    base: BaseDataConfig = field(default_factory=UrlBaseConfig)
-    dataset_name: str | None = None
     fast_path: bool = True
     """feed training through ``meshbatch.Pipeline`` (same batches as Levanter's ``DataLoader``)."""
+    cache_builder: Literal["in_process", "ray"] = "in_process"
+    """how Levanter's machinery builds a missing cache (``caches.py``)."""
+    eos_id: int | None = None
+    """segments split after it; ``None``: the tokenizer's ``eos_token_id`` (Levanter's)."""
+    metrics_every: int = 10
+    """log per-source consumption, reads per example and data wait every this many steps (0: never)."""
 
-    def __post_init__(self):
-        self._check_base()
-        if self.tokenizer == "passthrough":
-            raise ConfigError("tokenizer='passthrough' cannot build caches: name a local tokenizer directory")
-
-    def _check_base(self) -> None:
-        names = sorted(self.base.components())
-        if not isinstance(self.base, UrlBaseConfig) and self.dataset_name is None and len(names) > 1:
-            raise ConfigError(f"base has components {names}: choose one with dataset_name")
-        if not isinstance(self.base, UrlBaseConfig) and self.dataset_name not in (None, *names):
-            raise ConfigError(f"dataset_name={self.dataset_name!r} is not a component of base: {names}")
-        if not names:
-            raise ConfigError("base has no components: give base.configs (mixture) or base.cache_dir")
-
-    @property
-    def tokenizer_dir(self) -> str:
-        """The local tokenizer directory caches are built with (``tokenizer``, else ``base.tokenizer``)."""
-        path = self.base.tokenizer if self.tokenizer == "gpt2" and self.base.tokenizer else self.tokenizer
-        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            raise FileNotFoundError(
-                f"tokenizer={path!r} must be a local directory with a tokenizer.json (meshbatch never "
-                "downloads one; ByteTokenizer().save_pretrained(dir) writes a byte tokenizer)"
-            )
-        return path
+    def build_split(self, source, split: str, cache_dir: str | None) -> str | None:
+        """``cache_dir/split`` of ``source``, built by Levanter's machinery if missing."""
+        if cache_dir is None:
+            raise ValueError("cache_dir must be set (Levanter's cache_dir, or the component's)")
+        return build_split(
+            source, split, cache_dir=cache_dir, tokenizer=self.the_tokenizer, enforce_eos=self.enforce_eos,
+            options=self.cache_options, builder=self.cache_builder, chat_template=self.chat_template,
+        )  # fmt: skip
 
     @property
-    def component(self) -> tuple[str, SourceConfig]:
-        """``(name, source)`` read: ``dataset_name``'s component of a mixture base (or its only
-        one), or a single-dataset base, which ``dataset_name`` names when given (the seed sets
-        it over a single-dataset base too)."""
-        components = self.base.components()
-        if isinstance(self.base, UrlBaseConfig) or self.dataset_name is None:
-            (name, source), *_ = components.items()
-            return self.dataset_name or name, source
-        return self.dataset_name, components[self.dataset_name]
+    def eos(self) -> int | None:
+        return self.eos_id if self.eos_id is not None else self.the_tokenizer.eos_token_id
 
     @property
-    def sources(self) -> Mapping[str, SourceConfig]:
-        name, source = self.component
-        return {name: source}
+    def ignore(self) -> int | None:
+        ignore = self.ignore_token_id
+        return None if ignore is None or ignore < 0 else ignore  # a negative id matches no token
 
-    def cache(self, split: str = "train") -> TokenCache | None:
-        name, source = self.component
-        return source.cache(split, self.tokenizer_dir, name=name)
+    def levanter_dataset(self, source, path: str, Pos: Axis) -> AsyncDataset[LmExample]:
+        """Levanter's own dataset of a cache (the packed chat/supervised datasets use its
+        loss-mask fields exactly as Levanter does)."""
+        fmt = source_format(source, self.chat_template)
+        from levanter.data.text import preprocessor_for_format
 
-    def build_caches(self, split: str, monitors=True) -> Mapping[str, TokenCache]:
-        """meshbatch ``TokenCache``s (Levanter-format on disk) of ``split``, built if needed."""
-        cache = self.cache(split)
-        return {} if cache is None else {self.component[0]: cache}
-
-    def dataset(self, seq_len: int, split: str = "train"):
-        """The meshbatch ``Dataset`` this config describes."""
-        raise NotImplementedError
-
-    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        return MeshbatchDataset(
-            self.dataset(Pos.size), Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path
+        processor = preprocessor_for_format(
+            fmt, self.the_tokenizer, enforce_bos=True, enforce_eos=self.enforce_eos
+        )
+        cache = TreeCache.load(path, processor.output_exemplar)
+        return dataset_for_format(
+            fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id
         )
 
-    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
-        return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
+    def announce(self, kind: str, shuffle, compat, caches: Mapping[str, str], dataset=None, sources=None):
+        """The start line and summary (``observe.start``); ``dataset`` (a ``MeshbatchDataset``)
+        gets the per-step metrics of ``sources`` (name -> ``TokenCache``)."""
+        start(kind, shuffle=shuffle, compat=compat, fast_path=self.fast_path, builder=self.cache_builder,
+              caches=caches)  # fmt: skip
+        if dataset is not None and sources:
+            dataset.metrics = StepMetrics(sources, every=self.metrics_every)
+        return dataset
 
-    def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
-        return {}
+    def __post_init__(self):
+        if self.tokenizer == "passthrough" and self.vocab_size is None:
+            raise ConfigError("tokenizer='passthrough' needs vocab_size (Levanter's PassthroughTokenizer)")
 
 
-@MeshbatchLMConfig.register_subclass("causal_lm")
+def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
+    """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
+    ``ShuffleSpec`` with the config's permutation fields."""
+    strategy = {False: "none", True: "full"}.get(shuffle, shuffle) if isinstance(shuffle, bool) else shuffle
+    era_length = config.era_length
+    if isinstance(strategy, int):
+        if strategy < 0:
+            raise ValueError(
+                f"shuffle must be true, false, an era length >= 1 or a strategy (got shuffle={shuffle})"
+            )
+        if config.era_length is not None:
+            raise ValueError(
+                f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it"
+            )
+        strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
+    if strategy == "none":
+        return ShuffleSpec("none", era_length=era_length)
+    block = strategy == "block"
+    kind = config.permutation_type or ("feistel" if block else "linear")
+    return ShuffleSpec(
+        strategy, kind=kind, compat=config.compat, era_length=era_length,
+        **({"io_block_size": config.io_block_size, "window_blocks": config.window_blocks} if block else {}),
+        reshuffle_each_epoch=config.reshuffle_each_epoch,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
-class CausalLMConfig(MeshbatchLMConfig):
-    """Levanter's causal-LM windows over a token cache with meshbatch's shuffles and coalesced
-    reads: ``seq_len``-token windows of the concatenated documents (``TokenSeqDataset``), loss on
-    every next token, segments split at ``eos_id`` when given (``CausalLmDataset``).
+class _CausalFields:
+    """meshbatch's order fields, shared by ``causal_lm`` and the mixtures' components."""
 
-    ``shuffle``: ``none``, ``full`` (a permutation of all windows), ``era`` (``era_length``
-    windows at a time, usable while a cache is written) or ``block`` (``io_block_size`` windows
-    read together, ``window_blocks`` blocks mixed: the blockwise shuffle).
-    """
-
-    shuffle: Literal["none", "full", "era", "block"] = "block"  # type: ignore[assignment]
-    permutation_type: Literal["feistel", "linear"] = "feistel"  # type: ignore[assignment]
+    shuffle: ShuffleField = False  # type: ignore[assignment]
+    """Levanter's (false, true, an era length) or meshbatch's ``none | full | era | block``."""
     compat: Literal["levanter"] | None = None
+    """``levanter``: Levanter's permutations bit for bit; ``None``: meshbatch's."""
     era_length: int | None = None
     io_block_size: int | None = None
     window_blocks: int = 8
     reshuffle_each_epoch: bool = False
-    eos_id: int | None = None
     quick_start: bool = False
-    """train while the train cache is still built (in a background thread): batches hold only
-    committed windows and wait for more; needs ``shuffle: era`` or ``none`` and the fast path."""
+
+
+@MeshbatchLMConfig.register_subclass("causal_lm")
+@dataclass(frozen=True)
+class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig):
+    """Levanter's ``UrlSingleDatasetLMConfig`` (every field, flat) whose train and validation
+    sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` + ``CausalLmDataset``)
+    with our shuffles and coalesced reads. A chat or supervised ``format`` trains Levanter's own
+    packed dataset, ordered by the same shuffle.
+
+    ``quick_start``: train while the train cache is still built (meshbatch's own builder, in a
+    background thread); needs ``shuffle: era`` (or none), a text format and the fast path.
+    """
 
     def __post_init__(self):
-        super().__post_init__()
-        _checked(self, self.shuffle_spec)  # contradictory fields fail now, by name
-        if self.quick_start and self.shuffle not in GROWING_ORDERS:
+        MeshbatchLMConfig.__post_init__(self)
+        refuse(self, "causal_lm")
+        _checked(self, lambda: shuffle_spec(self, self.shuffle))  # contradictions fail now, by name
+        spec = shuffle_spec(self, self.shuffle)
+        if self.quick_start and spec.strategy not in GROWING_ORDERS:
             raise ConfigError(
-                f"quick_start=true with shuffle={self.shuffle!r}: a {self.shuffle} shuffle needs the "
+                f"quick_start=true with shuffle={self.shuffle!r}: a {spec.strategy} shuffle needs the "
                 "cache's final length; use shuffle: era (or none) to train while it is written"
             )
         if self.quick_start and not self.fast_path:
             raise ConfigError(
                 "quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)"
             )
+        if self.quick_start and not isinstance(self.format, TextLmDatasetFormat):
+            raise ConfigError(f"quick_start=true needs a text format (got format={self.format!r})")
 
     def shuffle_spec(self) -> ShuffleSpec:
-        block = self.shuffle == "block"
-        return ShuffleSpec(
-            self.shuffle,
-            **({} if self.shuffle == "none" else {"kind": self.permutation_type, "compat": self.compat}),
-            era_length=self.era_length,
-            **({"io_block_size": self.io_block_size, "window_blocks": self.window_blocks} if block else {}),
-            **({"reshuffle_each_epoch": self.reshuffle_each_epoch} if self.shuffle != "none" else {}),
-        )
+        return shuffle_spec(self, self.shuffle)
+
+    @property
+    def text(self) -> bool:
+        return isinstance(self.format, TextLmDatasetFormat)
+
+    def cache(self, split: str = "train") -> TokenCache | None:
+        path = self.build_split(self, split, self.cache_dir)
+        return None if path is None else TokenCache.open(path)
 
     def dataset(self, seq_len: int, split: str = "train") -> CausalLMDataset:
         if self.quick_start and split == "train":
-            name, source = self.component
-            cache = source.growing_cache(self.tokenizer_dir, name=name)
+            from .sources import growing_cache
+
+            cache = growing_cache(self, self.cache_dir)
         else:
             cache = self.cache(split)
         if cache is None:
-            raise ValueError(f"no {split} files or cache for {self.component[0]!r}")
-        return CausalLMDataset(cache, seq_len, shuffle=self.shuffle_spec(), eos_id=self.eos_id)
+            raise ValueError(f"no {split} urls or cache under cache_dir={self.cache_dir!r}")
+        shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
+        return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
+
+    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
+        path = os.path.join(str(self.cache_dir), "train")
+        if not self.text:
+            if self.build_split(self, "train", self.cache_dir) is None:
+                raise ValueError("No training set!")
+            self.announce("causal_lm", self.shuffle, self.compat, {"": path})
+            dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
+            return ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
+        dataset = self.dataset(Pos.size)
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        return self.announce("causal_lm", self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
+
+    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
+        return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
 
     def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
-        cache = self.cache("validation")
-        if cache is None:
+        path = self.build_split(self, "validation", self.cache_dir)
+        if path is None:
             return {}
-        dataset = CausalLMDataset(cache, Pos.size, shuffle=ShuffleSpec("none"), eos_id=self.eos_id)
-        return {self.component[0]: MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
+        if not self.text:
+            return {"": self.levanter_dataset(self, path, Pos)}
+        cache, none = TokenCache.open(path), ShuffleSpec("none")
+        dataset = CausalLMDataset(cache, Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
+        return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}

@@ -24,6 +24,7 @@ from levanter.trainer import Trainer
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.pipeline import Pipeline
 
+from . import checkpoint_state
 from .async_datasets import MeshbatchDataset
 
 
@@ -47,15 +48,24 @@ class PipelineLoader:
             is sharded over.
         batch_size: Levanter's ``train_batch_size`` (an int or its schedule).
         batch_axis: the batch axis name.
+        checkpoint_path: where the trainer resumes from (``Trainer.checkpoint_path``): a stateful
+            dataset's state is read back from there (``checkpoint_state``).
     """
 
     def __init__(
-        self, dataset: MeshbatchDataset, *, mesh, axis_mapping, batch_size, batch_axis: str = "batch"
+        self,
+        dataset: MeshbatchDataset,
+        *,
+        mesh,
+        axis_mapping,
+        batch_size,
+        batch_axis: str = "batch",
+        checkpoint_path: str | None = None,
     ):
         data_axes = axis_mapping.get(batch_axis)
         if data_axes is None:
             raise ValueError(f"axis_mapping has no mesh axes for batch_axis={batch_axis!r}: {axis_mapping}")
-        self.dataset, self.batch_axis = dataset, batch_axis
+        self.dataset, self.batch_axis, self.checkpoint_path = dataset, batch_axis, checkpoint_path
         self.pipeline = Pipeline(
             dataset.dataset,
             mesh=mesh,
@@ -66,11 +76,18 @@ class PipelineLoader:
         )
 
     def iter_from_step(self, step: int | None) -> Iterator[LmExample]:
-        """Batches from ``step`` on (O(1) resume: the pipeline is stateless for these datasets);
-        ``step`` may be the trainer state's step, a scalar array."""
-        for batch in self.pipeline.iterate_from(0 if step is None else int(step)):
+        """Batches from ``step`` on; ``step`` may be the trainer state's step, a scalar array.
+        O(1) resume: stateless datasets need nothing, a stateful one loads the state its
+        checkpoint holds (else it replays its plans, and says so)."""
+        start = 0 if step is None else int(step)
+        checkpoint_state.restore(self.pipeline, start, self.checkpoint_path)
+        metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
+        stream = self.pipeline.iterate_from(start)
+        for at, batch in enumerate(stream, start):
             Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
             yield batched_lm_example(batch, Batch_, self.dataset.Pos)
+            if metrics is not None:
+                metrics.after(at, stream)
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)
@@ -79,23 +96,29 @@ class PipelineLoader:
 @contextlib.contextmanager
 def fast_path():
     """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
-    default) is a ``PipelineLoader``."""
+    default) is a ``PipelineLoader``; the training loader's (``batch`` not given, as ``train_lm``
+    asks) state goes into each checkpoint (``checkpoint_state``)."""
     original = Trainer.data_loader
 
     def data_loader(self, dataset, batch=None):
         if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):
             return original(self, dataset, batch)
-        return PipelineLoader(
+        loader = PipelineLoader(
             dataset,
             mesh=self.device_mesh,
             axis_mapping=self.compute_axis_mapping,
             batch_size=batch.size if batch is not None else self.config.train_batch_size,
             batch_axis=batch.name if batch is not None else self.config.batch_axis,
+            checkpoint_path=self.checkpoint_path,
         )
+        if batch is None:
+            checkpoint_state.track(loader.pipeline)
+        return loader
 
     Trainer.data_loader = data_loader
     try:
-        yield
+        with checkpoint_state.saved_with_checkpoints():
+            yield
     finally:
         Trainer.data_loader = original
 

@@ -1,14 +1,25 @@
-"""Mixture configs: ``stable_mixture`` (``meshbatch.Mixture``) and ``token_balanced_mixture``
-(``meshbatch.TokenBalancedMixture``) of causal-LM windows of a mixture base's components."""
+"""Mixture configs: Levanter's ``LMMixtureDatasetConfig`` (every field, flat) whose train set is
+``meshbatch.Mixture`` (``stable_mixture``) or ``meshbatch.TokenBalancedMixture``
+(``token_balanced_mixture``) of ``CausalLMDataset`` windows of each component's Levanter-built
+cache, and whose validation sets are each component's validation windows.
+
+    data:
+      type: stable_mixture                 # the one line added to a Levanter mixture block
+      cache_dir: cache/pile
+      tokenizer: gpt2
+      configs: {arxiv: {train_urls: [...]}, github: {train_urls: [...]}}
+      train_weights: {arxiv: 0.6, github: 0.4}
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
+from levanter.data.text import LMMixtureDatasetConfig, TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
 
 from meshbatch.cache import TokenCache
@@ -17,43 +28,62 @@ from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .async_datasets import MeshbatchDataset
-from .config import CausalLMConfig, MeshbatchLMConfig
-from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, SourceConfig
+from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
+from .fields import refuse
+from .sources import ConfigError, MixtureBaseConfig, _checked
 
 
 @dataclass(frozen=True)
-class _MixtureConfig(CausalLMConfig):
-    """Causal-LM windows of every component of a ``type: mixture`` base, mixed; the window and
-    shuffle fields are ``causal_lm``'s and apply to every component."""
+class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
+    """Causal-LM windows of every component, mixed; ``shuffle`` and the order fields apply to
+    every component (Levanter shuffles components, not the mixture)."""
 
-    base: BaseDataConfig = field(default_factory=MixtureBaseConfig)
+    KIND = "mixture"
 
-    def _check_base(self) -> None:
-        if not isinstance(self.base, MixtureBaseConfig):
-            raise ConfigError(f"{type(self).__name__} mixes the components of a `base: {{type: mixture}}`")
-        if self.dataset_name is not None:
-            raise ConfigError(f"dataset_name={self.dataset_name!r}: a mixture reads every component")
-        if not self.base.configs:
-            raise ConfigError("base has no components: give base.configs")
+    def __post_init__(self):
+        MixtureBaseConfig.__post_init__(self)
+        MeshbatchLMConfig.__post_init__(self)
+        refuse(self, self.KIND)
+        if self.quick_start:
+            raise ConfigError(
+                "quick_start=true is for causal_lm (one source); a mixture needs its caches built"
+            )
+        _checked(self, lambda: shuffle_spec(self, self.shuffle))
+        for name, source in self.configs.items():
+            if not isinstance(source.format, TextLmDatasetFormat):
+                raise ConfigError(
+                    f"configs[{name!r}].format={source.format!r}: a meshbatch mixture mixes text "
+                    "components; train a chat/supervised source with causal_lm"
+                )
 
-    @property
-    def sources(self) -> Mapping[str, SourceConfig]:
-        return self.base.components()
+    def shuffle_spec(self) -> ShuffleSpec:
+        return shuffle_spec(self, self.shuffle)
 
-    def build_caches(self, split: str, monitors=True) -> Mapping[str, TokenCache]:
-        caches = {
-            name: source.cache(split, self.tokenizer_dir, name=name) for name, source in self.sources.items()
-        }
-        return {name: cache for name, cache in caches.items() if cache is not None}
+    def weighted(self, split: str) -> list[str]:
+        """The components built for ``split``: Levanter's rule (train: a positive weight in
+        some stage; a token-balanced mixture has no weights and builds all)."""
+        if split != "train" or not self.train_weights:
+            return list(self.configs)
+        return [name for name in self.configs if any(w.get(name, 0) > 0 for _, w in self.stages())]
+
+    def caches(self, split: str) -> dict[str, TokenCache]:
+        out = {}
+        for name, (source, cache_dir) in self.components().items():
+            if name not in self.weighted(split):
+                continue
+            path = self.build_split(source, split, cache_dir)
+            if path is not None:
+                out[name] = TokenCache.open(path)
+        return out
 
     def children(self, seq_len: int, split: str = "train") -> dict[str, CausalLMDataset]:
         shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
         return {
-            name: CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos_id)
-            for name, cache in self.build_caches(split).items()
+            name: CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
+            for name, cache in self.caches(split).items()
         }
 
-    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
+    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None, **kwargs):
         return {"mixture": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
 
     def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
@@ -63,23 +93,35 @@ class _MixtureConfig(CausalLMConfig):
             for name, dataset in self.children(Pos.size, "validation").items()
         }
 
+    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
+        if epochs:
+            raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
+        dataset = self.dataset(Pos.size, batch_schedule)
+        sources = {name: child.source for name, child in zip(dataset.names, dataset.children, strict=True)}
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
+        paths = {name: cache.path for name, cache in sources.items()}
+        return self.announce(self.KIND, self.shuffle, self.compat, paths, train, sources)
+
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")
 @dataclass(frozen=True)
 class StableMixtureLMConfig(_MixtureConfig):
     """Levanter's stable mixture (``meshbatch.Mixture``): ``train_weights`` (or staged weights)
-    of ``base``, ``mixture_block_size`` rows a block, ``stop_strategy``; ``mixture_compat:
+    of ``configs``, ``mixture_block_size`` rows a block, ``stop_strategy``; ``mixture_compat:
     levanter`` gives the installed Levanter's ``MixtureDataset`` rows."""
 
-    mixture_block_size: int = 2048
-    stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"
+    KIND = "stable_mixture"
+    stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"  # type: ignore[assignment]
     mixture_compat: Literal["levanter"] | None = None
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
-        stages = self.base.stages()
+        stages = self.stages()
         weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
+        children = self.children(seq_len)
+        if isinstance(weights, dict):
+            weights = {name: w for name, w in weights.items() if name in children}
         return Mixture(
-            self.children(seq_len),
+            children,
             weights,
             block_size=self.mixture_block_size,
             stop_strategy=self.stop_strategy,
@@ -87,23 +129,19 @@ class StableMixtureLMConfig(_MixtureConfig):
             batch_size=batch_size,
         )
 
-    def dataset(self, seq_len: int, split: str = "train") -> Mixture:
-        return self.mixture(seq_len)
-
-    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        batch_size = getattr(batch_schedule, "schedule", batch_schedule)
-        dataset = self.mixture(Pos.size, batch_size)
-        return MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+    def dataset(self, seq_len: int, batch_schedule=None) -> Mixture:
+        return self.mixture(seq_len, getattr(batch_schedule, "schedule", batch_schedule))
 
 
 @MeshbatchLMConfig.register_subclass("token_balanced_mixture")
 @dataclass(frozen=True)
 class TokenBalancedMixtureLMConfig(_MixtureConfig):
-    """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of
-    ``base``'s components (weights do not apply). It is sequential, so it trains on the fast path
-    only; a resumed run replays its plans from step 0 (host planning only, no reads) to rebuild
-    the per-source counts exactly."""
+    """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of every
+    component (``train_weights``, ``stop_strategy``, ``mixture_block_size`` refused). It is
+    sequential, so it trains on the fast path only; a resumed run replays its plans from step 0
+    (host planning only, no reads) only when its checkpoint lacks the saved state (``checkpoint_state``)."""
 
+    KIND = "token_balanced_mixture"
     baseline: Literal["zero", "min", "mean"] = "zero"
 
     def __post_init__(self):
@@ -111,5 +149,8 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
         if not self.fast_path:
             raise ConfigError("token_balanced_mixture is sequential: it needs fast_path: true")
 
-    def dataset(self, seq_len: int, split: str = "train") -> TokenBalancedMixture:
+    def dataset(self, seq_len: int, batch_schedule=None) -> TokenBalancedMixture:
         return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)
+
+
+__all__ = ["LMMixtureDatasetConfig", "StableMixtureLMConfig", "TokenBalancedMixtureLMConfig"]

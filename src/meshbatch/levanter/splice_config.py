@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset, ListAsyncDataset
 from levanter.models.lm_model import LmExample
@@ -21,17 +23,27 @@ from meshbatch.datasets.splice.splice_spec import SpliceSpec
 
 from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
-from .sources import ConfigError, _checked
+from .fields import refuse
+from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
+
+# The seed's SpliceMultiDocumentLMConfig defaults where they differ from SpliceSpec's (its
+# balance_mode reads by_temperature in the config class, by_coverage in the dataset sketch: the
+# config class is what a YAML meets; docs/splice.md, "Config defaults").
+SEED_DEFAULTS = {"content_start_mode": "coverage_balanced", "balance_mode": "by_temperature"}
 
 # Every SpliceSpec field but seq_len (the model's), with its type and default: draccus parses
 # them from YAML and the checks stay SpliceSpec's own.
 _SpliceFields = dataclasses.make_dataclass(
     "_SpliceFields",
     [
-        (f.name, typing.get_type_hints(SpliceSpec)[f.name], dataclasses.field(default=f.default))
+        (
+            f.name,
+            typing.get_type_hints(SpliceSpec)[f.name],
+            dataclasses.field(default=SEED_DEFAULTS.get(f.name, f.default)),
+        )
         for f in dataclasses.fields(SpliceSpec)
         if f.name in SPLICE_FIELDS
     ],
@@ -45,13 +57,18 @@ _SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with t
 class _SelectionFields:
     """The seed's document selection (``meshbatch.select_documents``)."""
 
-    num_docs: int = 1
+    num_docs: int = 10
     doc_index: int | None = None
     min_doc_length: int | None = None
     max_doc_length: int | None = None
     doc_select_mode: Literal["first", "longest", "shortest", "random"] = "longest"
     restrict_to_training_subset: bool = False
     max_train_batches: int | None = None
+    """the training subset's batches; ``None``: base's ``max_train_batches[dataset_name]`` (a
+    mixture base), else the whole cache is the training subset."""
+    doc_key: str | None = None
+    """the seed's string predicate: keep documents whose decoded text contains it (decodes every
+    document of the cache)."""
     initial_batch_size: int | None = None
     selection_seed: int = 0
     """seeds ``doc_select_mode: random`` (``jax.random.key(selection_seed)``)."""
@@ -63,14 +80,79 @@ class _SelectionFields:
 
 @dataclass(frozen=True)
 class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
+    """The seed's layout: Levanter's ``LMTaskConfig`` fields (the tokenizer), ``base`` (Levanter's
+    single-dataset or mixture config: the text) and ``dataset_name`` (the component read)."""
+
+    base: BaseDataConfig = field(default_factory=UrlBaseConfig)
+    dataset_name: str | None = None
+
     def __post_init__(self):
-        super().__post_init__()
+        MeshbatchLMConfig.__post_init__(self)
+        refuse(self, "splice")
+        refuse(self.base, "splice base")
+        self._check_base()
         _checked(self, lambda: self.spec(seq_len=max(2, self.content_length or 2)))  # by name, now
         if (self.validation_starts == 0) != (self.validation_offsets == 0):
             raise ConfigError(
                 f"validation_starts={self.validation_starts} and validation_offsets="
                 f"{self.validation_offsets}: both 0 (no validation set) or both positive"
             )
+
+    def _check_base(self) -> None:
+        names = sorted(self.base.components())
+        if isinstance(self.base, MixtureBaseConfig):
+            if self.dataset_name is None and len(names) > 1:
+                raise ConfigError(f"base has components {names}: choose one with dataset_name")
+            if self.dataset_name not in (None, *names):
+                raise ConfigError(f"dataset_name={self.dataset_name!r} is not a component of base: {names}")
+            weights = [w.get(self.component[0]) for _, w in self.base.stages()]
+            if any(w is not None and w <= 0 for w in weights):
+                raise ConfigError(
+                    f"train_weights gives dataset_name={self.component[0]!r} no weight: nothing to read"
+                )
+        if self.base.tokenizer not in ("gpt2", self.tokenizer):
+            raise ConfigError(
+                f"base.tokenizer={self.base.tokenizer!r} differs from tokenizer={self.tokenizer!r}: "
+                "the model's tokenizer is the top-level one; set both alike"
+            )
+
+    @property
+    def component(self) -> tuple[str, object, str | None]:
+        """``(name, source, cache_dir)`` read: ``dataset_name``'s component of a mixture base (or
+        its only one), or a single-dataset base, which ``dataset_name`` names when given."""
+        components = self.base.components()
+        if isinstance(self.base, UrlBaseConfig) or self.dataset_name is None:
+            (name, (source, cache_dir)), *_ = components.items()
+            return self.dataset_name or name, source, cache_dir
+        return (self.dataset_name, *components[self.dataset_name])
+
+    @property
+    def sources(self) -> Mapping[str, object]:
+        name, source, _ = self.component
+        return {name: source}
+
+    def cache(self, split: str = "train") -> TokenCache | None:
+        _, source, cache_dir = self.component
+        path = self.build_split(source, split, cache_dir)
+        return None if path is None else TokenCache.open(path)
+
+    def build_caches(self, split: str, monitors=True) -> Mapping[str, TokenCache]:
+        cache = self.cache(split)
+        return {} if cache is None else {self.component[0]: cache}
+
+    def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
+        from .async_datasets import MeshbatchDataset
+
+        dataset = self.dataset(Pos.size)
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
+        name, _, cache_dir = self.component
+        path = os.path.join(str(cache_dir), "train")
+        kind = type(self).__name__
+        sources = {name: dataset.sources[0]} if dataset.sources else {}  # documents read up front: none
+        return self.announce(kind, "splice schedule", None, {name: path}, train, sources)
+
+    def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
+        return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
 
     def spec(self, seq_len: int) -> SpliceSpec:
         fields = {name: getattr(self, name) for name in SPLICE_FIELDS}
@@ -81,6 +163,15 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
     def selected(self, cache: TokenCache, seq_len: int):
         from jax.random import key
 
+        name = self.component[0]
+        batches = self.max_train_batches
+        if batches is None and isinstance(self.base, MixtureBaseConfig):
+            batches = (self.base.max_train_batches or {}).get(name)
+        restrict = self.restrict_to_training_subset and batches is not None  # else: the whole cache
+        keys = {}
+        if self.doc_key is not None:
+            texts = [self.the_tokenizer.decode(doc) for doc in cache.read_rows(np.arange(cache.num_rows))]
+            keys = {"doc_key": lambda text: self.doc_key in text, "doc_keys": texts}
         return select_documents(
             cache.doc_lengths(),
             num_docs=self.num_docs,
@@ -89,10 +180,11 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
             max_doc_length=self.max_doc_length,
             doc_select_mode=self.doc_select_mode,
             key=key(self.selection_seed),
-            restrict_to_training_subset=self.restrict_to_training_subset,
-            max_train_batches=self.max_train_batches,
-            initial_batch_size=self.initial_batch_size,
+            restrict_to_training_subset=restrict,
+            max_train_batches=batches if restrict else None,
+            initial_batch_size=self.initial_batch_size if restrict else None,
             seq_len=seq_len,
+            **keys,
         )
 
     def dataset(self, seq_len: int, split: str = "train") -> SpliceLMDataset:
@@ -127,6 +219,8 @@ class SpliceMultiDocumentLMConfig(_SpliceConfig):
 class SpliceSingleDocumentLMConfig(_SpliceConfig):
     """The seed's ``SpliceSingleDocumentLMConfig``: one document (``doc_index`` if it passes the
     length filters, else ``doc_select_mode``'s pick)."""
+
+    num_docs: int = 1
 
     def __post_init__(self):
         if self.num_docs != 1:

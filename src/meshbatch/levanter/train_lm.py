@@ -10,6 +10,7 @@ there is nothing to register into: this subclass is the way in. (No ``from __fut
 annotations`` here: ``levanter.config.main`` reads ``main``'s annotation as a class.)
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -35,6 +36,9 @@ class TrainLmConfig(_train_lm.TrainLmConfig):
 def main(config: TrainLmConfig) -> None:
     """Runs Levanter's ``train_lm.main`` on ``config``, meshbatch datasets on the fast path
     (``data.fast_path: false`` keeps Levanter's ``DataLoader``)."""
+    logging.getLogger("meshbatch").setLevel(
+        logging.INFO
+    )  # the start line and cache progress in Levanter's log
     with fast_path():
         _train_lm.main(config)
 

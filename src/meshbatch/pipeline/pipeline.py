@@ -4,15 +4,21 @@ Step ``k``'s batch holds examples ``offset(k) .. offset(k) + batch_size(k) - 1``
 stream; stream index ``g`` is position ``g mod n`` of epoch ``g // n`` (``n`` examples per epoch).
 The host splits those (unbounded) integers into 32-bit ``Rows``, then, for any ``Dataset``:
 
-1. plan (jitted, host CPU device): each row's example (``dataset.plan``);
-2. fetch (host): the rows' spans, coalesced per source, one flat buffer per device (``fetch``);
-3. build (jitted, per device shard on a local mesh): ``dataset.build``, then the build stages.
+0. make (once): the dataset's device half and host half for the key (``dataset.make(key)``);
+1. plan (jitted, host CPU device): each row's example (``device.plan``);
+2. fetch (host): the rows' spans (``host.spans``), coalesced per source, one flat buffer per
+   device (``fetch``);
+3. build (jitted, per device shard on a local mesh): ``device.build``, then the build stages.
+
+The programs are module-level (``programs``) and take the device half as an argument: a second
+pipeline over an equal dataset, with any key, compiles nothing new.
 
 Datasets without sources and without state skip 1-2 on the host: plan and build run together in
 the per-shard kernel. A stateful dataset is planned over the whole global batch, in step order,
 by every process, so its state is the same everywhere; ``state_dict()`` checkpoints it. Nothing
 depends on how many processes or devices share the batch. Over a source still being written
-(quick start), each step first waits for its rows (``Dataset.wait_for``).
+(quick start), each step first waits for its rows (``Dataset.wait_for``); once the length is final
+the pipeline makes the final dataset (a new value) for the same key and swaps it in.
 
     pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
     with pipeline.iterate_from(step) as batches:   # O(1) to resume anywhere (stateless data)
@@ -31,12 +37,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.arguments import as_key, check_int, check_names, check_optional_int, check_step
-from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Plan, Rows
+from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
 from meshbatch.kernels import Batch
 
 from .batch_schedule import BatchSchedule
 from .fetch import fetch
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
+from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
 from .state_planner import StatePlanner
 from .telemetry import pipeline_stats, read_counters
@@ -100,9 +107,7 @@ class Pipeline:
         self._host_plans = dataset.fetches or self._planner is not None
         if self._host_plans:  # the host plans; stateless device-resident datasets plan on their devices
             self._cpu = jax.local_devices(backend="cpu")[0]
-            self._plan = jax.jit(dataset.plan)
-        self._place_tables()
-        self._build = {b: self._compile_build(layout) for b, layout in self._layouts.items()}
+        self._make_dataset(dataset)
         self._growing = threading.Lock()
         self._final = dataset.length_is_final
         self._num_steps = self._count_steps()
@@ -110,47 +115,24 @@ class Pipeline:
         if state is not None:
             self.load_state_dict(state)
 
-    def _place_tables(self) -> None:
-        """The dataset's tables for the pipeline's key, on the host CPU (to plan) and replicated on
-        the local devices (to build; every batch size builds on the same devices)."""
-        tables = self.dataset.init(self._key)
+    def _make_dataset(self, dataset: Dataset) -> None:
+        """The dataset's device half for the pipeline's key, on the host CPU (to plan) and
+        replicated on the local devices (to build; every batch size builds on the same devices),
+        and its host half (spans, lengths)."""
+        device, self._host = dataset.make(self._key)
         if self._host_plans:
-            self._plan_tables = jax.device_put(tables, self._cpu)
+            self._plan_device = jax.device_put(device, self._cpu)
         local_mesh = next(iter(self._layouts.values())).local_mesh
-        self._build_tables = jax.device_put(tables, NamedSharding(local_mesh, PartitionSpec()))
+        arrays, static = split_program(device, self.stages)
+        self._build_arrays = jax.device_put(arrays, NamedSharding(local_mesh, PartitionSpec()))
+        self._build = {b: build_program(static, layout.local_mesh, self._host_plans)
+                       for b, layout in self._layouts.items()}  # fmt: skip
 
-    def _compile_build(self, layout: RowLayout):
-        dataset, stages = self.dataset, self.stages
-
-        def finish(batch: Batch, plan: Plan) -> Batch:
-            for stage in stages:
-                batch = stage(batch, plan)
-            return batch
-
-        if self._host_plans:
-
-            def per_shard(tables, plan, content):
-                return finish(dataset.build(tables, plan, content), plan)
-
-        else:
-
-            def per_shard(tables, rows):
-                plan, _ = dataset.plan(tables, rows, None)
-                return finish(dataset.build(tables, plan, None), plan)
-
-        local = PartitionSpec("local")  # the tables replicated, every row input split by device
-        in_specs = (PartitionSpec(), local, local) if self._host_plans else (PartitionSpec(), local)
-        # One process: the host's stacked inputs go in as numpy and jit places them by its
-        # in_shardings (a step's build costs half what a device_put of the tree and then the call
-        # does). Several: jit refuses numpy for a sharded input, so they are placed first.
-        shardings = tuple(NamedSharding(layout.local_mesh, spec) for spec in in_specs)
-        kernel = jax.jit(
-            jax.shard_map(per_shard, mesh=layout.local_mesh, in_specs=in_specs, out_specs=local),
-            in_shardings=shardings,
-        )
-        if jax.process_count() > 1:
-            return lambda *args: kernel(self._build_tables, *jax.device_put(args, shardings[1:]))
-        return lambda *args: kernel(self._build_tables, *args)
+    def _run_build(self, batch_size: int, *inputs):
+        kernel, shardings = self._build[batch_size]
+        if jax.process_count() > 1:  # jit refuses numpy for a sharded input: place them first
+            inputs = jax.device_put(inputs, shardings[1:])
+        return kernel(self._build_arrays, *inputs)
 
     # -- host arithmetic ----------------------------------------------------------------------
 
@@ -159,12 +141,12 @@ class Pipeline:
         return self._num_steps
 
     def _count_steps(self) -> int | None:
-        if self.max_epochs is None or not self.dataset.length_is_final:
+        if self.max_epochs is None or not self._host.length_is_final:
             return None
-        return self.schedule.steps_within(self.max_epochs * self.dataset.num_examples)
+        return self.schedule.steps_within(self.max_epochs * self._host.num_examples)
 
     def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.schedule.rows(step, rows, self.dataset.num_examples)
+        return self.schedule.rows(step, rows, self._host.num_examples)
 
     def _plan_rows(self, step: int, rows: np.ndarray, state=None):
         # The rows go in as numpy (jit moves them to the planning device); a state is committed
@@ -172,7 +154,7 @@ class Pipeline:
         if state is not None:
             state = jax.device_put(state, self._cpu)
         with jax.default_device(self._cpu):
-            plan, state = self._plan(self._plan_tables, Rows(*self._rows(step, rows)), state)
+            plan, state = plan_program(self._plan_device, Rows(*self._rows(step, rows)), state)
         return jax.tree.map(np.asarray, plan), state
 
     def _plan_global(self, step: int, state):
@@ -192,12 +174,15 @@ class Pipeline:
 
     def _grow(self, step: int) -> None:
         """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
-        final, make its tables again (same key) and count the steps ``max_epochs`` allows."""
+        final, make the final dataset (same key), swap it in and count the steps ``max_epochs``
+        allows."""
         with self._growing:
             if self._final:
                 return
-            if self.dataset.wait_for(self.schedule.offset(step) + self.schedule.batch_size(step)):
-                self._place_tables()
+            final = self._host.wait_for(self.schedule.offset(step) + self.schedule.batch_size(step))
+            if final is not None:
+                self.dataset = final
+                self._make_dataset(final)
                 self._num_steps = self._count_steps()
                 self._final = True  # only now: a step of the last era must see the final tables
 
@@ -214,18 +199,18 @@ class Pipeline:
         if not self._host_plans:
             per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
             rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
-            local = self._build[layout.batch_size](rows)
+            local = self._run_build(layout.batch_size, rows)
         else:
             if self._planner is None:
                 plan, _ = self._plan_rows(step, layout.rows)
             else:
                 plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
             content = None
-            if self.dataset.fetches:
-                tokens, offsets = fetch(self.dataset, self.dataset.spans(plan), layout)
+            if self._host.fetches:
+                tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
                 content = Content(layout.stack(tokens), layout.stack(offsets))
             plan = jax.tree.map(lambda *leaves: layout.stack(list(leaves)), *layout.group_rows(plan))
-            local = self._build[layout.batch_size](plan, content)
+            local = self._run_build(layout.batch_size, plan, content)
         return jax.tree.map(layout.to_global, local)
 
     # -- checkpoints --------------------------------------------------------------------------------
@@ -244,11 +229,19 @@ class Pipeline:
         """
         out: dict[str, Any] = {"version": STATE_VERSION, "step": self._next_step}
         if self._planner is not None:
-            out.update(self.dataset.state_dict(self._planner.state(self._next_step)))
+            out.update(self._host.state_dict(self._planner.state(self._next_step)))
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a ``state_dict()``: the next step is its ``step``, with its dataset state.
+    def load_state_dict(self, state: dict[str, Any], step: int | None = None) -> None:
+        """Resume from a ``state_dict()``, or from the seed's bare ``{"datasets": [...]}``.
+
+        The next step is the state's ``step``; the seed's JSON has none (nor a ``version``), so
+        it resumes at ``step``, which must then be given (the step the checkpoint was saved
+        before: the first step not yet trained). Given both, they must agree.
+
+            load_state_dict({"version": 1, "step": 120, "datasets": [...]})   # next step 120
+            load_state_dict({"datasets": [...]}, step=120)                     # the same
+            load_state_dict({"datasets": [...]})   # ValueError: ... pass step=
 
         Raises:
             TypeError, ValueError: a malformed checkpoint, naming what is wrong.
@@ -257,14 +250,16 @@ class Pipeline:
             raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
         rest = dict(state)
         version = rest.pop("version", None)
-        if version != STATE_VERSION:
+        if version is None and "step" in rest:
+            raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
+        if version is not None and version != STATE_VERSION:
             raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
-        step = check_int("state['step']", rest.pop("step", None), low=0)
+        step = resume_step(rest.pop("step", None), step)
         if self._planner is None:
             if rest:
                 raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
         else:
-            self._planner.reset(step, self.dataset.load_state_dict(rest))
+            self._planner.reset(step, self._host.load_state_dict(rest))
         self._next_step = step
 
     # -- streams ----------------------------------------------------------------------------------
@@ -275,20 +270,20 @@ class Pipeline:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
         With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
-        step and must equal it). Stateless datasets resume in O(1) at any step: nothing is
+        step and must equal it; the seed's bare ``{"datasets": [...]}`` has no step: ``step`` is
+        then required, see ``load_state_dict``). Stateless datasets resume in O(1) at any step: nothing is
         replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
         each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
         """
         if state is not None:
-            self.load_state_dict(state)
-            if step is not None and check_step(step) != state["step"]:
-                raise ValueError(f"step={step} differs from the state's step={state['step']}")
-            step = state["step"]
+            self.load_state_dict(state, step)
+            step = self._next_step
         start = 0 if step is None else check_step(step)
+        # counted before the workers start: with compiled programs shared, a step may read at once
+        self._stream_counters = read_counters(self.dataset)
         self._stream = Prefetcher(
             self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
         )
-        self._stream_counters = read_counters(self.dataset)
         return self._stream
 
     def stats(self) -> dict[str, float]:
@@ -308,3 +303,19 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
+
+
+def resume_step(saved, given) -> int:
+    """The step a checkpoint resumes at: its own ``step`` (``saved``), the caller's (``given``),
+    both when they agree; refused when neither says."""
+    if saved is None and given is None:
+        raise ValueError(
+            "the state has no 'step' (the seed's bare {'datasets': [...]} checkpoint): pass the step "
+            "to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
+        )
+    if saved is None:
+        return check_step(given)
+    saved = check_int("state['step']", saved, low=0)
+    if given is not None and check_step(given) != saved:
+        raise ValueError(f"step={given} differs from the state's step={saved}")
+    return saved

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from meshbatch.datasets.protocol import Plan, State
@@ -24,6 +25,7 @@ from meshbatch.datasets.protocol import Plan, State
 logger = logging.getLogger(__name__)
 
 KEEP = 64  # steps behind the one asked for whose plans and states a long replay keeps
+PROGRESS_S = 10.0  # seconds between progress lines of a long replay
 
 
 class StatePlanner:
@@ -33,6 +35,10 @@ class StatePlanner:
         plan_step: ``(step, state) -> (plan, state after the step)``.
         step: the step whose starting state is ``state``.
         state: the state at the start of ``step``.
+
+    Attributes:
+        planned: steps planned so far (``plan_step`` calls): a resume from a checkpoint plans only
+            the steps it takes, a replay every step since the last known state.
     """
 
     def __init__(self, plan_step: Callable[[int, State], tuple[Plan, State]], step: int, state: State):
@@ -41,6 +47,7 @@ class StatePlanner:
         self._anchor = (step, state)
         self._states: dict[int, State] = {step: state}
         self._made: dict[int, Plan] = {}
+        self.planned = 0
 
     def reset(self, step: int, state: State) -> None:
         """Forget everything; ``state`` is the state at the start of ``step``."""
@@ -80,11 +87,17 @@ class StatePlanner:
                 f"{min(self._states)}): resume from a state_dict() saved at or before it"
             )
         base = max(known)
-        if step - base > KEEP:
+        long = step - base > KEEP
+        if long:
             logger.warning("planning steps %d..%d to rebuild the state of step %d", base, step, step)
-        state = self._states[base]
+        state, started = self._states[base], time.monotonic()
+        reported = started
         for s in range(base, step + 1):
             plan, state = self._plan_step(s, state)
+            self.planned += 1
+            if long and time.monotonic() - reported >= PROGRESS_S:
+                reported = time.monotonic()
+                logger.info("replaying plans: step %d of %d..%d (%.0f s)", s, base, step, reported - started)
             if step - s <= KEEP:
                 self._states[s + 1] = state
                 if keep_plans and s < step:

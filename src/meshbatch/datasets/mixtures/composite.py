@@ -12,9 +12,9 @@ A mixture decides, for each row, a child and the child's row (its ``position`` a
     build    one build per group of alike children; each row keeps its own group's build
 
 ``sources`` is the children's sources, each once (two children over one cache share it, so its
-reads coalesce across them). Children whose ``build_signature()`` are equal and not ``None``
-promise the same build for the same plan and content whatever their tables, and share one build
-call, and one plan (causal windows of several caches: the pipeline ships and slices fewer plan
+reads coalesce across them). Children whose device halves have equal builders (``builder()``,
+compared with ``eqx.tree_equal``: causal windows of several caches) build alike for the same plan
+and content, and share one build call and one plan (the pipeline ships and slices fewer plan
 leaves per step); the rest build separately and are selected per row.
 
 Keys: ``derive_keys(key)`` gives the mixture's key and each child's:
@@ -25,17 +25,18 @@ child's order (a resumed token-balanced run may add a source).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import zlib
 from collections.abc import Mapping
-from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
 from meshbatch.kernels import Batch
 
 
@@ -45,12 +46,96 @@ def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGK
     return mixture_key, {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
 
 
-class Composite(Dataset):
-    """Base of mixtures: named stateless children; see the module docstring.
+class MixturePlan(eqx.Module):
+    """A mixture's plan detail: one child plan per build group (each row from its own child's
+    plan), which group each child is in, and (token-balanced) each row's real tokens."""
 
-    Subclasses decide ``(child, position, epoch)`` per row, call ``child_plans`` then
-    ``group_plans``; their plans hold ``detail={"groups": group_plans, ...}`` and their tables
-    ``{"children": ..., ...}``.
+    groups: tuple[Plan, ...]
+    group_of: tuple[int, ...] = eqx.field(static=True)
+    tokens: Int[Array, " n"] | None = None
+
+    def of(self, c: int) -> Plan:
+        """Child ``c``'s plan (valid on the rows whose source is ``c``)."""
+        return self.groups[self.group_of[c]]
+
+
+class CompositeDevice(DeviceDataset):
+    """The device half of a mixture: the children's device halves and how they build.
+
+    Attributes:
+        children: the children's device halves, in the mixture's order.
+        groups: children sharing a build call (equal builders), each group's lead first.
+        child_spans: span slots per row of each child, ``0`` for a child that does not fetch.
+    """
+
+    children: tuple[DeviceDataset, ...]
+    groups: tuple[tuple[int, ...], ...] = eqx.field(static=True)
+    child_spans: tuple[int, ...] = eqx.field(static=True)
+
+    @property
+    def group_of(self) -> tuple[int, ...]:
+        return tuple(
+            next(g for g, group in enumerate(self.groups) if c in group) for c in range(len(self.children))
+        )
+
+    def child_plans(
+        self, source: Int[Array, " n"], position: UInt32[Array, " n"], epoch: UInt32[Array, " n"]
+    ) -> tuple[Plan, ...]:
+        """Every child's plan of every row; rows of other children read the child's row 0."""
+        plans = []
+        for c, child in enumerate(self.children):
+            mine = source == c
+            rows = Rows(jnp.where(mine, position, jnp.uint32(0)), jnp.where(mine, epoch, jnp.uint32(0)))
+            plan, _ = child.plan(rows, None)
+            plans.append(plan)
+        return tuple(plans)
+
+    def group_plans(self, source: Int[Array, " n"], plans: tuple[Plan, ...], tokens=None) -> MixturePlan:
+        """One plan per build group: each row from its own child's plan."""
+        out = []
+        for group in self.groups:
+            merged = plans[group[0]]
+            for c in group[1:]:
+                merged = _select(source == c, plans[c], merged)
+            out.append(merged)
+        return MixturePlan(tuple(out), self.group_of, tokens)
+
+    def build(self, plan: Plan, content: Content | None) -> Batch:
+        """Each row built by its own child (one call per group of equal builders).
+
+        ``doc_idx`` (a document within the row's child) is kept only when every child gives one.
+        """
+        batch = None
+        for g, group in enumerate(self.groups):
+            lead = group[0]
+            spans = self.child_spans[lead]
+            child_content = None
+            if spans and content is not None:
+                child_content = Content(content.tokens, content.offsets[:, :spans])
+            built = self.children[lead].build(plan.detail.groups[g], child_content)
+            if batch is None:
+                batch = built
+                continue
+            if (built.doc_idx is None) != (batch.doc_idx is None):  # not every child knows documents
+                built, batch = (dataclasses.replace(b, doc_idx=None) for b in (built, batch))
+            mine = jnp.isin(plan.source, jnp.asarray(group, jnp.int32))
+            batch = _select(mine, built, batch)
+        return batch
+
+    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
+        """Each row's child's count of real tokens."""
+        out = jnp.zeros(plan.source.shape, jnp.int32)
+        for c, child in enumerate(self.children):
+            tokens = child.real_tokens(plan.detail.of(c)).astype(jnp.int32)
+            out = jnp.where(plan.source == c, tokens, out)
+        return out
+
+
+class Composite(Dataset):
+    """Base of mixtures (the host half): named stateless children; see the module docstring.
+
+    Subclasses decide ``(child, position, epoch)`` per row in their device half (a
+    ``CompositeDevice``: ``child_plans`` then ``group_plans``), which ``make_children`` fills.
     """
 
     def __init__(self, datasets: Mapping[str, Dataset], *, what: str = "datasets"):
@@ -67,7 +152,10 @@ class Composite(Dataset):
         if len(set(crcs)) != len(crcs):
             raise ValueError(f"two names of {list(datasets)} share a crc32: their keys would collide")
         self.names = list(datasets)
-        self.children = list(datasets.values())
+        self._set_children(list(datasets.values()), what)
+
+    def _set_children(self, children: list[Dataset], what: str = "datasets") -> None:
+        self.children = children
         lengths = {child.seq_len for child in self.children}
         if len(lengths) != 1:
             seq = {
@@ -91,11 +179,6 @@ class Composite(Dataset):
         self.spans_per_row = max((c.spans_per_row for c in fetching), default=1)
         self.max_row_tokens = max((c.max_row_tokens for c in fetching), default=0)
         self.content_margin = max((c.content_margin for c in fetching), default=0)
-        self.build_groups = _build_groups(self.children)
-        self.group_of = [
-            next(g for g, group in enumerate(self.build_groups) if c in group)
-            for c in range(len(self.children))
-        ]
 
     # -- for subclasses -------------------------------------------------------------------------
 
@@ -103,38 +186,23 @@ class Composite(Dataset):
         """``(mixture key, {name: child key})``; override to map another library's derivation."""
         return derive_keys(key, self.names)
 
-    def init_children(self, keys: Mapping[str, PRNGKeyArray]) -> tuple:
-        return tuple(child.init(keys[name]) for name, child in zip(self.names, self.children, strict=True))
-
-    def child_plans(
-        self,
-        tables: tuple,
-        source: Int[Array, " n"],
-        position: UInt32[Array, " n"],
-        epoch: UInt32[Array, " n"],
-    ) -> tuple[Plan, ...]:
-        """Every child's plan of every row; rows of other children read the child's row 0."""
-        plans = []
-        for c, child in enumerate(self.children):
-            mine = source == c
-            rows = Rows(jnp.where(mine, position, jnp.uint32(0)), jnp.where(mine, epoch, jnp.uint32(0)))
-            plan, _ = child.plan(tables[c], rows, None)
-            plans.append(plan)
-        return tuple(plans)
-
-    def group_plans(self, source: Int[Array, " n"], plans: tuple[Plan, ...]) -> tuple[Plan, ...]:
-        """One plan per build group: each row from its own child's plan."""
-        out = []
-        for group in self.build_groups:
-            merged = plans[group[0]]
-            for c in group[1:]:
-                merged = _select(source == c, plans[c], merged)
-            out.append(merged)
-        return tuple(out)
-
-    def _plan_of(self, plan: Plan, c: int) -> Plan:
-        """Child ``c``'s plan (valid on the rows whose source is ``c``)."""
-        return plan.detail["groups"][self.group_of[c]]
+    def make_children(self, keys: Mapping[str, PRNGKeyArray]) -> tuple[dict, Composite]:
+        """The children's halves for their keys: ``CompositeDevice``'s fields (``children``,
+        ``groups``, ``child_spans``) and the host half (``self`` unless a child's host half is
+        another value, e.g. made for its key)."""
+        made = [child.make(keys[name]) for name, child in zip(self.names, self.children, strict=True)]
+        devices = tuple(device for device, _ in made)
+        hosts = [host for _, host in made]
+        host = self
+        if any(h is not c for h, c in zip(hosts, self.children, strict=True)):
+            host = copy.copy(self)  # a new value over the children's hosts; self stays as it is
+            host._set_children(hosts)
+        fields = dict(
+            children=devices,
+            groups=_build_groups(devices),
+            child_spans=tuple(h.spans_per_row if h.fetches else 0 for h in hosts),
+        )
+        return fields, host
 
     # -- the dataset protocol -------------------------------------------------------------------
 
@@ -152,64 +220,29 @@ class Composite(Dataset):
             mine = source == c
             if not child.fetches or not mine.any():
                 continue
-            part = child.spans(
-                jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], self._plan_of(plan, c))
-            )
+            mine_only = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c))
+            part = child.spans(mine_only)
             k = part.source.shape[1]
             out.source[mine, :k] = self.source_maps[c][part.source]
             out.start[mine, :k] = part.start
             out.length[mine, :k] = part.length
         return out
 
-    def build(self, tables, plan: Plan, content: Content | None) -> Batch:
-        """Each row built by its own child (shared calls for equal build signatures).
-
-        ``doc_idx`` (a document within the row's child) is kept only when every child gives one.
-        """
-        batch = None
-        for g, group in enumerate(self.build_groups):
-            lead = group[0]
-            child = self.children[lead]
-            child_plan = plan.detail["groups"][g]
-            child_content = None
-            if child.fetches and content is not None:
-                child_content = Content(content.tokens, content.offsets[:, : child.spans_per_row])
-            built = child.build(tables["children"][lead], child_plan, child_content)
-            if batch is None:
-                batch = built
-                continue
-            if (built.doc_idx is None) != (batch.doc_idx is None):  # not every child knows documents
-                built, batch = (dataclasses.replace(b, doc_idx=None) for b in (built, batch))
-            mine = jnp.isin(plan.source, jnp.asarray(group, jnp.int32))
-            batch = _select(mine, built, batch)
-        return batch
-
-    def real_tokens(self, tables, plan: Plan) -> Int[Array, " n"]:
-        """Each row's child's count of real tokens."""
-        out = jnp.zeros(plan.source.shape, jnp.int32)
-        for c, child in enumerate(self.children):
-            tokens = child.real_tokens(tables["children"][c], self._plan_of(plan, c)).astype(jnp.int32)
-            out = jnp.where(plan.source == c, tokens, out)
-        return out
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(zip(self.names, self.children, strict=True))})"
 
 
-def _build_groups(children) -> list[list[int]]:
-    """Children sharing a build call: equal, non-None ``build_signature()``."""
-    groups: dict[Any, list[int]] = {}
-    out = []
-    for c, child in enumerate(children):
-        signature = getattr(child, "build_signature", lambda: None)()
-        if signature is None:
-            out.append([c])
-        elif signature in groups:
-            groups[signature].append(c)
+def _build_groups(devices) -> tuple[tuple[int, ...], ...]:
+    """Children sharing a build call: equal builders (``eqx.tree_equal``), first child leads."""
+    builders = [device.builder() for device in devices]
+    groups: list[list[int]] = []
+    for c, builder in enumerate(builders):
+        same = next((g for g in groups if bool(eqx.tree_equal(builders[g[0]], builder))), None)
+        if same is None:
+            groups.append([c])
         else:
-            groups[signature] = [c]
-            out.append(groups[signature])
-    return out
+            same.append(c)
+    return tuple(tuple(g) for g in groups)
 
 
 def _select(where: Array, new, old):

@@ -30,7 +30,6 @@ epoch moves on by its wraps per pass, so a source that reshuffles per epoch read
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Literal
 
@@ -76,13 +75,30 @@ def mixture_schedule(
         ValueError: bad weights or stages, a block_size out of range, a finite mixture longer
             than ``2**32 - 1`` rows, or an ``all_exhausted`` source that never finishes.
     """
+    rows = mixture_rows(lengths, weights, block_size=block_size, stop_strategy=stop_strategy, compat=compat)
+    return MixtureSchedule(key=as_key(key), **rows)
+
+
+def mixture_rows(
+    lengths: Mapping[str, int],
+    weights: Weights,
+    *,
+    block_size: int,
+    stop_strategy: StopStrategy = "restart",
+    compat: Literal["levanter"] | None = None,
+) -> dict:
+    """Every field of ``mixture_schedule``'s ``MixtureSchedule`` but its key (the rows, and so the
+    mixture's length, never depend on it): a dataset sizes itself before it sees a key.
+
+    Raises:
+        ValueError: as ``mixture_schedule``.
+    """
     compat = check_choice("compat", compat, ("levanter", None))
     stop_strategy = check_choice("stop_strategy", stop_strategy, STRATEGIES)
     lengths = check_lengths(lengths)
     names = list(lengths)
     block_size = check_int("block_size", block_size, low=1, high=MAX_BLOCK_SIZE[compat])
     stages = check_stages(names, weights, block_size=block_size)
-    key = as_key(key)
 
     counts = np.stack([block_counts(names, w, block_size=block_size, compat=compat) for _, w in stages])
     starts = [start // block_size for start, _ in stages]
@@ -96,8 +112,7 @@ def mixture_schedule(
     if int(base_wrap.max()) > 2**32 - 1:
         raise ValueError("a source wraps more than 2**32 - 1 times before the last stage")
     first = np.concatenate([np.zeros((len(stages), 1), np.int64), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
-    schedule = MixtureSchedule(
-        key=key,
+    schedule = dict(
         lengths=_pad(np.asarray(list(lengths.values()), np.int64), fill=1),
         stage_start=_pad(np.asarray(starts, np.int64), fill=2**32 - 1, axis=0),
         counts=_pad(counts, fill=0),
@@ -116,9 +131,10 @@ def mixture_schedule(
     return _finite(schedule, names, lengths, counts, starts, reads, stop_strategy)
 
 
-def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, strategy) -> MixtureSchedule:
-    """``schedule`` cut to the whole blocks ``strategy`` gives, with each source's wraps per pass."""
-    block_size = int(schedule.block_size)
+def _finite(schedule: dict, names, lengths, counts, starts, reads, strategy) -> dict:
+    """``schedule``'s fields cut to the whole blocks ``strategy`` gives, with each source's wraps
+    per pass."""
+    block_size = int(schedule["block_size"])
 
     def reads_after(s: int, blocks: int) -> int:
         """Reads of source ``s`` in the first ``blocks`` blocks."""
@@ -161,7 +177,7 @@ def _finite(schedule: MixtureSchedule, names, lengths, counts, starts, reads, st
     if num_rows > 2**32 - 1:
         raise ValueError(f"the {strategy} mixture has {num_rows} rows, more than 2**32 - 1")
     passes = [max(1, -(-reads_after(s, blocks) // lengths[name])) for s, name in enumerate(names)]
-    return dataclasses.replace(
+    return dict(
         schedule,
         passes=_pad(np.asarray(passes, np.int64), fill=1),
         num_rows=jnp.asarray(num_rows, jnp.uint32),

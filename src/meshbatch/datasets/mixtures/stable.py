@@ -18,19 +18,31 @@ each stage must then start on a block boundary.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Literal
 
 from jaxtyping import PRNGKeyArray
 
+from meshbatch.arguments import as_key
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import mixture_locate
+from meshbatch.kernels import MixtureSchedule, mixture_locate
 from meshbatch.pipeline.batch_schedule import BatchSchedule
 
-from .composite import Composite
-from .mixture_schedule import StopStrategy, mixture_schedule
+from .composite import Composite, CompositeDevice
+from .mixture_schedule import StopStrategy, mixture_rows
 from .weights import Weights, rows_from_steps
+
+
+class MixtureDevice(CompositeDevice):
+    """The device half of ``Mixture``: the schedule under the mixture's key, and the children."""
+
+    schedule: MixtureSchedule
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        """Each row's child and the child's plan; rows past a finite mixture get child ``-1``."""
+        source, index, epoch = mixture_locate(self.schedule, rows.position, rows.epoch)
+        detail = self.group_plans(source, self.child_plans(source, index, epoch))
+        return Plan(rows=rows, source=source, example=index, detail=detail), None
 
 
 class Mixture(Composite):
@@ -46,7 +58,7 @@ class Mixture(Composite):
         batch_size: the pipeline's batch schedule (an int, pairs or a ``BatchSchedule``);
             needed only to place staged weights, whose starts are steps.
 
-    The mixture takes no key: ``init(key)`` derives its own and each child's from the
+    The mixture takes no key: ``device(key)`` derives its own and each child's from the
     pipeline's (``derive_keys``; a subclass may override it, e.g. to reproduce a Levanter run's
     own key derivation).
 
@@ -75,27 +87,21 @@ class Mixture(Composite):
             schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
             weights = rows_from_steps(list(weights), schedule.offset)
         lengths = {name: child.num_examples for name, child in zip(self.names, self.children, strict=True)}
-        # The rows do not depend on the key until the in-block orders: any key sizes the mixture.
-        self.template = mixture_schedule(
-            lengths, weights, block_size=block_size, key=0, stop_strategy=stop_strategy, compat=compat
+        # The rows do not depend on the key (only the in-block orders do): sized without one.
+        self.rows = mixture_rows(
+            lengths, weights, block_size=block_size, stop_strategy=stop_strategy, compat=compat
         )
-        self.num_examples = int(self.template.num_rows)
+        self.num_examples = int(self.rows["num_rows"])
         self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
 
-    def init(self, key: PRNGKeyArray):
-        """The mixture's schedule under its key, and the children's tables."""
+    def make(self, key: PRNGKeyArray) -> tuple[MixtureDevice, Composite]:
+        """The mixture's schedule under its key and the children's halves under theirs."""
         mixture_key, child_keys = self.derive_keys(key)
-        return {
-            "schedule": dataclasses.replace(self.template, key=mixture_key),
-            "children": self.init_children(child_keys),
-        }
+        fields, host = self.make_children(child_keys)
+        return MixtureDevice(schedule=MixtureSchedule(key=as_key(mixture_key), **self.rows), **fields), host
 
-    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        """Each row's child and the child's plan; rows past a finite mixture get child ``-1``."""
-        source, index, epoch = mixture_locate(tables["schedule"], rows.position, rows.epoch)
-        plans = self.child_plans(tables["children"], source, index, epoch)
-        detail = {"groups": self.group_plans(source, plans)}
-        return Plan(rows=rows, source=source, example=index, detail=detail), None
+    def device(self, key: PRNGKeyArray) -> MixtureDevice:
+        return self.make(key)[0]
 
     def __repr__(self) -> str:
         return (

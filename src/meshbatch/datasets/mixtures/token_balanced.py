@@ -3,9 +3,9 @@
 Every row goes to the child that has consumed the fewest real tokens (``real_tokens``: a causal
 window counts ``seq_len``, a splice frame its copy length); ties are broken by a keyed hash; the
 chosen child's count grows by the row's tokens. A step plans its whole global batch at once: each
-child plans its next ``batch`` rows and counts their tokens, and one jitted merge picks
-(``meshbatch.kernels.select_merge``, equal to ``select_scan``). Every process plans the same
-global batch from the same state, so the counts agree everywhere without any reduction between ranks.
+child plans its next ``batch`` rows and counts their tokens, and one jitted kernel picks
+(``meshbatch.kernels.select_least_consumed``: the scan or the equal merge). Every process plans
+the same global batch from the same state, so the counts agree everywhere without any reduction between ranks.
 
 The state is part of training state. ``state_dict`` gives the seed's shape::
 
@@ -35,9 +35,9 @@ from jaxtyping import Array, PRNGKeyArray, UInt32
 
 from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import Counts, named_salts, select_merge
+from meshbatch.kernels import Counts, named_salts, select_least_consumed
 
-from .composite import Composite
+from .composite import Composite, CompositeDevice
 
 Baseline = Literal["zero", "min", "mean"]
 VERSION = 1
@@ -59,34 +59,16 @@ class BalancedState(eqx.Module):
     carried: tuple[str, ...] = eqx.field(static=True, default=())
 
 
-class TokenBalancedMixture(Composite):
-    """The least-consumed interleave of named datasets; see the module docstring.
+class BalancedDevice(CompositeDevice):
+    """The device half of ``TokenBalancedMixture``: the children, the tie-break salts (one per
+    spec, from its name and the mixture's key), each child's rows per epoch and ``seq_len``."""
 
-    Args:
-        datasets: ``{spec: Dataset}``, stateless, all with the same ``seq_len``.
-        baseline: the consumed-token count a spec new to a checkpoint starts at.
-    """
+    salts: UInt32[Array, " specs"]
+    names: tuple[str, ...] = eqx.field(static=True)
+    lengths: tuple[int, ...] = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
 
-    def __init__(self, datasets: Mapping[str, Dataset], *, baseline: Baseline = "zero"):
-        super().__init__(datasets)
-        self.baseline = check_choice("baseline", baseline, ("zero", "min", "mean"))
-        self.num_examples = 2**32 - 1  # endless: the rows only count how many to pick
-        self.lengths = [child.num_examples for child in self.children]
-
-    # -- the dataset protocol -------------------------------------------------------------------
-
-    def init(self, key: PRNGKeyArray):
-        """The children's tables and the tie-break salts (one per spec, from its name)."""
-        mixture_key, child_keys = self.derive_keys(key)
-        word = jax.random.bits(mixture_key, (), U32)
-        ids = jnp.asarray([zlib.crc32(name.encode()) for name in self.names], U32)
-        return {"children": self.init_children(child_keys), "salts": named_salts(word, ids)}
-
-    def init_state(self) -> BalancedState:
-        zeros = jnp.zeros(len(self.names), U32)
-        return BalancedState(Counts(zeros, zeros), zeros, zeros)
-
-    def plan(self, tables, rows: Rows, state: BalancedState) -> tuple[Plan, BalancedState]:
+    def plan(self, rows: Rows, state: BalancedState) -> tuple[Plan, BalancedState]:
         """The least-consumed pick of every row of the step, and the state after it."""
         n = rows.position.shape[0]
         if n * self.seq_len >= 2**32 - 1:
@@ -95,10 +77,10 @@ class TokenBalancedMixture(Composite):
         upcoming, table = [], []
         for c, child in enumerate(self.children):
             position, epoch = _advance(state.position[c], state.epoch[c], ahead, self.lengths[c])
-            plan, _ = child.plan(tables["children"][c], Rows(position, epoch), None)
+            plan, _ = child.plan(Rows(position, epoch), None)
             upcoming.append(plan)
-            table.append(child.real_tokens(tables["children"][c], plan).astype(jnp.int32))
-        picked = select_merge(state.tokens, jnp.stack(table), tables["salts"])
+            table.append(child.real_tokens(plan).astype(jnp.int32))
+        picked = select_least_consumed(state.tokens, jnp.stack(table), self.salts)
         picked = dataclasses.replace(picked, counts=self._refuse_wrap(state.tokens, picked.counts))
         plans = tuple(
             jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
@@ -115,7 +97,7 @@ class TokenBalancedMixture(Composite):
             strict=True,
         )
         after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
-        detail = {"groups": self.group_plans(picked.source, plans), "tokens": picked.tokens}
+        detail = self.group_plans(picked.source, plans, tokens=picked.tokens)
         return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
 
     def _refuse_wrap(self, before: Counts, after: Counts) -> Counts:
@@ -131,6 +113,46 @@ class TokenBalancedMixture(Composite):
             "and wrap; refused (reset the counts with load_state_dict)"
         )
         return Counts(eqx.error_if(after.hi, wrapped, message), after.lo)
+
+
+class TokenBalancedMixture(Composite):
+    """The least-consumed interleave of named datasets; see the module docstring.
+
+    Args:
+        datasets: ``{spec: Dataset}``, stateless, all with the same ``seq_len``.
+        baseline: the consumed-token count a spec new to a checkpoint starts at.
+    """
+
+    def __init__(self, datasets: Mapping[str, Dataset], *, baseline: Baseline = "zero"):
+        super().__init__(datasets)
+        self.baseline = check_choice("baseline", baseline, ("zero", "min", "mean"))
+        self.num_examples = 2**32 - 1  # endless: the rows only count how many to pick
+        self.lengths = [child.num_examples for child in self.children]
+
+    # -- the dataset protocol -------------------------------------------------------------------
+
+    def make(self, key: PRNGKeyArray) -> tuple[BalancedDevice, Composite]:
+        """The children's halves and the tie-break salts (one per spec, from its name)."""
+        mixture_key, child_keys = self.derive_keys(key)
+        word = jax.random.bits(mixture_key, (), U32)
+        ids = jnp.asarray([zlib.crc32(name.encode()) for name in self.names], U32)
+        fields, host = self.make_children(child_keys)
+        lengths = tuple(child.num_examples for child in host.children)
+        device = BalancedDevice(
+            salts=named_salts(word, ids),
+            names=tuple(self.names),
+            lengths=lengths,
+            seq_len=self.seq_len,
+            **fields,
+        )
+        return device, host
+
+    def device(self, key: PRNGKeyArray) -> BalancedDevice:
+        return self.make(key)[0]
+
+    def init_state(self) -> BalancedState:
+        zeros = jnp.zeros(len(self.names), U32)
+        return BalancedState(Counts(zeros, zeros), zeros, zeros)
 
     # -- checkpoints ----------------------------------------------------------------------------
 

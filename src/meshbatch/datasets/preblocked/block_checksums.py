@@ -76,7 +76,9 @@ class BlockVerifier:
         self._lock = threading.Lock()
 
     def pending(self, rows: np.ndarray) -> list[int]:
-        """Chunks holding ``rows`` that are not verified yet."""
+        """Chunks holding ``rows`` that are not verified yet (none, at once, once all are)."""
+        if len(self._verified) == len(self.data):
+            return []
         chunks = np.unique(np.asarray(rows, np.int64) // self.chunk_rows).tolist()
         with self._lock:
             return [c for c in chunks if c not in self._verified]

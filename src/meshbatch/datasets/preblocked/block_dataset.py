@@ -6,8 +6,10 @@ The format is detected from the first path; every path must have the same one:
   ``b``; a row reads one span, the whole block, coalesced with its neighbours by the pipeline;
 * legacy (a jagged Levanter token cache): the documents are packed on the fly by the same packing
   plan as the writer (``plan_layout``), so example ``b`` is the block the writer would have written
-  as row ``b``. A row reads up to ``spans_per_row`` spans, the tokens of each document piece in
-  the block; the build kernel inserts the markers and padding.
+  as row ``b`` with ``key=BlockDataset.pack_key(pipeline key)``. The dataset holds no key: it
+  packs when the pipeline makes it for its key (``make(key)`` returns the packed host half, which
+  knows ``num_examples`` and ``spans_per_row``). A row reads up to ``spans_per_row`` spans, the
+  tokens of each document piece in the block; the build kernel inserts the markers and padding.
 
 Build (per shard): ``block_batch`` (segment ids from the ``[DOC]`` markers, padding its own segment,
 no loss on padding or across a document boundary). ``real_tokens`` is the block's non-pad count,
@@ -19,40 +21,28 @@ stored (or computed from the layout) so it is known at plan time.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 
-import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, PRNGKeyArray
+from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
-from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
-from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
+from meshbatch.datasets.protocol import Dataset, Plan, Spans
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
+from .block_device import BlockDevice
 from .block_sources import open_blocks
 from .block_store import STRUCTURAL_IDS, check_paths, check_structural_ids, detect_format, tokenizer_markers
 from .masking import MLMMasking
 from .pack_layout import PackSpec, plan_layout
 
 logger = logging.getLogger(__name__)
-
-
-class Tables(eqx.Module):
-    """Device tables of a ``BlockDataset`` (legacy-only leaves are ``None`` for preblocked data)."""
-
-    shuffle: eqx.Module | None
-    source_start: Int[Array, " sources_plus_1"]  # first global example of each source
-    real: Int[Array, " blocks"]  # non-pad tokens per example
-    packed: Int[Array, " blocks"] | None = None  # legacy: packed block of each example
-    first: Int[Array, " blocks"] | None = None  # legacy: first piece entry of each packed block
-    count: Int[Array, " blocks"] | None = None  # legacy: pieces of each packed block
-    start_block: Int[Array, " entries"] | None = None  # legacy: per entry (document, by position)
-    start_offset: Int[Array, " entries"] | None = None
-    size: Int[Array, " entries"] | None = None
+PACK_TAG = 0x5041434B  # "PACK": the packing key is fold_in(pipeline key, PACK_TAG)
 
 
 class BlockDataset(Dataset):
@@ -62,7 +52,6 @@ class BlockDataset(Dataset):
         paths: one path or several of the same format.
         shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
         pack: legacy mode only: how the caches' documents are packed (``PackSpec``).
-        pack_key: legacy mode only: the packing key (an int seed or key), the writer's ``key``.
         doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary; read from the
             header of preblocked data when not given, required in legacy mode.
         field: legacy mode: the cache field.
@@ -77,7 +66,6 @@ class BlockDataset(Dataset):
         *,
         shuffle=None,
         pack: PackSpec | None = None,
-        pack_key=0,
         doc_id: int | None = None,
         eod_id: int | None = None,
         pad_id: int | None = None,
@@ -111,7 +99,12 @@ class BlockDataset(Dataset):
                 raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
             if not isinstance(field, str):
                 raise TypeError(f"field must be a str (got field={field!r})")
-            self._init_legacy(paths, pack, as_key(pack_key, "pack_key"), field)
+            check_int("vocab_size", self.ids["vocab_size"], low=1)
+            self.pack = pack
+            self.sources = tuple(TokenCache.open(p, field) for p in paths)
+            self.seq_len = self.max_row_tokens = pack.block_size
+            self.packed = False  # its blocks exist once packed for a key (make)
+            return
         else:
             if pack is not None:
                 raise ValueError("pack applies to jagged token caches; preblocked data is packed already")
@@ -130,14 +123,45 @@ class BlockDataset(Dataset):
             self._blocks = [s.num_blocks for s in self.sources]
             self._real = np.concatenate([s.real_tokens() for s in self.sources])
         check_int("vocab_size", self.ids["vocab_size"], low=1)
+        self.packed = True
+        self._count_blocks()
+
+    def _count_blocks(self) -> None:
         total = sum(self._blocks)
         if not 1 <= total <= 2**32 - 1:
             raise ValueError(f"{total} blocks: need 1 <= blocks <= 2**32 - 1")
         self.num_examples = total
         self._source_start = np.concatenate([[0], np.cumsum(self._blocks)]).astype(np.int64)
 
-    def _init_legacy(self, paths, pack: PackSpec, key: PRNGKeyArray, field: str) -> None:
-        caches = [TokenCache.open(p, field) for p in paths]
+    def __getattr__(self, name: str):
+        if name in ("num_examples", "spans_per_row", "layouts"):  # only missing before packing
+            raise AttributeError(
+                f"a jagged cache's blocks depend on the packing key, which derives from the "
+                f"pipeline's key: {name} is known on the dataset BlockDataset.make(key) returns "
+                f"(dataset.make(key)[1].{name})"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @staticmethod
+    def pack_key(key: PRNGKeyArray) -> PRNGKeyArray:
+        """The packing key of a jagged cache under the pipeline's ``key``: ``fold_in(key,
+        PACK_TAG)`` (the shuffle uses ``key`` itself). A store written with ``preblock(...,
+        key=BlockDataset.pack_key(key))`` holds exactly the blocks packed on the fly."""
+        return jax.random.fold_in(as_key(key), PACK_TAG)
+
+    def packed_for(self, key: PRNGKeyArray) -> BlockDataset:
+        """Legacy mode: the host half for the pipeline's ``key``, a new value whose caches are
+        packed with ``pack_key(key)``; a preblocked dataset is its own."""
+        if self.packed:
+            return self
+        host = copy.copy(self)
+        host._pack_caches(self.pack_key(key))
+        host.packed = True
+        host._count_blocks()
+        return host
+
+    def _pack_caches(self, key: PRNGKeyArray) -> None:
+        caches, pack = self.sources, self.pack
         layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
         S = pack.block_size
         packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
@@ -175,8 +199,6 @@ class BlockDataset(Dataset):
         self._entry_doc = np.concatenate(self._entry_doc)
         self._entry_source = np.concatenate(self._entry_source)
         self._real = np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)])
-        self.sources = tuple(caches)
-        self.seq_len = S
         self.spans_per_row = max(1, int(self._legacy["count"].max()))
         self.max_row_tokens = S
         self._blocks = [lay.num_blocks for lay in layouts]
@@ -184,85 +206,50 @@ class BlockDataset(Dataset):
 
     # -- the protocol --------------------------------------------------------------------------
 
-    def init(self, key: PRNGKeyArray) -> Tables:
+    def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
+        """Both halves for ``key``; legacy mode packs the caches for it first (``packed_for``)."""
+        host = self.packed_for(key)
+        return host.device(key), host
+
+    def device(self, key: PRNGKeyArray) -> BlockDevice:
+        """The block order for ``key`` and the tables (legacy: the packing's pieces)."""
+        if not self.packed:
+            return self.make(key)[0]
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
-        legacy = {k: jnp.asarray(v) for k, v in self._legacy.items()} if self.legacy else {}
-        return Tables(
+        names = ("packed", "first", "count", "start_block", "start_offset", "size")
+        legacy = {k: jnp.asarray(self._legacy[k]) if self.legacy else None for k in names}
+        return BlockDevice(
             shuffle=shuffle,
             source_start=jnp.asarray(self._source_start.astype(np.uint32)),
             real=jnp.asarray(self._real),
             **legacy,
+            shuffle_spec=self.shuffle_spec,
+            seq_len=self.seq_len,
+            spans_per_row=self.spans_per_row,
+            doc_id=self.ids["doc_id"],
+            eod_id=self.ids["eod_id"],
+            pad_id=self.ids["pad_id"],
         )
-
-    def plan(self, tables: Tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        example = self.shuffle_spec.apply(tables.shuffle, rows.position, rows.epoch)
-        source = jnp.searchsorted(tables.source_start, example, side="right").astype(jnp.int32) - 1
-        local = (example - tables.source_start[source]).astype(jnp.int32)
-        detail = {"block": local}
-        if self.legacy:
-            detail = self._pieces(tables, tables.packed[example])
-        return Plan(rows=rows, source=source, example=example, detail=detail), None
-
-    def _pieces(self, tables: Tables, packed: Int[Array, " n"]) -> dict:
-        S, k = self.seq_len, self.spans_per_row
-        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
-        used = slot < tables.count[packed][:, None]
-        entry = jnp.where(used, tables.first[packed][:, None] + slot, 0)
-        start_block, start_offset, size = (
-            t[entry] for t in (tables.start_block, tables.start_offset, tables.size)
-        )
-        here = start_block == packed[:, None]
-        row_start = jnp.where(here, start_offset, 0)
-        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
-        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
-        return {
-            "entry": entry,
-            "row_start": row_start,
-            "slot_start": slot_start,
-            "slots": slots,
-            "size": size,
-        }
 
     def spans(self, plan: Plan) -> Spans:
         S = self.seq_len
         if not self.legacy:
-            start = plan.detail["block"].astype(np.int64)[:, None] * S
+            start = plan.detail.block.astype(np.int64)[:, None] * S
             return Spans(plan.source[:, None].astype(np.int32), start, np.full_like(start, S))
         d = plan.detail
-        entry = d["entry"]
+        entry = d.entry
         source = self._entry_source[entry]
         doc = self._entry_doc[entry]
-        token_lo = np.maximum(d["slot_start"] - 1, 0).astype(np.int64)
-        token_hi = np.minimum(d["slot_start"] + d["slots"] - 1, d["size"] - 2).astype(np.int64)
-        length = np.where(d["slots"] > 0, np.maximum(token_hi - token_lo, 0), 0)
+        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
+        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
         offsets = np.zeros(entry.shape, np.int64)
         for i, doc_offsets in enumerate(self._doc_offsets):
             mine = source == i
             offsets[mine] = doc_offsets[doc[mine]]
         start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
         return Spans(source.astype(np.int32), start, length)
-
-    def build(self, tables: Tables, plan: Plan, content: Content | None) -> Batch:
-        ids = dict(doc_id=self.ids["doc_id"], eod_id=self.ids["eod_id"], pad_id=self.ids["pad_id"])
-        if self.legacy:
-            d = plan.detail
-            tokens = assemble_rows(
-                content.tokens,
-                content.offsets,
-                d["row_start"],
-                d["slot_start"],
-                d["slots"],
-                d["size"],
-                block_size=self.seq_len,
-                **ids,
-            )
-        else:
-            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
-        return block_batch(tokens, **ids)
-
-    def real_tokens(self, tables: Tables, plan: Plan) -> Int[Array, " n"]:
-        return tables.real[plan.example]
 
     # -- conveniences --------------------------------------------------------------------------
 

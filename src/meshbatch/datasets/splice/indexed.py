@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-import jax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
@@ -25,7 +25,7 @@ from meshbatch.datasets.protocol import Rows
 from meshbatch.kernels import Batch, pool_frames
 
 from .diagnostics import validation_rows
-from .splice_dataset import SpliceLMDataset
+from .splice_dataset import SpliceDevice, SpliceLMDataset
 from .splice_schedule import schedule_key
 
 
@@ -75,9 +75,16 @@ def shard_indices(local_indices, *, process_index: int, process_count: int) -> n
     return local.astype(np.int64) * process_count + process_index
 
 
-def _frames(dataset: SpliceLMDataset, tables, rows: Rows) -> Batch:
-    plan, _ = dataset.plan(tables, rows)
-    return dataset.build(tables, plan, None)
+def frames_of(device: SpliceDevice, rows: Rows) -> Batch:
+    """Plan and build of pool rows (what ``_frames`` compiles)."""
+    plan, _ = device.plan(rows)
+    return device.build(plan, None)
+
+
+@eqx.filter_jit
+def _frames(device: SpliceDevice, rows: Rows) -> Batch:
+    """``frames_of`` in one program, module-level: equal datasets share it whatever their key."""
+    return frames_of(device, rows)
 
 
 class SpliceDataset:
@@ -89,7 +96,8 @@ class SpliceDataset:
         **spec: ``SpliceSpec`` fields; ``pad_token_id`` is required.
 
     Attributes:
-        dataset: the ``SpliceLMDataset`` it fronts (its plan and build make every frame).
+        dataset: the ``SpliceLMDataset`` it fronts; ``device``: its device half for ``key``
+            (its plan and build make every frame).
         schedule: the splice schedule; ``pool``: the device-resident documents.
         frame_args: the static arguments of ``pool_frames`` (``cyclic`` included).
     """
@@ -97,10 +105,9 @@ class SpliceDataset:
     def __init__(self, docs: Sequence[np.ndarray], *, key=None, **spec):
         self.dataset = SpliceLMDataset(docs, **spec)
         self.spec = self.dataset.spec
-        self.tables = self.dataset.init(schedule_key(self.spec, key))
-        self.schedule, self.pool = self.tables["schedule"], self.tables["pool"]
+        self.device = self.dataset.device(schedule_key(self.spec, key))
+        self.schedule, self.pool = self.device.schedule, self.device.pool
         self.frame_args = dict(self.dataset.frame_args, cyclic=self.dataset.cyclic)
-        self._frames = jax.jit(partial(_frames, self.dataset))
 
     def __len__(self) -> int:
         return self.dataset.num_examples
@@ -109,7 +116,7 @@ class SpliceDataset:
         """Frames for global example indices (``epoch = index // len(self)``): ``int32[n, seq_len]``."""
         epoch, row = split_indices(indices, len(self))
         rows = Rows(jnp.asarray(row, dtype=jnp.uint32), jnp.asarray(epoch.astype(np.uint32)))
-        return self._frames(self.tables, rows)
+        return _frames(self.device, rows)
 
     def frames_at(self, doc, t, s) -> Batch:
         """Frames for explicit placements, ``copy_len = min(K, L - t, S - s)`` (the seed's Example

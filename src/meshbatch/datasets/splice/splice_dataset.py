@@ -11,27 +11,101 @@ Two ways to hold the documents, same batches either way:
     cache docs = [d0 .. d99], selected = [7, 42], seq_len = 8, content_length = 4
     row -> (doc=1, t=3, s=4, copy_len=4): span (offsets[42] + 3, 4)
     tokens = [P P P P d42[3] d42[4] d42[5] d42[6]], loss_mask = [0 0 0 0 1 1 1 0]
+
+``device(key)`` makes ``SpliceDevice`` (the schedule for the key, the pool, the frame
+configuration); rows per epoch are counted from the document lengths alone (``epoch_rows``), so
+the dataset knows its length before it sees a key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import check_bool
-from meshbatch.datasets.protocol import Content, Dataset, Plan, Rows, Spans
-from meshbatch.kernels import Batch, lookup_rows, pool_frames, splice_frames
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from meshbatch.kernels import Batch, DocumentPool, SpliceSchedule, lookup_rows, pool_frames, splice_frames
 
-from .splice_schedule import build_schedule
+from .splice_schedule import build_schedule, epoch_rows
 from .splice_spec import SpliceSpec, check_lengths
 from .tables import document_pool
 
 # A selection up to this many tokens is copied to every device (4 bytes a token).
 POOL_MAX_TOKENS = 1 << 26
+
+
+class SplicePlan(eqx.Module):
+    """A splice plan's rows: document, content start ``t``, frame offset ``s``, copied tokens."""
+
+    doc: Int[Array, " n"]
+    t: Int[Array, " n"]
+    s: Int[Array, " n"]
+    copy_len: Int[Array, " n"]
+
+
+class FrameBuild(eqx.Module):
+    """The frame build's configuration (static): what ``pool_frames``/``splice_frames`` take."""
+
+    seq_len: int = eqx.field(static=True)
+    pad_token_id: int = eqx.field(static=True)
+    eos_token_id: int | None = eqx.field(static=True)
+    segment_mode: str = eqx.field(static=True)
+    cyclic: bool = eqx.field(static=True)
+    margin: int = eqx.field(static=True)
+
+    def frame_args(self) -> dict:
+        return dict(
+            seq_len=self.seq_len,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=self.eos_token_id,
+            segment_mode=self.segment_mode,
+        )
+
+
+class SpliceDevice(DeviceDataset):
+    """The device half of ``SpliceLMDataset``: the schedule for a key, the pool (``None`` in
+    fetch mode) and the frame build."""
+
+    schedule: SpliceSchedule
+    pool: DocumentPool | None
+    frame: FrameBuild
+
+    @property
+    def seq_len(self) -> int:
+        return self.frame.seq_len
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        """Each row's ``(doc, t, s, copy_len)``; ``example`` is its row of the unshuffled epoch."""
+        schedule = self.schedule
+        example = rows.position if schedule.shuffle is None else schedule.shuffle(rows.position, rows.epoch)
+        doc, t, s, copy_len = lookup_rows(schedule, example, rows.epoch, shuffled=False)
+        detail = SplicePlan(doc, t, s, copy_len)
+        return Plan(rows=rows, source=jnp.zeros(doc.shape, jnp.int32), example=example, detail=detail), None
+
+    def build(self, plan: Plan, content: Content | None) -> Batch:
+        """Frames from the fetched buffer (``content``) or from the device pool."""
+        d, frame = plan.detail, self.frame
+        if content is None:
+            return pool_frames(
+                self.pool, d.doc, d.t, d.s, d.copy_len, cyclic=frame.cyclic, **frame.frame_args()
+            )
+        return splice_frames(
+            content.tokens,
+            content.offsets[:, 0],
+            d.s,
+            d.copy_len,
+            doc_idx=d.doc,
+            margin=frame.margin,
+            **frame.frame_args(),
+        )
+
+    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
+        """A frame trains on its copied tokens."""
+        return plan.detail.copy_len.astype(jnp.int32)
 
 
 class SpliceLMDataset(Dataset):
@@ -109,57 +183,25 @@ class SpliceLMDataset(Dataset):
                 "content_start_mode='cyclic_roll' reads across the document end; it needs the "
                 "documents on device (pool=True)"
             )
-        # Rows per epoch do not depend on the key: any key counts them.
-        counted = build_schedule(self.doc_lengths, self.spec, jax.random.key(0), log_summary=False)
-        self.num_examples = len(counted)
+        self.num_examples = epoch_rows(self.doc_lengths, self.spec)  # the same for every key
 
     # -- the dataset protocol -------------------------------------------------------------------
 
-    def init(self, key: PRNGKeyArray | None):
-        """The schedule for ``key`` and, in pool mode, the documents."""
-        return {"schedule": build_schedule(self.doc_lengths, self.spec, key), "pool": self.pool}
-
-    def plan(self, tables, rows: Rows, state=None) -> tuple[Plan, None]:
-        """Each row's ``(doc, t, s, copy_len)``; ``example`` is its row of the unshuffled epoch."""
-        schedule = tables["schedule"]
-        example = rows.position if schedule.shuffle is None else schedule.shuffle(rows.position, rows.epoch)
-        doc, t, s, copy_len = lookup_rows(schedule, example, rows.epoch, shuffled=False)
-        detail = {"doc": doc, "t": t, "s": s, "copy_len": copy_len}
-        return Plan(rows=rows, source=jnp.zeros(doc.shape, jnp.int32), example=example, detail=detail), None
+    def device(self, key: PRNGKeyArray | None) -> SpliceDevice:
+        """The schedule for ``key`` (``None`` when the spec draws nothing), the pool, the frames."""
+        args = self.frame_args
+        frame = FrameBuild(
+            args["seq_len"], args["pad_token_id"], args["eos_token_id"], args["segment_mode"],
+            self.cyclic, self.content_margin,
+        )  # fmt: skip
+        return SpliceDevice(build_schedule(self.doc_lengths, self.spec, key), self.pool, frame)
 
     def spans(self, plan: Plan) -> Spans:
         """Global token spans of the rows' copies (fetch mode)."""
         detail = plan.detail
-        starts = self._doc_starts[detail["doc"].astype(np.int64)] + detail["t"]
-        lengths = detail["copy_len"].astype(np.int64)
+        starts = self._doc_starts[detail.doc.astype(np.int64)] + detail.t
+        lengths = detail.copy_len.astype(np.int64)
         return Spans(np.zeros((starts.shape[0], 1), np.int32), starts[:, None], lengths[:, None])
-
-    def build(self, tables, plan: Plan, content: Content | None) -> Batch:
-        """Frames from the fetched buffer (``content``) or from the device pool."""
-        detail = plan.detail
-        if content is None:
-            return pool_frames(
-                tables["pool"],
-                detail["doc"],
-                detail["t"],
-                detail["s"],
-                detail["copy_len"],
-                cyclic=self.cyclic,
-                **self.frame_args,
-            )
-        return splice_frames(
-            content.tokens,
-            content.offsets[:, 0],
-            detail["s"],
-            detail["copy_len"],
-            doc_idx=detail["doc"],
-            margin=self.content_margin,
-            **self.frame_args,
-        )
-
-    def real_tokens(self, tables, plan: Plan) -> Int[Array, " n"]:
-        """A frame trains on its copied tokens."""
-        return plan.detail["copy_len"].astype(jnp.int32)
 
     def __repr__(self) -> str:
         mode = "fetch" if self.fetches else "pool"

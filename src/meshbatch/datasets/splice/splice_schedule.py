@@ -85,8 +85,37 @@ def build_schedule(
 ) -> SpliceSchedule:
     """``splice_schedule`` for checked int64 lengths, a built spec and a checked key (or ``None``
     when the spec draws nothing)."""
+    placement, items = _placement(lengths, spec, key, keyed=True, log_summary=log_summary)
+    quotas = _quotas(spec, lengths, items)
+    if log_summary:
+        _log_summary(spec, lengths, quotas, items)
+    total = int(quotas.sum())
+    shuffle = permutation("feistel", total, subkey(key, "rows")) if spec.shuffle_per_epoch else None
+    return SpliceSchedule(
+        cum_rows=jnp.asarray(np.concatenate([[0], np.cumsum(quotas)]), dtype=jnp.uint32),
+        items=jnp.asarray(items, dtype=jnp.uint32),
+        placement=placement,
+        shuffle=shuffle,
+        doc_steps=bit_length(lengths.shape[0]),
+    )
+
+
+def epoch_rows(lengths: np.ndarray, spec: SpliceSpec) -> int:
+    """Rows per epoch of ``build_schedule(lengths, spec, key)`` for every key, without one: the
+    counts of pairs and the quotas never depend on the shuffles or the jitter.
+
+    Raises:
+        ValueError: as ``build_schedule`` (no usable document, an epoch of ``2^32`` rows or more).
+    """
+    _, items = _placement(lengths, spec, None, keyed=False, log_summary=False)
+    return int(_quotas(spec, lengths, items).sum())
+
+
+def _placement(lengths, spec: SpliceSpec, key: PRNGKeyArray | None, *, keyed: bool, log_summary: bool):
+    """``(placement, items)``; ``keyed=False`` leaves out everything keyed (lane shuffles, the
+    uniform jitter key): only ``items`` is then meant to be used."""
     if spec.content_start_mode == "coverage_balanced":
-        uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform"
+        uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform" and keyed
         placement, items = balanced_placement(
             lengths,
             seq_len=spec.seq_len,
@@ -115,26 +144,19 @@ def build_schedule(
             content_stride=spec.window_stride if slide else spec.content_stride,
             offset_stride=spec.offset_stride,
             min_copy_len=spec.min_copy_len,
-            content_perm=axis_permutation(spec, key, "content"),
-            offset_perm=axis_permutation(spec, key, "offsets"),
+            content_perm=axis_permutation(spec, key, "content") if keyed else None,
+            offset_perm=axis_permutation(spec, key, "offsets") if keyed else None,
         )
+    return placement, items
+
+
+def _quotas(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:
     if not (items > 0).any():
         raise _no_pairs_error(spec, lengths)
     if int(items.max()) > MAX_ROWS:
         doc = int(items.argmax())
         raise ValueError(f"document {doc} (length {lengths[doc]}) has {int(items.max())} pairs, >= 2^32")
-    quotas = quotas_of(spec, lengths, items)
-    if log_summary:
-        _log_summary(spec, lengths, quotas, items)
-    total = int(quotas.sum())
-    shuffle = permutation("feistel", total, subkey(key, "rows")) if spec.shuffle_per_epoch else None
-    return SpliceSchedule(
-        cum_rows=jnp.asarray(np.concatenate([[0], np.cumsum(quotas)]), dtype=jnp.uint32),
-        items=jnp.asarray(items, dtype=jnp.uint32),
-        placement=placement,
-        shuffle=shuffle,
-        doc_steps=bit_length(lengths.shape[0]),
-    )
+    return quotas_of(spec, lengths, items)
 
 
 def quotas_of(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:

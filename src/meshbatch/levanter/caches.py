@@ -1,0 +1,132 @@
+"""Caches built by Levanter's own machinery, read by meshbatch.
+
+A source (Levanter's ``UrlDatasetSourceConfig`` / ``HfDatasetSourceConfig``) becomes a cache
+exactly as Levanter makes it: Levanter's tokenizer (``LMTaskConfig.the_tokenizer``: hub names
+from the Hugging Face cache, local directories, ``passthrough``), its shard source
+(``get_shard_source``: fsspec URLs, brace expansion, ``.gz``/``.zst``, Hugging Face datasets), its
+processor (``preprocessor_for_format``: text, chat, supervised; ``enforce_eos``) and its on-disk
+format and metadata, so ``TreeCache.load`` (Levanter) and ``TokenCache.open`` (meshbatch) both
+read it. Two builders:
+
+* ``in_process`` (the default): Levanter's processor over every shard, written with Levanter's
+  ``SerialCacheWriter`` in this process, ``cache_options.batch_size`` rows at a time, with a
+  progress log line every ``PROGRESS_EVERY`` documents.
+* ``ray``: Levanter's ``build_lm_dataset_cache`` (its Ray cache builder, the distributed engine
+  for corpora beyond one machine). Its copy step asks Ray for 4 CPUs and 6 GiB, so on a machine
+  with fewer cores it never finishes under Ray's default resources: when no Ray runs, a local one
+  is started with ``max(8, cpu_count)`` logical CPUs.
+
+    path = build_split(source, "train", cache_dir="cache/owt", tokenizer=tok, enforce_eos=True)
+    # -> "cache/owt/train" (built once; a finished cache is found and reused), or None without data
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+from levanter.data.passthrough_tokenizer import PassthroughTokenizer
+from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
+from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
+
+from meshbatch.cache.ledger import try_read_ledger
+
+from .observe import CACHE_STATUS
+
+logger = logging.getLogger(__name__)
+PROGRESS_EVERY = 10_000  # documents between two progress lines of an in-process build
+BUILDERS = ("in_process", "ray")
+
+
+def source_format(source, chat_template: str | None):
+    """The source's format, with the task's ``chat_template`` for a chat format that names none
+    (``LMTaskConfig.chat_template``'s documented meaning)."""
+    fmt = source.format
+    if chat_template is not None and isinstance(fmt, ChatLmDatasetFormat) and fmt.chat_template is None:
+        fmt = dataclasses.replace(fmt, chat_template=chat_template)
+    return fmt
+
+
+def build_split(
+    source,
+    split: str,
+    *,
+    cache_dir: str,
+    tokenizer,
+    enforce_eos: bool = True,
+    options: CacheOptions | None = None,
+    builder: str = "in_process",
+    chat_template: str | None = None,
+) -> str | None:
+    """Builds (or finds) ``cache_dir/split`` of ``source`` with Levanter's machinery; returns its
+    path, or ``None`` when the split has neither data nor a cache."""
+    if builder not in BUILDERS:
+        raise ValueError(f"cache_builder must be one of {BUILDERS} (got cache_builder={builder!r})")
+    options = options or CacheOptions.default()
+    fmt = source_format(source, chat_template)
+    path = os.path.join(cache_dir, split)
+    found = try_read_ledger(path)
+    if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
+        logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
+        CACHE_STATUS.setdefault(path, "found")
+        return path
+    shards = source.get_shard_source(split)
+    if shards is None:
+        return None
+    if isinstance(tokenizer, PassthroughTokenizer):
+        raise ValueError(
+            f"tokenizer='passthrough' reads pre-tokenized caches: {path} holds no finished cache (Levanter's "
+            "BatchTokenizer cannot tokenize text with the passthrough tokenizer)"
+        )
+    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
+    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
+    start = time.monotonic()
+    logger.info("meshbatch: building cache %s with Levanter's %s builder", path, builder)
+    if builder == "ray":
+        _ensure_ray()
+        cache = build_lm_dataset_cache(path, shards, fmt, tokenizer, options, enforce_eos, monitors=False)
+        cache.await_finished()
+        rows = len(cache.as_sync_dataset())
+    else:
+        rows = _build_in_process(path, shards, processor, metadata, options.batch_size)
+    logger.info("meshbatch: cache %s built: %d documents in %.1f s", path, rows, time.monotonic() - start)
+    CACHE_STATUS[path] = "built"
+    return path
+
+
+def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int:
+    rows = 0
+    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:
+        store = writer._tree_store
+
+        def write(batch: list) -> None:
+            # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
+            # rank-1 fields and fails on a supervised cache's per-document sources_len).
+            store.extend_with_batch(store.batch_preparer(_canonicalize_batch(processor(batch))))
+
+        for shard in shards.shard_names:
+            batch: list = []
+            for row in shards.open_shard(shard):
+                batch.append(row)
+                if len(batch) == batch_size:
+                    write(batch)
+                    rows, batch = rows + len(batch), []
+                    if rows % PROGRESS_EVERY < batch_size:
+                        logger.info(
+                            "meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard
+                        )
+            if batch:
+                write(batch)
+                rows += len(batch)
+    return rows
+
+
+def _ensure_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        cpus = max(8, os.cpu_count() or 1)
+        logger.info("meshbatch: starting a local Ray with %d logical CPUs for Levanter's cache builder", cpus)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)

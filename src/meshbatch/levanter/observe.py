@@ -1,0 +1,72 @@
+"""meshbatch at work, in Levanter's log and tracker.
+
+* ``start(...)``: one INFO line when a train set is made (dataset type, shuffle, compat, fast
+  path, each cache found or built) and the same facts as the tracker's summary
+  (``meshbatch/...``; json_logger writes them as a ``summary`` event).
+* ``StepMetrics``: every ``every`` steps of the fast path, per source the rows and tokens read so
+  far (the cache's ``ReadCounters``: a causal window is one span), reads issued per example, and
+  the consumer's wait for a batch (p50/p95/max since the last report, the ``Prefetcher``'s stats)
+  as ``data/meshbatch/...`` metrics of that step.
+
+    meshbatch: data type=causal_lm shuffle=False compat=None fast_path=True caches={'': 'found'}
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping
+
+logger = logging.getLogger(__name__)
+CACHE_STATUS: dict[str, str] = {}  # cache path -> "found" | "built" (this process)
+
+
+def _tracker(method: str, *args, **kwargs) -> None:
+    import levanter.tracker
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no tracker outside a trainer: nothing to log to
+        try:
+            getattr(levanter.tracker, method)(*args, **kwargs)
+        except RuntimeError as error:  # Levanter's "No global tracker set"
+            logger.debug("meshbatch: not logged to a tracker: %s", error)
+
+
+def start(kind: str, *, shuffle, compat, fast_path: bool, builder: str, caches: Mapping[str, str]) -> None:
+    """The start line and summary; ``caches`` maps a source name to its cache path."""
+    status = {name: f"{CACHE_STATUS.get(path, 'found')} ({path})" for name, path in caches.items()}
+    logger.info(
+        "meshbatch: data type=%s shuffle=%s compat=%s fast_path=%s cache_builder=%s caches=%s",
+        kind, shuffle, compat, fast_path, builder, status,
+    )  # fmt: skip
+    summary = {"meshbatch/type": kind, "meshbatch/shuffle": str(shuffle), "meshbatch/compat": str(compat),
+               "meshbatch/fast_path": fast_path, "meshbatch/cache_builder": builder}  # fmt: skip
+    summary.update({f"meshbatch/cache/{name or 'default'}": s for name, s in status.items()})
+    _tracker("log_summary", summary)
+
+
+class StepMetrics:
+    """Per-source consumption, reads per example and consumer wait, every ``every`` steps."""
+
+    def __init__(self, sources: Mapping[str, object], *, every: int):
+        self.sources, self.every = dict(sources), every
+
+    def metrics(self, stream) -> dict[str, float]:
+        out: dict[str, float] = {}
+        rows = reads = 0
+        for name, cache in self.sources.items():
+            counters, tag = cache.counters, name or "default"
+            out[f"data/meshbatch/{tag}/rows"] = counters.spans_requested
+            out[f"data/meshbatch/{tag}/tokens"] = counters.bytes_read // cache.dtype.itemsize
+            rows, reads = rows + counters.spans_requested, reads + counters.reads_issued
+        out["data/meshbatch/reads_per_example"] = reads / max(rows, 1)
+        stats = stream.stats()
+        for q in ("p50", "p95", "max"):
+            out[f"data/meshbatch/wait_{q}_s"] = stats[f"wait_{q}_s"]
+        stream.reset_stats()
+        return out
+
+    def after(self, step: int, stream) -> None:
+        """Logs the metrics at ``step`` when it is a reporting step."""
+        if self.every > 0 and self.sources and (step + 1) % self.every == 0:
+            _tracker("log", self.metrics(stream), step=step)

@@ -1,0 +1,71 @@
+"""The pipeline's compiled programs, module-level, keyed by the dataset's value.
+
+A program takes the device half of a dataset (``DeviceDataset``, an ``equinox.Module``) as an
+argument: its static fields (configuration) pick the program, its arrays (tables) are inputs. Two
+pipelines over equal datasets (same configuration, tables of the same shapes, any key) therefore
+run the same compiled programs:
+
+    Pipeline(CausalLMDataset(cache, 4), key=0, ...)   # compiles plan and build once
+    Pipeline(CausalLMDataset(cache, 4), key=1, ...)   # equal device half: compiles nothing
+
+``plan_program`` plans rows on the host's CPU device; ``build_program(static, mesh, host_plans)``
+is the per-shard build (with the build stages) over a local mesh, one per configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from meshbatch.datasets.protocol import DeviceDataset, Plan, Rows
+
+
+@eqx.filter_jit
+def plan_program(device: DeviceDataset, rows: Rows, state):
+    """``device.plan(rows, state)``, jitted once per configuration and shape."""
+    return device.plan(rows, state)
+
+
+@eqx.filter_jit
+def build_program_single(device: DeviceDataset, plan: Plan, content):
+    """``device.build(plan, content)`` on one device (no shard map), for index-based callers."""
+    return device.build(plan, content)
+
+
+def split_program(device: DeviceDataset, stages: tuple) -> tuple:
+    """``(arrays, static)`` of a build's device half and stages: the arrays go in as inputs, the
+    (hashable) rest selects the program (``build_program``)."""
+    return eqx.partition((device, stages), eqx.is_array)
+
+
+@functools.cache
+def build_program(static, mesh: Mesh, host_plans: bool):
+    """The per-shard build of ``static`` (``split_program``'s second half) over ``mesh``'s
+    ``"local"`` axis: ``program(arrays, plan, content)`` when the host plans, else
+    ``program(arrays, rows)`` (plan and build together on the devices)."""
+
+    def per_shard(arrays, *inputs):
+        device, stages = eqx.combine(arrays, static)
+        if host_plans:
+            plan, content = inputs
+            batch = device.build(plan, content)
+        else:
+            plan, _ = device.plan(inputs[0], None)
+            batch = device.build(plan, None)
+        for stage in stages:
+            batch = stage(batch, plan)
+        return batch
+
+    local = PartitionSpec("local")  # the tables replicated, every row input split by device
+    in_specs = (PartitionSpec(), local, local) if host_plans else (PartitionSpec(), local)
+    # One process: the host's stacked inputs go in as numpy and jit places them by its
+    # in_shardings (a step's build costs half what a device_put of the tree and then the call
+    # does). Several: jit refuses numpy for a sharded input, so the caller places them first.
+    shardings = tuple(NamedSharding(mesh, spec) for spec in in_specs)
+    kernel = jax.jit(
+        jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=local), in_shardings=shardings
+    )
+    return kernel, shardings
