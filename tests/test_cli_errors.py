@@ -109,7 +109,11 @@ def test_the_installed_command_prints_no_traceback(tmp_path, not_utf8):
             "lone.jsonl:2: the 'text' field holds a lone surrogate",
         ),
         ("bad.jsonl.gz", b"\x1f\x8b\x08\x00garbage, not deflate", "bad.jsonl.gz is not a complete gzip file"),
-        ("cut.txt.gz", gzip.compress(b"hello world " * 100, mtime=0)[:40], "cut.txt.gz is not a complete gzip file"),
+        (
+            "cut.txt.gz",
+            gzip.compress(b"hello world " * 100, mtime=0)[:40],
+            "cut.txt.gz is not a complete gzip file",
+        ),
     ],
 )
 def test_undecodable_inputs_name_the_file_and_line(tmp_path, name, content, message, capsys):
