@@ -62,18 +62,9 @@ def start_store() -> tuple[GCSServer, LatencyProxy]:
 
 
 def write_cache(path: str, tokens: int) -> None:
-    from meshbatch.cache import CacheWriter
+    from harness import write_zipf_cache  # after the XLA flags are set: harness imports jax
 
-    rng = np.random.default_rng(0)
-    with CacheWriter(path, flush_tokens=1 << 26) as writer:
-        written = 0
-        while written < tokens:
-            docs = [
-                np.minimum(rng.zipf(1.2, rng.integers(500, 20_000)), VOCAB - 1).astype(np.int32)
-                for _ in range(64)
-            ]
-            writer.write(docs)
-            written += sum(doc.size for doc in docs)
+    write_zipf_cache(path, tokens, VOCAB)
 
 
 def levanter_stream(path, args, mesh):

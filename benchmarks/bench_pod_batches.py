@@ -25,25 +25,16 @@ import time
 
 import jax
 import numpy as np
-from harness import banner, write_json
+from harness import banner, write_json, write_zipf_cache
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
-from meshbatch.cache import BlockCache, CacheWriter, TokenCache
+from meshbatch.cache import BlockCache, TokenCache
 
 VOCAB = 32_768
 
 
 def write_cache(path: str, tokens: int) -> None:
-    rng = np.random.default_rng(0)
-    with CacheWriter(path, flush_tokens=1 << 26) as writer:
-        written = 0
-        while written < tokens:
-            docs = [
-                np.minimum(rng.zipf(1.2, rng.integers(500, 20_000)), VOCAB - 1).astype(np.int32)
-                for _ in range(64)
-            ]
-            writer.write(docs)
-            written += sum(doc.size for doc in docs)
+    write_zipf_cache(path, tokens, VOCAB)
 
 
 def main() -> None:

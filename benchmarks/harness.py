@@ -84,3 +84,22 @@ def write_json(script: str, payload: dict) -> pathlib.Path:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def write_zipf_cache(path: str, tokens: int, vocab: int) -> None:
+    """A token cache of at least ``tokens`` tokens: documents of 500-20k Zipf(1.2) ids below ``vocab``
+    (seeded), as the object-store and pod-batch benchmarks read them."""
+    import numpy as np
+
+    from meshbatch.cache import CacheWriter
+
+    rng = np.random.default_rng(0)
+    with CacheWriter(path, flush_tokens=1 << 26) as writer:
+        written = 0
+        while written < tokens:
+            docs = [
+                np.minimum(rng.zipf(1.2, rng.integers(500, 20_000)), vocab - 1).astype(np.int32)
+                for _ in range(64)
+            ]
+            writer.write(docs)
+            written += sum(doc.size for doc in docs)
