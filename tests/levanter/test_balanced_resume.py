@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_train_lm import EXAMPLES, _env, _losses
+from test_train_lm import EXAMPLES, _losses, _train_with_console
 
 pytestmark = pytest.mark.train
 
@@ -46,17 +46,8 @@ optimizer: {learning_rate: 1e-2, weight_decay: 0.0, warmup: 0.0, lr_schedule: co
 
 
 def _run(root: pathlib.Path) -> tuple[dict[int, float], str]:
-    command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", "balanced.yaml"]
-    done = subprocess.run(command, cwd=root, env=_env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    metrics: dict[int, dict] = {}
-    for log in (root / "logs").rglob("*.log"):
-        for line in log.read_text().splitlines():
-            if '"event": "log"' in line:
-                record = json.loads(line.split(" :: ", 1)[1])
-                metrics.setdefault(record.get("step"), {}).update(record["metrics"])
-        log.unlink()
-    return _losses(metrics), done.stdout + done.stderr  # the console: each log line once
+    metrics, console = _train_with_console(root, "balanced.yaml")
+    return _losses(metrics), console  # the console: each log line once
 
 
 def test_balanced_state_is_checkpointed_and_restored(tmp_path):

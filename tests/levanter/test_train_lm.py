@@ -38,6 +38,11 @@ def _env() -> dict[str, str]:
 
 
 def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
+    return _train_with_console(root, config, *args)[0]
+
+
+def _train_with_console(root: pathlib.Path, config: str, *args: str) -> tuple[dict[int, dict], str]:
+    """One ``train_lm`` run from ``root``: its logged metrics by step, and its console output."""
     command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", config, *args]
     done = subprocess.run(command, cwd=root, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -48,7 +53,7 @@ def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
                 record = json.loads(line.split(" :: ", 1)[1])
                 metrics.setdefault(record.get("step"), {}).update(record["metrics"])
         log.unlink()  # the next run's log starts empty
-    return metrics
+    return metrics, done.stdout + done.stderr
 
 
 def _losses(metrics: dict[int, dict]) -> dict[int, float]:
