@@ -83,7 +83,8 @@ class TokenCache:
 
         Raises:
             TypeError, ValueError: a bad argument, named.
-            FileNotFoundError: no ledger, or missing zarr metadata.
+            FileNotFoundError: no ledger (naming ``path``), or missing zarr metadata (naming
+                ``field``).
             ValueError: unfinished ledger (with ``require_finished``).
             CacheIntegrityError: inconsistent ledger, offsets not monotone or beyond the data, arrays
                 not in Levanter's layout, dtype mismatch, a chunk that fails its checksum.
@@ -100,14 +101,20 @@ class TokenCache:
         cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
         cache.verify = verify_default() if verify is None else check_bool("verify", verify)
         file = LedgerFile(path, context=cache._context)
-        ledger, stamp = file.read()
+        try:
+            ledger, stamp = file.read()
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"path={path!r} is not a token cache: {e}") from e
         if require_finished and not ledger.is_finished:
             raise ValueError(
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
-        shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
-        cache._load(ledger)
+        try:
+            shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
+            cache._load(ledger)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"the cache at {path} has no readable field={field!r}: {e}") from e
         cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 

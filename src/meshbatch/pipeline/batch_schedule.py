@@ -104,12 +104,14 @@ class BatchSchedule:
         ``num_examples``; the unbounded integers stay in Python.
 
         Raises:
-            OverflowError: the step reaches epoch ``2**32``.
+            ValueError: the step reaches epoch ``2**32`` (epochs are numbered in 32 bits).
         """
         epoch0, position0 = divmod(self.offset(step), num_examples)  # Python ints: never wrap
         last_epoch = epoch0 + (position0 + self.batch_size(step) - 1) // num_examples
         if last_epoch > 2**32 - 1:
-            raise OverflowError(f"step={step} reaches epoch {last_epoch} >= 2**32")
+            raise ValueError(
+                f"step={step} reaches epoch {last_epoch} >= 2**32 (epochs are numbered in 32 bits)"
+            )
         position = position0 + rows.astype(np.int64)  # < n + batch_size < 2**33
         epoch = np.uint32(epoch0) + (position // num_examples).astype(np.uint32)
         return (position % num_examples).astype(np.uint32), epoch

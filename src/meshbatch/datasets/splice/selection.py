@@ -136,7 +136,7 @@ def select_documents(
     lengths = lengths.astype(np.int64)
     total = lengths.shape[0]
     check_choice("doc_select_mode", doc_select_mode, SelectMode)
-    num_docs = check_int("num_docs", num_docs, low=1)
+    num_docs = check_int("num_docs", num_docs, low=1, high=2**32 - 1)  # a key is folded with it
     check_bool("restrict_to_training_subset", restrict_to_training_subset)
     if doc_index is not None:
         doc_index = check_int("doc_index", doc_index)

@@ -66,13 +66,21 @@ class SpliceSpec:
     segment_mode: SegmentMode = "prefix"
 
     def __post_init__(self):
-        check_int("seq_len", self.seq_len, low=1, high=INT32_MAX)
-        check_optional_int("content_length", self.content_length, low=2, high=INT32_MAX)
+        # Each checked int is stored as a Python int (a numpy scalar would reach the kernels'
+        # static arguments, where equinox refuses arrays).
+        ints = {"seq_len": check_int("seq_len", self.seq_len, low=1, high=INT32_MAX)}
+        ints["content_length"] = check_optional_int(
+            "content_length", self.content_length, low=2, high=INT32_MAX
+        )
         for name in ("content_stride", "offset_stride", "window_stride"):
-            check_int(name, getattr(self, name), low=1, high=INT32_MAX)
-        check_int("min_copy_len", self.min_copy_len, low=2, high=INT32_MAX)
-        check_int("offset_jitter", self.offset_jitter, low=0, high=INT32_MAX)
-        check_optional_int("epoch_length", self.epoch_length, low=1, high=MAX_ROWS)
+            ints[name] = check_int(name, getattr(self, name), low=1, high=INT32_MAX)
+        ints["min_copy_len"] = check_int("min_copy_len", self.min_copy_len, low=2, high=INT32_MAX)
+        ints["offset_jitter"] = check_int("offset_jitter", self.offset_jitter, low=0, high=INT32_MAX)
+        ints["epoch_length"] = check_optional_int("epoch_length", self.epoch_length, low=1, high=MAX_ROWS)
+        for name in ("pad_token_id", "eos_token_id"):
+            ints[name] = check_token_id(name, getattr(self, name), optional=True)
+        for name, value in ints.items():
+            object.__setattr__(self, name, value)
         for name, choices in (
             ("mode", Mode),
             ("content_start_mode", ContentStartMode),
@@ -87,8 +95,6 @@ class SpliceSpec:
             check_bool(name, getattr(self, name))
         for axis in _AXES:
             self._check_axis_shuffle(axis)
-        for name in ("pad_token_id", "eos_token_id"):
-            check_token_id(name, getattr(self, name), optional=True)
         if self.content_length is not None and self.content_length < self.min_copy_len:
             raise ValueError(
                 f"content_length={self.content_length} < min_copy_len={self.min_copy_len}: "
