@@ -1,5 +1,7 @@
 """The pipeline in one process: exact batches, any mesh, resume, epochs, no recompiles, errors."""
 
+import time
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -225,6 +227,32 @@ def test_prefetch_reports_consumer_wait(cache_path):
     assert whole["batches"] == 5 and whole["examples_made"] >= 5 * 8
     assert 0 < whole["requests_per_example"] <= 1 and whole["bytes_per_example"] >= SEQ * 4
     assert whole["read_batches"] >= 5 and whole["read_p99_s"] >= whole["read_p50_s"] > 0
+
+
+def test_pipeline_reset_stats_starts_a_window(cache_path):
+    """``reset_stats`` (what the Levanter adapter calls after each report) restarts the waits and
+    the read counters together: requests per example stay those of the steps made since."""
+    pipeline = Pipeline(CausalLMDataset(TokenCache.open(cache_path), SEQ), mesh=mesh_of((2,), ("data",)),
+                        batch_size=8, key=jax.random.key(0), prefetch=2, workers=1)  # fmt: skip
+    pipeline.reset_stats()  # before any stream: nothing to reset
+    with pipeline.iterate_from(0) as stream:
+        for _ in range(4):
+            next(stream)
+        for _ in range(200):  # until the worker has made steps 4 and 5 (depth 2) and idles
+            if len(stream.log.made) == 6:
+                break
+            time.sleep(0.01)
+        first = pipeline.stats()
+        pipeline.reset_stats()
+        for _ in range(3):
+            next(stream)
+        window = pipeline.stats()
+    assert (first["batches"], first["examples_made"], window["batches"]) == (4, 6 * 8, 3), (first, window)
+    assert window["examples_made"] in (8, 16, 24), window  # steps 6.. made since the reset
+    # every step reads the same: the window's reads per example are the first steps' (without the
+    # counters restarted, the reads of steps 0-5 would count against the window's examples)
+    assert window["requests_per_example"] == first["requests_per_example"] > 0, (first, window)
+    assert window["bytes_per_example"] == first["bytes_per_example"] > 0, (first, window)
 
 
 @pytest.mark.parametrize(

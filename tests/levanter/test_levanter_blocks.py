@@ -25,6 +25,11 @@ from meshbatch.cache import ByteTokenizer
 pytestmark = pytest.mark.train
 BLOCKS = pathlib.Path(__file__).parents[1] / "data" / "levanter"
 PREFETCH_BOUND = 8  # steps the pipeline may have read ahead of the trainer
+PIPELINE_STATS = (  # Pipeline.stats()'s keys, each logged as data/meshbatch/<key> (docs/levanter.md)
+    "batches wait_total_s wait_p50_s wait_p95_s wait_p99_s wait_max_s wait_mean_s step_p50_s stall_fraction "
+    "ready_mean ready_min depth make_p50_s make_p95_s make_p99_s make_max_s make_mean_s read_batches "
+    "read_p50_s read_p99_s read_max_s read_mean_s examples_made requests_per_example bytes_per_example"
+).split()
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at".split()
 
 TRAIN = """\
@@ -135,6 +140,26 @@ def _evaluated(metrics) -> set[str]:
     return {k for m in metrics.values() for k in m if k.startswith("eval/") and k.endswith("/loss")}
 
 
+def _check_pipeline_stats(m: dict, step: int) -> None:
+    """Issue 20: every field of ``Pipeline.stats()`` reaches the tracker, over the 10 steps since
+    the last report, with values that make sense (4 rows of 32 tokens a step)."""
+    stats = {k.removeprefix("data/meshbatch/"): v for k, v in m.items() if k.startswith("data/meshbatch/")}
+    assert set(PIPELINE_STATS) <= set(stats), sorted(set(PIPELINE_STATS) - set(stats))
+    assert stats["batches"] == 10, (step, stats)  # the window: stats are reset at each report
+    waits = [stats[f"wait_{q}_s"] for q in ("p50", "p95", "p99", "max")]
+    assert 0 <= waits[0] <= waits[1] <= waits[2] <= waits[3] <= stats["wait_total_s"], (step, stats)
+    assert stats["wait_total_s"] == pytest.approx(10 * stats["wait_mean_s"])
+    assert 0 <= stats["stall_fraction"] <= 1 and stats["step_p50_s"] > 0, (step, stats)
+    assert 0 <= stats["ready_min"] <= stats["ready_mean"] <= stats["depth"], (step, stats)
+    assert stats["depth"] >= 1, (step, stats)
+    assert stats["examples_made"] > 0 and stats["examples_made"] % 4 == 0, (step, stats)  # whole steps
+    assert 0 < stats["requests_per_example"] <= 1, (step, stats)  # coalesced: a read serves windows
+    assert stats["bytes_per_example"] >= 32 * 4, (step, stats)  # a window of 32 int32 tokens at least
+    assert stats["read_batches"] >= 1, (step, stats)
+    assert 0 < stats["read_p50_s"] <= stats["read_p99_s"] <= stats["read_max_s"], (step, stats)
+    assert 0 < stats["make_p50_s"] <= stats["make_p95_s"] <= stats["make_p99_s"] <= stats["make_max_s"]
+
+
 def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
     ours, log = _train(
         root, "openwebtext_source.yaml", "type: causal_lm\n", "owt-meshbatch", 32, "gpt2", 1000
@@ -152,12 +177,7 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
         assert 4 * (step + 1) <= rows <= 4 * (step + 1 + PREFETCH_BOUND), (step, m)
         assert m["data/meshbatch/default/tokens"] == 32 * m["data/meshbatch/default/rows"]
         assert 0 < m["data/meshbatch/reads_per_example"] <= 1
-        assert (
-            0
-            <= m["data/meshbatch/wait_p50_s"]
-            <= m["data/meshbatch/wait_p95_s"]
-            <= m["data/meshbatch/wait_max_s"]
-        )
+        _check_pipeline_stats(m, step)
     theirs, _ = _train(root, "openwebtext_source.yaml", "", "owt-levanter", 32, "gpt2", 1000)
     losses, want = _losses(ours), _losses(theirs)
     assert sorted(losses) == list(range(32)) and sorted(want) == list(range(32)), (

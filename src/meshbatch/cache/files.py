@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from typing import Any
 
@@ -149,6 +150,23 @@ def remove_file(path: str) -> None:
     if os.path.exists(path):
         os.unlink(path)
         _fsync_dir(os.path.dirname(path))
+
+
+def file_exists(path: str) -> bool:
+    """Whether the file ``path`` exists: a local file, or one object at an object-store URL."""
+    if not is_url(path):
+        return os.path.isfile(path)
+    directory, name = path.rsplit("/", 1)
+    return _kvstore(directory).read(name).result().state == "value"
+
+
+def remove_directory(path: str) -> None:
+    """Deletes directory ``path`` and all it holds: a local tree, or every object under a URL's
+    prefix (one TensorStore ``delete_range``; ``gs://b/x`` deletes ``x/...``, never ``xy/...``)."""
+    if not is_url(path):
+        shutil.rmtree(path)
+        return
+    _kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
 
 
 def directory_exists(path: str) -> bool:

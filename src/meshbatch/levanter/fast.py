@@ -87,7 +87,7 @@ class PipelineLoader:
             Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
             yield batched_lm_example(batch, Batch_, self.dataset.Pos)
             if metrics is not None:
-                metrics.after(at, stream)
+                metrics.after(at, self.pipeline)
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)

@@ -4,9 +4,14 @@
   path, each cache found or built) and the same facts as the tracker's summary
   (``meshbatch/...``; json_logger writes them as a ``summary`` event).
 * ``StepMetrics``: every ``every`` steps of the fast path, per source the rows and tokens read so
-  far (the cache's ``ReadCounters``: a causal window is one span), reads issued per example, and
-  the consumer's wait for a batch (p50/p95/max since the last report, the ``Prefetcher``'s stats)
-  as ``data/meshbatch/...`` metrics of that step.
+  far (the cache's ``ReadCounters``: a causal window is one span), reads issued per row read, and
+  every field of the ``Pipeline``'s ``stats()`` since the last report (consumer wait
+  p50/p95/p99/max, stall fraction, requests and bytes per example, read latency, prefetch
+  occupancy and depth; ``Pipeline.reset_stats`` after each report) as ``data/meshbatch/<key>``
+  metrics of that step::
+
+    step 9: data/meshbatch/default/rows=48, data/meshbatch/wait_p99_s=0.0004,
+            data/meshbatch/stall_fraction=0.01, data/meshbatch/requests_per_example=0.25, ...
 
     meshbatch: data type=causal_lm shuffle=False compat=None fast_path=True caches={'': 'found'}
 """
@@ -46,12 +51,14 @@ def start(kind: str, *, shuffle, compat, fast_path: bool, builder: str, caches: 
 
 
 class StepMetrics:
-    """Per-source consumption, reads per example and consumer wait, every ``every`` steps."""
+    """Per-source consumption, reads per example and the pipeline's stats, every ``every`` steps."""
 
     def __init__(self, sources: Mapping[str, object], *, every: int):
         self.sources, self.every = dict(sources), every
 
-    def metrics(self, stream) -> dict[str, float]:
+    def metrics(self, pipeline) -> dict[str, float]:
+        """The metrics of one report; ``pipeline`` is the ``Pipeline`` the fast path streams from
+        (its ``stats()`` are forwarded key for key, then reset for the next report's window)."""
         out: dict[str, float] = {}
         rows = reads = 0
         for name, cache in self.sources.items():
@@ -60,13 +67,11 @@ class StepMetrics:
             out[f"data/meshbatch/{tag}/tokens"] = counters.bytes_read // cache.dtype.itemsize
             rows, reads = rows + counters.spans_requested, reads + counters.reads_issued
         out["data/meshbatch/reads_per_example"] = reads / max(rows, 1)
-        stats = stream.stats()
-        for q in ("p50", "p95", "max"):
-            out[f"data/meshbatch/wait_{q}_s"] = stats[f"wait_{q}_s"]
-        stream.reset_stats()
+        out.update({f"data/meshbatch/{key}": value for key, value in pipeline.stats().items()})
+        pipeline.reset_stats()
         return out
 
-    def after(self, step: int, stream) -> None:
+    def after(self, step: int, pipeline) -> None:
         """Logs the metrics at ``step`` when it is a reporting step."""
         if self.every > 0 and self.sources and (step + 1) % self.every == 0:
-            _tracker("log", self.metrics(stream), step=step)
+            _tracker("log", self.metrics(pipeline), step=step)

@@ -293,6 +293,16 @@ class Pipeline:
         stream = getattr(self, "_stream", None)
         return {} if stream is None else pipeline_stats(self, stream, self._stream_counters)
 
+    def reset_stats(self) -> None:
+        """Start ``stats()`` afresh on the latest stream: its measurements and the read counters
+        behind ``requests_per_example`` / ``bytes_per_example`` (a step made across the reset may
+        count its examples or its reads on either side). A per-report window, as the Levanter
+        adapter logs it; nothing to do before any stream."""
+        stream = getattr(self, "_stream", None)
+        if stream is not None:
+            self._stream_counters = read_counters(self.dataset)
+            stream.reset_stats()
+
     def _produce(self, step: int) -> Batch:
         steps = self.num_steps()
         if steps is not None and step >= steps:

@@ -20,7 +20,6 @@ codec valid), is a ``CacheIntegrityError`` naming the store, the chunk and its b
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import threading
 
@@ -30,6 +29,7 @@ import tensorstore as ts
 from meshbatch.cache import CacheIntegrityError, shared_context
 from meshbatch.cache.arrays import kvstore_spec
 from meshbatch.cache.checksums import chunk_crc
+from meshbatch.cache.files import write_json_atomic
 
 SIDECAR = "meshbatch_block_checksums.json"
 FORMAT, VERSION = "meshbatch-block-checksums", 1
@@ -41,7 +41,7 @@ def chunk_sums(values: np.ndarray, chunk: int) -> list[int]:
 
 
 def write_sidecar(root: str, *, blocks: int, block_size: int, chunk_rows: int, real_chunk: int, data, real):
-    """Writes ``<root>/meshbatch_block_checksums.json`` atomically (local paths)."""
+    """Writes ``<root>/meshbatch_block_checksums.json`` atomically (a local path or a URL)."""
     record = {
         "format": FORMAT,
         "version": VERSION,
@@ -53,12 +53,7 @@ def write_sidecar(root: str, *, blocks: int, block_size: int, chunk_rows: int, r
         "data": list(data),
         "real_tokens": list(real),
     }
-    path = os.path.join(root, SIDECAR)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    write_json_atomic(posixpath.join(root, SIDECAR), record)
 
 
 class BlockVerifier:

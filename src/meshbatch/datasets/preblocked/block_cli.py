@@ -17,9 +17,9 @@ import sys
 
 def add_preblock(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preblock", help="pack documents into [DOC] ... [EOD] blocks of a fixed size")
-    p.add_argument("output", help="directory to write")
+    p.add_argument("output", help="directory to write, or a gs:// / s3:// URL")
     p.add_argument(
-        "inputs", nargs="+", help=".txt / .jsonl files (optionally .gz), or one token cache directory"
+        "inputs", nargs="+", help=".txt / .jsonl files (optionally .gz), or one token cache directory or URL"
     )
     p.add_argument("--block-size", type=int, required=True, help="tokens per block")
     p.add_argument("--shuffle-level", choices=["none", "document", "segment"], default="document")
@@ -82,7 +82,7 @@ def add_validate_blocks(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "validate-blocks", help="check the [DOC]/[EOD] structure of preblocked data (exit 1: anomalies)"
     )
-    p.add_argument("path", help="a preblocked store or a directory of chunk*.npy files")
+    p.add_argument("path", help="a preblocked store (a directory or URL) or a directory of chunk*.npy files")
     p.add_argument(
         "--carry-open-doc", action="store_true", help="a document may continue into the next block"
     )

@@ -35,7 +35,9 @@ import tensorstore as ts
 from meshbatch.arguments import check_int
 from meshbatch.cache import shared_context
 from meshbatch.cache.arrays import kvstore_spec
+from meshbatch.cache.files import file_exists
 from meshbatch.cache.ledger import LEDGER_FILE_NAME
+from meshbatch.cache.stores import is_url
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +180,7 @@ def read_header(root: str) -> Header | None:
 
 
 def write_header(root: str, header: Header) -> None:
-    """Writes ``<root>/preblock.json`` (local paths) atomically."""
+    """Writes ``<root>/preblock.json`` atomically (a local path or a URL)."""
     from meshbatch.cache.files import write_json_atomic
 
     write_json_atomic(os.path.join(root, HEADER_FILE), header.to_dict())
@@ -209,21 +211,25 @@ def _check_readable(file: str) -> None:
 def detect_format(path: str) -> Format:
     """Which layout ``path`` holds: a preblocked store, ``chunk*.npy`` matrices or a jagged cache.
 
+    At an object-store URL (``gs://``, ``s3://``): a store where ``blocks/zarr.json`` exists, else
+    a token cache (``chunk*.npy`` matrices are read from local disk only).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         OSError: ``path`` has a ``blocks/`` that cannot be read (named, never taken for a cache).
         ValueError: ``path`` holds none of them.
     """
     path = check_path("path", path)
-    if "://" not in path and not os.path.isdir(path):
+    if is_url(path):
+        return "store" if file_exists(posixpath.join(path, BLOCKS, "zarr.json")) else "levanter"
+    if not os.path.isdir(path):
         raise FileNotFoundError(f"no directory at {path=}")
-    local = "://" not in path
-    if local and os.path.lexists(os.path.join(path, BLOCKS)):
+    if os.path.lexists(os.path.join(path, BLOCKS)):
         _check_readable(os.path.join(path, BLOCKS, "zarr.json"))
         return "store"
-    if local and chunk_files(path):
+    if chunk_files(path):
         return "npy"
-    if not local or os.path.isfile(os.path.join(path, LEDGER_FILE_NAME)):
+    if os.path.isfile(os.path.join(path, LEDGER_FILE_NAME)):
         return "levanter"
     raise ValueError(
         f"{path} holds no preblocked store ({BLOCKS}/zarr.json), no chunk*.npy files and no "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Literal
 
@@ -25,8 +24,15 @@ import numpy as np
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
-from meshbatch.cache.files import remove_file, write_json_atomic
+from meshbatch.cache.files import (
+    directory_exists,
+    file_exists,
+    remove_directory,
+    remove_file,
+    write_json_atomic,
+)
 from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
+from meshbatch.cache.stores import is_url
 
 from .assemble import publish_npy, write_blocks
 from .block_store import (
@@ -71,8 +77,9 @@ def preblock(
     """Writes preblocked data to ``output`` (see the module docstring); returns its header.
 
     Args:
-        output: the directory to write.
-        inputs: ``.txt``/``.jsonl`` files (optionally ``.gz``), or one Levanter token cache directory.
+        output: the directory to write: a local path, or a ``gs://`` / ``s3://`` URL (zarr only).
+        inputs: ``.txt``/``.jsonl`` files (optionally ``.gz``), or one Levanter token cache directory
+            (local or at a URL).
         block_size: tokens per block.
         shuffle_level: ``"none"``, ``"document"`` (default) or ``"segment"`` (``layout`` module).
         key: the shuffle key (an int seed or a JAX key).
@@ -107,7 +114,9 @@ def preblock(
     if not inputs:
         raise ValueError("inputs must name at least one file or cache directory (got inputs=[])")
     disable = None if progress is None else not progress
-    from_cache = any(os.path.isdir(p) for p in inputs)
+    if output_format == "npy" and is_url(output):
+        raise ValueError(f"output_format='npy' writes local .npy files; output={output} needs 'zarr'")
+    from_cache = any(is_url(p) or os.path.isdir(p) for p in inputs)  # text inputs are local files
     if from_cache:
         if len(inputs) != 1:
             raise ValueError(f"a token cache directory must be the only input (got inputs={inputs})")
@@ -115,9 +124,7 @@ def preblock(
             raise ValueError("escape_literal_markers applies to text inputs; a token cache is tokenized")
         if tokenizer is not None:
             raise ValueError("tokenizer applies to text inputs, not to a token cache")
-        if os.path.commonpath([os.path.abspath(inputs[0]), os.path.abspath(output)]) == os.path.abspath(
-            output
-        ):
+        if _inside(inputs[0], output):
             raise ValueError(f"the input cache {inputs[0]} lies inside output={output}; write elsewhere")
         vocab = vocab_size if vocab_size is not None else _cache_vocab(inputs[0])
         named = {}
@@ -134,7 +141,7 @@ def preblock(
 
     if from_cache:
         cache = TokenCache.open(inputs[0])
-        source = {"kind": "cache", "path": os.path.abspath(inputs[0])}
+        source = {"kind": "cache", "path": inputs[0] if is_url(inputs[0]) else os.path.abspath(inputs[0])}
     else:
         tokens_root = os.path.join(output, "tokens")
         encoder = EscapingTokenizer(tokenizer) if escape_literal_markers else tokenizer
@@ -208,24 +215,40 @@ def preblock(
 
 
 def _prepare_output(output: str, if_exists: str) -> None:
-    """Empties ``output`` for writing and marks it incomplete until ``preblock`` finishes.
+    """Empties ``output`` (a local directory or an object-store prefix) for writing and marks it
+    incomplete until ``preblock`` finishes.
 
     An output still marked incomplete (a killed run) is rebuilt whatever ``if_exists`` says: it
     holds nothing but a partial write of ours.
     """
-    if os.path.isfile(os.path.join(output, INCOMPLETE_FILE)):
+    if file_exists(os.path.join(output, INCOMPLETE_FILE)):
         logger.warning("%s holds an interrupted preblock run; rebuilding it", output)
-        shutil.rmtree(output)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        remove_directory(output)
+    if _holds_anything(output):
         if if_exists == "error":
             raise FileExistsError(f"{output} exists; pass if_exists='overwrite' to replace it")
-        if not os.path.isfile(os.path.join(output, HEADER_FILE)):
+        if not file_exists(os.path.join(output, HEADER_FILE)):
             raise FileExistsError(f"{output} exists and holds no {HEADER_FILE}: refusing to overwrite it")
-        shutil.rmtree(output)
-    os.makedirs(output, exist_ok=True)
+        remove_directory(output)
+    if not is_url(output):
+        os.makedirs(output, exist_ok=True)
     write_json_atomic(
         os.path.join(output, INCOMPLETE_FILE), {"writer": "meshbatch.preblock", "pid": os.getpid()}
     )
+
+
+def _holds_anything(path: str) -> bool:
+    """A local path that is a file or a non-empty directory; an object-store prefix with objects."""
+    if is_url(path):
+        return directory_exists(path)
+    return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether ``path`` lies inside (or is) ``root``: local paths or URLs."""
+    if is_url(path) or is_url(root):
+        return (path.rstrip("/") + "/").startswith(root.rstrip("/") + "/")
+    return os.path.commonpath([os.path.abspath(path), os.path.abspath(root)]) == os.path.abspath(root)
 
 
 def _cache_vocab(path: str) -> int:
