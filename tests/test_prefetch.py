@@ -1,6 +1,8 @@
 """Prefetcher: order, steady depth, end of stream, errors that are never skipped, no leaked threads."""
 
 import gc
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -77,3 +79,43 @@ def test_threads_stop_on_close_at_the_end_and_when_dropped():
 def test_bad_arguments(depth, workers, match):
     with pytest.raises(ValueError, match=match):
         Prefetcher(make(), depth=depth, workers=workers)
+
+
+EXIT_CHILD = """
+import atexit, sys
+import jax, jax.numpy as jnp
+from meshbatch.pipeline import prefetch
+
+@jax.jit
+def work(x):
+    for _ in range(8):
+        x = jnp.sin(x) @ jnp.cos(x)
+    return x
+
+def produce(step):  # busy inside XLA for a while, as a batch build is
+    x = jnp.ones((256, 256)) * step
+    for _ in range(50):
+        x = work(x)
+    return jax.block_until_ready(x)
+
+it = prefetch.Prefetcher(produce, depth=4, workers=2)
+next(it)
+if sys.argv[1] == "without-hook":
+    atexit.unregister(prefetch.stop_all)
+print("exiting, producers busy, iterator never closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("hook", ["with-hook", "without-hook"])
+def test_a_program_that_never_closes_its_stream_exits_cleanly(tmp_path, hook):
+    """Interpreter exit with producers inside XLA: ``stop_all`` (an ``atexit`` hook) stops them
+    first. Without it the daemon threads are ended mid-C++ and the process aborts (exit 134,
+    "terminate called after throwing an instance of ''") - the meta-case shows the test can fail."""
+    script = tmp_path / "child.py"
+    script.write_text(EXIT_CHILD)
+    done = subprocess.run([sys.executable, str(script), hook], capture_output=True, text=True, timeout=120)
+    assert "producers busy" in done.stdout, done.stderr[-2000:]
+    if hook == "with-hook":
+        assert done.returncode == 0, done.stderr[-2000:]
+    else:
+        assert done.returncode != 0

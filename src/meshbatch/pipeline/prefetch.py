@@ -19,6 +19,7 @@ consumer at its step and again on every later ``next``: a failed step is never s
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -54,6 +55,7 @@ class _Workers:
         self.consumed = start  # next step the consumer receives
         self.end: int | None = None  # first step past the stream's end
         self.stopped = False
+        _register(self)
         self.threads = [
             threading.Thread(target=self.work, name=f"meshbatch-prefetch-{i}", daemon=True)
             for i in range(workers)
@@ -97,6 +99,39 @@ class _Workers:
             self.stopped = True
             self.done.clear()  # release the batches nobody will take
             self.lock.notify_all()
+
+
+_LIVE: weakref.WeakSet[_Workers] = weakref.WeakSet()  # every stream's workers not yet collected
+_EXIT_TIMEOUT_S = 30.0
+_hooked = False
+
+
+def _register(workers: _Workers) -> None:
+    """Tracks ``workers`` so that interpreter exit stops them (``stop_all``); the first call
+    registers the exit hook, after jax's own (``atexit`` runs the newest first)."""
+    global _hooked
+    if not _hooked:
+        atexit.register(stop_all)
+        _hooked = True
+    _LIVE.add(workers)
+
+
+def stop_all(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
+    """Stops every stream's workers and waits (at most ``timeout_s`` in all) for the step each is
+    making. Run at interpreter exit: a daemon worker still inside jax or TensorStore when Python
+    finalizes is ended in the middle of C++ code (``terminate called after throwing ...``, exit
+    134), so a program that never closed its iterators still exits cleanly."""
+    live = list(_LIVE)
+    for workers in live:
+        workers.stop()
+    deadline = time.monotonic() + timeout_s
+    for workers in live:
+        for thread in workers.threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for w in live for t in w.threads if t.is_alive()]
+    if stuck:
+        logger.warning("prefetch threads %s still making a step after %.0f s", stuck, timeout_s)
 
 
 class Prefetcher(Generic[T], Iterator[T]):
