@@ -25,7 +25,7 @@ from meshbatch.cache import (
     TokenCache,
     read_ledger,
 )
-from meshbatch.cache.stores import store_context_spec
+from meshbatch.cache.stores import context_spec_from_stats, store_context_spec
 
 SEQ = 32
 SCHEMES = ("gs", "s3")
@@ -188,6 +188,13 @@ def test_slow_jittery_server_gives_bit_identical_batches(object_stores, referenc
         delays = object_stores["gcs_front"].delays if scheme == "gs" else proxy.delays
         assert len(delays) > 0 and max(delays) >= 0.02  # the requests really went through the delay
         assert stats["read_p50_s"] >= 0.02  # every batch of reads waited for at least one request
+        # the context sized from what this stream measured opens the cache and reads the same
+        spec = context_spec_from_stats(stats, batch_size=16)
+        in_flight = stats["requests_per_example"] * 16 / stats["step_p50_s"] * stats["read_p99_s"]
+        assert spec["gcs_request_concurrency"]["limit"] == min(max(int(2 * in_flight + 0.999), 32), 1024)
+        assert spec["s3_request_retries"]["max_delay"] == f"{max(2.0, 10 * stats['read_p99_s'])}s"
+        sized = pipeline(TokenCache.open(remote, context=ts.Context(spec)))
+        np.testing.assert_array_equal(np.asarray(sized.batch(3).tokens), np.asarray(want.batch(3).tokens))
     finally:
         front = object_stores["gcs_front"]
         front.low, front.high, front.tail_p, front.tail_s = 0.0, 0.0, 0.0, 0.0
@@ -242,3 +249,5 @@ def test_context_sized_from_measured_latency():
     assert low["gcs_request_concurrency"] == {"limit": 32}
     with pytest.raises(ValueError, match="step_s must be > 0"):
         sized_context_spec(read_latency_s=0.1, step_s=0, requests_per_step=1, bytes_per_step=1, depth=1)
+    with pytest.raises(ValueError, match="do not measure a stream yet"):
+        context_spec_from_stats({}, batch_size=16)

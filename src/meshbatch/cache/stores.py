@@ -138,6 +138,35 @@ def sized_context_spec(
     )
 
 
+def context_spec_from_stats(stats: dict[str, float], *, batch_size: int) -> dict[str, Any]:
+    """``sized_context_spec`` from what a stream measured (``Pipeline.stats()`` after a warm-up):
+    its read latency (``read_p99_s``: one batch of a step's reads, issued together, so about one
+    request's latency with its tail), consumer step (``step_p50_s``), requests and bytes per
+    example times ``batch_size``, and prefetch ``depth``. TensorStore sizes a context when a cache
+    is opened, so the result is for the next open (``TokenCache.open(path, context=ts.Context(spec))``)::
+
+        read_p99_s 0.12, step_p50_s 0.3, requests_per_example 0.0076, bytes_per_example 7900,
+        depth 8, batch_size 256 -> 1.9 requests a step: concurrency 32 (the floor), pool 256 MiB
+
+    Raises:
+        ValueError: ``stats`` lacks a measurement (no stream, or fewer than two steps taken).
+    """
+    keys = ("read_p99_s", "step_p50_s", "requests_per_example", "bytes_per_example", "depth")
+    missing = [k for k in keys if k not in stats]
+    if missing or not stats["step_p50_s"] > 0 or not stats["read_p99_s"] > 0:
+        raise ValueError(
+            f"stats do not measure a stream yet (missing {missing}, step_p50_s="
+            f"{stats.get('step_p50_s')}, read_p99_s={stats.get('read_p99_s')}): take a few steps first"
+        )
+    return sized_context_spec(
+        read_latency_s=stats["read_p99_s"],
+        step_s=stats["step_p50_s"],
+        requests_per_step=stats["requests_per_example"] * batch_size,
+        bytes_per_step=int(stats["bytes_per_example"] * batch_size),
+        depth=int(stats["depth"]),
+    )
+
+
 def read_timeout_s() -> float:
     """Seconds meshbatch waits on one batch of reads: ``MESHBATCH_READ_TIMEOUT_S`` (default 120)."""
     return float(os.environ.get("MESHBATCH_READ_TIMEOUT_S", DEFAULT_READ_TIMEOUT_S))
