@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from .interleave import PARKED, Counts, Selection, _relative, add64, select_scan, tie_hash
+from .merge_order import two_pass_order
 
 U32 = jnp.uint32
 
@@ -42,14 +43,15 @@ U32 = jnp.uint32
 def _merge(
     base: Counts,
     relative: UInt32[Array, " sources"],
-    table: UInt32[Array, "sources m"],
+    window: Int[Array, "sources m"],
     salts: UInt32[Array, " sources"],
     counts: Counts,
     n: int,
 ) -> Selection:
-    """The ``n`` least candidates of the window ``table`` (each source's next ``m`` rows)."""
-    sources, m = table.shape
-    ahead = jnp.cumsum(table, axis=1, dtype=U32) - table  # tokens before each row
+    """The ``n`` least candidates of the window (each source's next ``m`` rows)."""
+    sources, m = window.shape
+    table = window.astype(U32)
+    ahead = jax.lax.associative_scan(jnp.add, table, axis=1) - table  # tokens before each row
     keys = relative[:, None] + ahead
     keys = jnp.where((keys < relative[:, None]) | (relative[:, None] == U32(PARKED)), U32(PARKED), keys)
 
@@ -83,38 +85,12 @@ def _merge(
     source = jnp.searchsorted(ends, rank, side="right", method="scan").astype(jnp.int32)
     nth = rank - (ends - taken)[source]
     key = keys[source, nth.astype(jnp.int32)]
-    order = _sorted_order(key, tie_hash(salts[source], base.lo + key))
+    order = two_pass_order(key, tie_hash(salts[source], base.lo + key))
     source, nth = source[order], nth[order]
     tokens = table[source, nth.astype(jnp.int32)]
     given = jnp.arange(m, dtype=U32)[None, :] < taken[:, None]
     used = jnp.sum(jnp.where(given, table, U32(0)), axis=1, dtype=U32)
     return Selection(source, nth, taken, add64(counts, used), tokens.astype(jnp.int32))
-
-
-def _sorted_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
-    """The stable order of ``(key, hashes)``: a least-significant-digit radix sort of the 64-bit
-    ``key * 2^32 + hash`` whose passes are single-array sorts of ``digit * 2^b + place``
-    (``b`` bits hold a place; XLA sorts one array several times faster than keys with a
-    payload); a pass whose digits are all equal keeps the order and is skipped."""
-    n = key.shape[0]
-    bits = max(1, (n - 1).bit_length())
-    width = 32 - bits
-    place = jnp.arange(n, dtype=U32)
-    order = place
-    for low in range(0, 64, width):
-        if low + width <= 32:
-            digit = hashes >> low
-        elif low >= 32:
-            digit = key >> (low - 32)
-        else:
-            digit = (hashes >> low) | (key << (32 - low))
-        digit = digit & U32((1 << width) - 1)
-
-        def sort_by(order, digit=digit):
-            return order[jax.lax.sort((digit[order] << bits) | place) & U32((1 << bits) - 1)]
-
-        order = jax.lax.cond(jnp.min(digit) == jnp.max(digit), lambda order: order, sort_by, order)
-    return order
 
 
 def windows(sources: int, n: int) -> tuple[int, ...]:
@@ -145,11 +121,12 @@ def select_merge(
         The ``Selection``: each row's source and which of its next rows, and the new counts.
     """
     sources, n = row_tokens.shape
-    table = row_tokens.astype(U32)
     base, relative = _relative(counts)
 
     def attempt(widths: tuple[int, ...]) -> Selection:
-        picked = _merge(base, relative, table[:, : widths[0]], salts, counts, n)
+        # the int32 table itself goes to the wider windows' branch (converting it all would
+        # cost as much as the merge)
+        picked = _merge(base, relative, row_tokens[:, : widths[0]], salts, counts, n)
         if len(widths) == 1:
             return picked
         final = jnp.max(picked.taken) < U32(widths[0])
