@@ -13,14 +13,16 @@ i.e. the ``n`` smallest candidates in that order. The hand-worked trace of ``int
     order  (0,b) (0,a) (0,c) (2,c) (3,a) (5,b) (6,a) (6,c) | (9,a) (10,..) ...
     n = 8  threshold T = 6: 6 keys below it, 2 of the tie at 6 taken (a before c by hash)
 
-All parallel: prefix sums per source, a bisection over the 32-bit threshold ``T`` (the least key
-with at least ``n`` candidates at or below it, between the least and the largest key at
-column ``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by
-``(hash, source)``, then one stable sort of the ``n`` picks by ``(key, hash)`` gives their row
-order (a radix sort whose passes are single-array sorts). Keys are 32-bit relative to the
-least count (``interleave._relative``: a count 2^32 or more above it, or a key that would pass
-2^32 - 1, saturates and is never among the ``n`` least, since the least source alone has ``n``
-keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit (two words).
+All parallel: prefix sums per source (an associative scan: XLA:CPU's ``cumsum`` is a reduce
+window, twice as slow here), a bisection over the 32-bit threshold ``T`` (the least key with at
+least ``n`` candidates at or below it, between the least and the largest key at column
+``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by ``(hash,
+source)``, then the picks' row order by ``(key, hash)`` (``merge_order.two_pass_order``: two
+single-array sorts, or the exact radix sort when the keys span too much). Keys are 32-bit
+relative to the least count (``interleave._relative``: a count 2^32 or more above it, or a key
+that would pass 2^32 - 1, saturates and is never among the ``n`` least, since the least source
+alone has ``n`` keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit
+(two words).
 
 Windows: a source takes about ``n / sources`` rows, so the merge first runs on each source's
 next ``4n / sources`` rows, then ``32n / sources``, then all ``n``: a window's picks are final
