@@ -25,3 +25,10 @@ def test_orders_equal_lexsort(n):
         want = np.lexsort((np.arange(n), hashes, key))
         np.testing.assert_array_equal(np.asarray(radix(key, hashes)), want)
         np.testing.assert_array_equal(np.asarray(two_pass(key, hashes)), want)
+
+
+def test_docstring_trace():
+    """Keys 5 3 5 3, hashes 9 7 2 7: key 3 (equal hashes: places in order), then key 5 (2 < 9)."""
+    key, hashes = np.asarray([5, 3, 5, 3], np.uint32), np.asarray([9, 7, 2, 7], np.uint32)
+    assert np.asarray(two_pass(key, hashes)).tolist() == [1, 3, 2, 0]
+    assert np.asarray(radix(key, hashes)).tolist() == [1, 3, 2, 0]

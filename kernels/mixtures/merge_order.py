@@ -1,25 +1,23 @@
-"""The row order of a merge's picks: the stable order of ``(key, hash)``, in one sort when it can.
+"""The row order of a merge's picks: the stable order of ``(key, hash)``, in two sorts when it can.
 
 ``select_merge`` knows which ``n`` candidates are picked; their rows go out in the order of
-``(key, tie hash)``, ties in pick order (a source's own rows, then sources in index order). Two
-ways, equal by construction:
+``(key, tie hash)``, ties in pick order (a source's own rows, then sources in index order). On
+XLA:CPU a single-array sort of 4096 words takes about 60 to 130 us and one with a payload array
+about five times that, so both ways below sort single arrays of ``digit * 2^b + place`` (``b``
+bits hold a place) and read the order from the low bits; they are equal by construction:
 
-* ``radix_order``: a least-significant-digit radix sort of the 64-bit ``key * 2^32 + hash``
-  whose passes are single-array sorts of ``digit * 2^b + place`` (``b`` bits hold a place; on
-  XLA:CPU a single-array sort of 4096 words takes about 125 us, one with a payload array about
-  five times that): three passes for keys under ``2^28``, each pass skipped when its digits are
-  all equal. Always exact.
-* ``run_order`` (the fast path): while the picks' keys span less than ``2^(32 - b)``, one sort
-  of ``(key - least) * 2^b + place`` orders them by key; rows tied at a key then stand next to
-  each other, in pick order, and each is moved inside its run to its rank by ``(hash, place)``,
-  counted against its neighbours up to ``RUN - 1`` away (elementwise, no sort). Exact while no
-  run is longer than ``RUN`` (checked); otherwise, or when the keys span too much, the radix
-  sort decides (``lax.cond``: one runs). Rows of different real lengths tie rarely (runs of one
-  or two), rows of equal length tie at every level (runs as long as the number of sources):
-  those take the radix sort.
+* ``radix_order``: a least-significant-digit radix sort of the 64-bit ``key * 2^32 + hash``,
+  ``32 - b`` bits a pass (three passes for keys under ``2^28``; a pass whose digits are all equal
+  is skipped). Always exact.
+* ``two_pass_order``: while the keys span under ``2^(32 - b)``, one pass by the hash's high
+  ``32 - b`` bits, then one by ``key - least``: the order by ``(key, hash >> b, place)``. That is
+  the order by ``(key, hash, place)`` unless two rows tied at a key share the hash's high bits
+  and differ in its low ones; they then stand next to each other, which is checked, and the
+  radix sort decides (``lax.cond``: one runs), as it does when the keys span too much.
 
-A run of three at key 7 whose hashes are ``9, 2, 5`` in pick order (places ``p, p+1, p+2``):
-ranks by hash ``2, 0, 1``, so the rows go out as ``p+1, p+2, p``.
+Four picks with keys ``5 3 5 3`` and hashes ``9 7 2 7`` (places 0 .. 3): by the hash, places
+``2 1 3 0``; then by the key (stable), ``1 3 2 0``: key 3 (hashes 7, 7: places in order), then
+key 5 (hash 2 before 9).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, UInt32
 
 U32 = jnp.uint32
-RUN = 4  # the longest run of tied keys the fast path orders
 
 
 def radix_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
