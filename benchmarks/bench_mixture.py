@@ -3,8 +3,9 @@
 Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real-token counts
 (1 .. 4096). The least-consumed rule picks ``rows`` rows:
 
-* meshbatch: ``meshbatch.kernels.select_merge`` (the pipeline's: the picks as a parallel k-way
-  merge, a threshold bisection and one sort) and ``select_scan`` (the rule literally, one jitted
+* meshbatch: ``meshbatch.kernels.select_merge`` (the pipeline's above 28 sources: the picks as a
+  parallel k-way merge, prefix sums, a threshold bisection and two single-array sorts) and
+  ``select_scan`` (the pipeline's up to 28 sources: the rule literally, one jitted
   ``lax.scan`` step per row), both with 64-bit counts as two uint32 words, called on the
   ``[sources, rows]`` token table, blocked until ready;
 * baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write

@@ -13,14 +13,16 @@ i.e. the ``n`` smallest candidates in that order. The hand-worked trace of ``int
     order  (0,b) (0,a) (0,c) (2,c) (3,a) (5,b) (6,a) (6,c) | (9,a) (10,..) ...
     n = 8  threshold T = 6: 6 keys below it, 2 of the tie at 6 taken (a before c by hash)
 
-All parallel: prefix sums per source, a bisection over the 32-bit threshold ``T`` (the least key
-with at least ``n`` candidates at or below it, between the least and the largest key at
-column ``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by
-``(hash, source)``, then one stable sort of the ``n`` picks by ``(key, hash)`` gives their row
-order (a radix sort whose passes are single-array sorts). Keys are 32-bit relative to the
-least count (``interleave._relative``: a count 2^32 or more above it, or a key that would pass
-2^32 - 1, saturates and is never among the ``n`` least, since the least source alone has ``n``
-keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit (two words).
+All parallel: prefix sums per source (an associative scan: XLA:CPU's ``cumsum`` is a reduce
+window, twice as slow here), a bisection over the 32-bit threshold ``T`` (the least key with at
+least ``n`` candidates at or below it, between the least and the largest key at column
+``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by ``(hash,
+source)``, then the picks' row order by ``(key, hash)`` (``merge_order.two_pass_order``: two
+single-array sorts, or the exact radix sort when the keys span too much). Keys are 32-bit
+relative to the least count (``interleave._relative``: a count 2^32 or more above it, or a key
+that would pass 2^32 - 1, saturates and is never among the ``n`` least, since the least source
+alone has ``n`` keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit
+(two words).
 
 Windows: a source takes about ``n / sources`` rows, so the merge first runs on each source's
 next ``4n / sources`` rows, then ``32n / sources``, then all ``n``: a window's picks are final
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from .interleave import PARKED, Counts, Selection, _relative, add64, select_scan, tie_hash
+from .merge_order import two_pass_order
 
 U32 = jnp.uint32
 
@@ -42,14 +45,15 @@ U32 = jnp.uint32
 def _merge(
     base: Counts,
     relative: UInt32[Array, " sources"],
-    table: UInt32[Array, "sources m"],
+    window: Int[Array, "sources m"],
     salts: UInt32[Array, " sources"],
     counts: Counts,
     n: int,
 ) -> Selection:
-    """The ``n`` least candidates of the window ``table`` (each source's next ``m`` rows)."""
-    sources, m = table.shape
-    ahead = jnp.cumsum(table, axis=1, dtype=U32) - table  # tokens before each row
+    """The ``n`` least candidates of the window (each source's next ``m`` rows)."""
+    sources, m = window.shape
+    table = window.astype(U32)
+    ahead = jax.lax.associative_scan(jnp.add, table, axis=1) - table  # tokens before each row
     keys = relative[:, None] + ahead
     keys = jnp.where((keys < relative[:, None]) | (relative[:, None] == U32(PARKED)), U32(PARKED), keys)
 
@@ -83,38 +87,12 @@ def _merge(
     source = jnp.searchsorted(ends, rank, side="right", method="scan").astype(jnp.int32)
     nth = rank - (ends - taken)[source]
     key = keys[source, nth.astype(jnp.int32)]
-    order = _sorted_order(key, tie_hash(salts[source], base.lo + key))
+    order = two_pass_order(key, tie_hash(salts[source], base.lo + key))
     source, nth = source[order], nth[order]
     tokens = table[source, nth.astype(jnp.int32)]
     given = jnp.arange(m, dtype=U32)[None, :] < taken[:, None]
     used = jnp.sum(jnp.where(given, table, U32(0)), axis=1, dtype=U32)
     return Selection(source, nth, taken, add64(counts, used), tokens.astype(jnp.int32))
-
-
-def _sorted_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
-    """The stable order of ``(key, hashes)``: a least-significant-digit radix sort of the 64-bit
-    ``key * 2^32 + hash`` whose passes are single-array sorts of ``digit * 2^b + place``
-    (``b`` bits hold a place; XLA sorts one array several times faster than keys with a
-    payload); a pass whose digits are all equal keeps the order and is skipped."""
-    n = key.shape[0]
-    bits = max(1, (n - 1).bit_length())
-    width = 32 - bits
-    place = jnp.arange(n, dtype=U32)
-    order = place
-    for low in range(0, 64, width):
-        if low + width <= 32:
-            digit = hashes >> low
-        elif low >= 32:
-            digit = key >> (low - 32)
-        else:
-            digit = (hashes >> low) | (key << (32 - low))
-        digit = digit & U32((1 << width) - 1)
-
-        def sort_by(order, digit=digit):
-            return order[jax.lax.sort((digit[order] << bits) | place) & U32((1 << bits) - 1)]
-
-        order = jax.lax.cond(jnp.min(digit) == jnp.max(digit), lambda order: order, sort_by, order)
-    return order
 
 
 def windows(sources: int, n: int) -> tuple[int, ...]:
@@ -145,11 +123,12 @@ def select_merge(
         The ``Selection``: each row's source and which of its next rows, and the new counts.
     """
     sources, n = row_tokens.shape
-    table = row_tokens.astype(U32)
     base, relative = _relative(counts)
 
     def attempt(widths: tuple[int, ...]) -> Selection:
-        picked = _merge(base, relative, table[:, : widths[0]], salts, counts, n)
+        # the int32 table itself goes to the wider windows' branch (converting it all would
+        # cost as much as the merge)
+        picked = _merge(base, relative, row_tokens[:, : widths[0]], salts, counts, n)
         if len(widths) == 1:
             return picked
         final = jnp.max(picked.taken) < U32(widths[0])
