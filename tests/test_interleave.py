@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mixture_reference import least_consumed, salts, tie_hash
 
-from meshbatch.kernels import Counts, select_scan, source_salts
+from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
 from meshbatch.kernels.mixtures import interleave
 
 U32 = jnp.uint32
@@ -61,6 +61,31 @@ def test_ties_are_not_first_wins():
     firsts = np.asarray(out.source).reshape(16, 4)[:, 0]  # who wins each tied round
     assert set(firsts.tolist()) == {0, 1, 2, 3}
     assert (np.sort(np.asarray(out.source).reshape(16, 4), axis=1) == np.arange(4)).all()
+
+
+def fmix32_inverse(h: int) -> int:
+    """The ``x`` with ``fmix32(x) == h`` (murmur3's finaliser undone step by step)."""
+    m = 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * pow(0xC2B2AE35, -1, 2**32)) & m
+    h ^= (h >> 13) ^ (h >> 26)
+    h = (h * pow(0x85EBCA6B, -1, 2**32)) & m
+    return h ^ (h >> 16)
+
+
+def test_a_tied_source_whose_hash_is_all_ones_still_wins():
+    """Source 1 is alone at the least count and its tie hash is 0xFFFFFFFF (the salt is chosen by
+    inverting fmix32): it is taken, not source 0, which is above it and was masked to that value."""
+    salt = np.array([12345, fmix32_inverse(0xFFFFFFFF)], np.uint32)  # tie_hash(s, 0) = fmix32(s)
+    assert tie_hash(int(salt[1]), 0) == 0xFFFFFFFF
+    tokens = jnp.full((2, 4), 10, jnp.int32)
+    out = select_scan(counts_of([5, 0]), tokens, jnp.asarray(salt))
+    assert np.asarray(out.source).tolist() == [1, 0, 1, 0]  # counts (5,0) -> (5,10) -> (15,10) -> ...
+    assert as_ints(out.counts) == [25, 20]
+    picks, final = least_consumed([5, 0], np.asarray(tokens), [int(s) for s in salt])
+    assert [s for s, _ in picks] == np.asarray(out.source).tolist() and final == [25, 20]
+    merged = select_merge(counts_of([5, 0]), tokens, jnp.asarray(salt))  # the merge agrees
+    assert np.asarray(merged.source).tolist() == [1, 0, 1, 0]
 
 
 @pytest.mark.parametrize("seed", range(8))

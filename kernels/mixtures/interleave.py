@@ -136,8 +136,10 @@ def select_scan(
     def step(carry, _):
         relative, taken = carry
         tied = relative == jnp.min(relative)
-        h = tie_hash(salts, base.lo + relative)
-        s = jnp.argmin(jnp.where(tied, h, U32(PARKED))).astype(jnp.int32)
+        h = jnp.where(tied, tie_hash(salts, base.lo + relative), U32(PARKED))
+        # the tied source of least hash; ``argmin(h)`` alone would take a lower, untied source
+        # when the winner's hash is 0xFFFFFFFF itself
+        s = jnp.argmax(tied & (h == jnp.min(h))).astype(jnp.int32)
         nth = taken[s]
         tokens = table[s, nth.astype(jnp.int32)]  # one index dtype (jax 0.7 promotes s with nth)
         return (relative.at[s].add(tokens), taken.at[s].add(U32(1))), (s, nth, tokens)
