@@ -1,9 +1,9 @@
-"""Pod-size batches: host time per step of 1024 x 4096 tokens on 1 device, 8 devices, 2 processes x 4.
+"""Pod-size batches: host time per step of 1024 x 4096 tokens on 1 to 8 devices and 2 processes x 4.
 
 Method: one local cache (Zipf token ids, as ``bench_pipeline.py``), read by
 ``Pipeline(CausalLMDataset(cache, 4096, shuffle=block))`` through a ``BlockCache`` holding the
-whole cache after a first pass (so what is timed is host work, not the disk). Three layouts of the
-same global batch: 1 device and 8 virtual CPU devices in this process, and 2 local processes of 4
+whole cache after a first pass (so what is timed is host work, not the disk). Layouts of the
+same global batch: 1, 2, 4 and 8 virtual CPU devices in this process, and 2 local processes of 4
 devices each (``pod_worker.py``: ``jax.distributed`` over gloo on localhost, one mesh of 8). Each
 makes the same steps with ``pipeline.batch(step)`` and waits for the arrays, in rounds that rotate
 the layouts' order. The two processes make each step in turns ("2x4 turns": each process alone on
@@ -14,7 +14,7 @@ and a step of either takes as long as its slower process. Both sides keep freed 
 seconds per step over rounds (each round's median over its steps), the median of each host phase
 (``meshbatch.pipeline.phases``: plan, fetch, stack, place, build call, global; ``wait`` is until
 the arrays are ready: the build itself, which on CPU devices is also host work), and the bytes
-each device receives. Batches are checked step by step: 8 devices' equal 1 device's, and every
+each device receives. Batches are checked step by step: 2, 4, 8 devices' equal 1 device's, and every
 shard each of the 2 processes holds has the digest of the same rows of 1 device's batch.
 
     python benchmarks/bench_pod_batches.py [--quick] [--timeout S]
@@ -45,6 +45,7 @@ from pod_worker import make_pipeline, row_digests, summarize, timed_steps
 
 VOCAB = 32_768
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pod_worker.py")
+IN_PROCESS = (1, 2, 4, 8)  # devices of the one-process layouts (2 and 4 show the trend)
 PHASES = ("plan", "fetch", "stack", "place", "build", "global", "wait")
 
 
@@ -132,7 +133,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any worker answer may take")
     args = parser.parse_args()
-    steps, rounds = (4, 2) if args.quick else (8, 3)
+    steps, rounds = (4, 2) if args.quick else (8, 5)
     payload = banner("bench_pod_batches")
     payload["allocator"] = keep_freed_memory()  # a trainer's steady state; the workers do the same
     load = os.getloadavg()
@@ -143,15 +144,18 @@ def main() -> None:
         workers = Workers(2, 4, [path, str(args.batch), str(args.seq_len), str(steps)], args.timeout)
         try:
             pipelines = {}
-            for devices in (1, 8):
+            for devices in IN_PROCESS:
                 mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
                 pipelines[str(devices)] = make_pipeline(path, mesh, args.batch, args.seq_len)
             # compiles, fills the block caches, checks every layout against 1 device, step by step
             remote = workers.receive()
             for step in range(steps):
                 reference = pipelines["1"].batch(step)
-                want = np.asarray(reference.tokens)
-                np.testing.assert_array_equal(np.asarray(pipelines["8"].batch(step).tokens), want)
+                for devices in IN_PROCESS[1:]:
+                    got = pipelines[str(devices)].batch(step)
+                    for name in ("tokens", "loss_mask", "segment_ids"):
+                        want = np.asarray(getattr(reference, name))
+                        np.testing.assert_array_equal(np.asarray(getattr(got, name)), want)
                 for i, answer in enumerate(remote):
                     got = answer["digests"][str(step)]
                     assert got == row_digests(reference, got), f"process {i} differs at step {step}"
@@ -159,14 +163,14 @@ def main() -> None:
             leaves = len(jax.tree.leaves(reference))
             assert len({k for a in remote for k in a["digests"]["0"]}) == 8 * leaves, "a shard is missing"
             print(
-                f"{args.batch} x {args.seq_len}: batches on 8 devices equal 1 device's; the processes' "
-                f"{held} leaf shards equal 1 device's rows ({steps} steps)"
+                f"{args.batch} x {args.seq_len}: batches on {IN_PROCESS[1:]} devices equal 1 device's; "
+                f"the processes' {held} leaf shards equal 1 device's rows ({steps} steps)"
             )
-            layouts = ["1", "8", "2x4 turns", "2x4 together"]
+            layouts = [*map(str, IN_PROCESS), "2x4 turns", "2x4 together"]
             per_round = {name: [] for name in layouts}
             step_log = {name: [] for name in layouts}
             for r in range(rounds):
-                for name in layouts[r % 4 :] + layouts[: r % 4]:
+                for name in layouts[r % len(layouts) :] + layouts[: r % len(layouts)]:
                     if name.startswith("2x4"):
                         answers = workers.ask(name.split()[1])
                         per_process = [answer["steps"] for answer in answers]
