@@ -9,15 +9,16 @@ makes the same steps with ``pipeline.batch(step)`` and waits for the arrays, in 
 the layouts' order. The two processes make each step in turns ("2x4 turns": each process alone on
 this 2-core VM, as on a host of its own; a step needs nothing from the other process) and
 together ("2x4 together": both at once, sharing the 2 cores); barriers around steps are untimed,
-and a step of either takes as long as its slower process. Both sides keep freed memory for reuse
-(``harness.keep_freed_memory``: a trainer's steady state). Reported per layout: median and [min, max]
+and a step of either takes as long as its slower process. Every process keeps freed memory for
+reuse (``harness.keep_freed_memory``: a trainer's steady state; ``--system-malloc``: glibc's
+defaults, where each step's fresh output pages are faulted in). Reported per layout: median and [min, max]
 seconds per step over rounds (each round's median over its steps), the median of each host phase
 (``meshbatch.pipeline.phases``: plan, fetch, stack, place, build call, global; ``wait`` is until
 the arrays are ready: the build itself, which on CPU devices is also host work), and the bytes
 each device receives. Batches are checked step by step: 2, 4, 8 devices' equal 1 device's, and every
 shard each of the 2 processes holds has the digest of the same rows of 1 device's batch.
 
-    python benchmarks/bench_pod_batches.py [--quick] [--timeout S]
+    python benchmarks/bench_pod_batches.py [--quick] [--system-malloc] [--timeout S]
 """
 
 from __future__ import annotations
@@ -131,17 +132,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--system-malloc", action="store_true", help="keep glibc's allocator defaults")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any worker answer may take")
     args = parser.parse_args()
     steps, rounds = (4, 2) if args.quick else (8, 5)
     payload = banner("bench_pod_batches")
-    payload["allocator"] = keep_freed_memory()  # a trainer's steady state; the workers do the same
+    # a trainer's steady state (the workers do the same); --system-malloc: glibc's defaults
+    payload["allocator"] = "glibc default" if args.system_malloc else keep_freed_memory()
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "cache")
         write_zipf_cache(path, (steps + 1) * args.batch * args.seq_len, VOCAB)
-        workers = Workers(2, 4, [path, str(args.batch), str(args.seq_len), str(steps)], args.timeout)
+        allocator = "system" if args.system_malloc else "keep"
+        workers = Workers(
+            2, 4, [path, str(args.batch), str(args.seq_len), str(steps), allocator], args.timeout
+        )
         try:
             pipelines = {}
             for devices in IN_PROCESS:
@@ -215,7 +221,7 @@ def main() -> None:
             args=vars(args), steps=steps, rounds=rounds, table=table,
             load_average={"start": list(load), "end": list(load_end)},
         )  # fmt: skip
-        write_json(__file__, payload)
+        write_json(__file__.replace(".py", "_system_malloc.py") if args.system_malloc else __file__, payload)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One process of bench_pod_batches.py's multi-process layout, and the pieces both sides share.
 
-    python benchmarks/pod_worker.py PROCESS_ID NUM_PROCESSES PORT LOCAL_DEVICES CACHE BATCH SEQ_LEN STEPS
+    python benchmarks/pod_worker.py PROCESS NUM_PROCESSES PORT LOCAL_DEVICES CACHE BATCH SEQ_LEN STEPS ALLOC
 
 A worker joins a ``jax.distributed`` cluster (gloo, localhost), builds the benchmark's pipeline
 over the global ``data`` mesh, makes steps ``0 .. STEPS - 1`` once (compiles, fills its block
@@ -9,8 +9,9 @@ Then each ``together`` or ``turns`` line on stdin makes the same steps again, ti
 (``timed_steps``), and prints their times as one JSON line: ``together``, every process starts
 each step at once (they share this machine's cores, as they would not on a pod); ``turns``, one
 process makes a step while the others wait (each as on a host of its own; a step needs nothing
-from another process). ``quit`` or the end of stdin (the benchmark gone) ends it. Like the
-benchmark, it asks glibc to keep freed memory (``harness.keep_freed_memory``).
+from another process). ``quit`` or the end of stdin (the benchmark gone) ends it. With ALLOC
+``keep`` it asks glibc to keep freed memory (``harness.keep_freed_memory``), as the benchmark does
+unless ``--system-malloc``; ``system`` leaves glibc's defaults.
 """
 
 from __future__ import annotations
@@ -126,12 +127,14 @@ def main() -> None:
 
     process_id, num_processes, port, local_devices = (int(a) for a in sys.argv[1:5])
     path, batch, seq_len, steps = sys.argv[5], *(int(a) for a in sys.argv[6:9])
+    allocator = sys.argv[9]
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
     import jax
     from harness import keep_freed_memory
 
-    keep_freed_memory()
+    if allocator == "keep":
+        keep_freed_memory()
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
