@@ -111,3 +111,16 @@ def test_a_block_being_read_is_shared_not_read_twice():
     lru.abandon("c", OSError("store gone"))
     assert waiter.done.is_set() and isinstance(waiter.error, OSError) and waiter.block is None
     assert lru.claim("c")[2]  # the next miss reads it again
+
+
+def test_block_reads_of_chunks_verified_on_first_read(tmp_path):
+    """A cache bigger than one checksummed chunk: the first block reads also verify the chunks
+    (the reads' finish is wrapped), and the blocks still reach the request that read them."""
+    docs = [np.arange(s, s + 10_000, dtype=np.int32) for s in range(0, 300_000, 10_000)]
+    with CacheWriter(str(tmp_path / "c")) as writer:
+        writer.write(docs)
+    lru = BlockCache(max_bytes=1 << 24, block_tokens=64)
+    cache = TokenCache.open(str(tmp_path / "c"), block_cache=lru)
+    got = cache.read_spans([10, 270_000], [5, 10])
+    np.testing.assert_array_equal(got.tokens, [*range(10, 15), *range(270_000, 270_010)])
+    assert lru.stats()["misses"] == 2

@@ -65,6 +65,7 @@ SPECS = {
 def test_batches_match_reference_on_any_local_mesh(cache_path, spec_name):
     spec, key = SPECS[spec_name], jax.random.key(3)
     meshes = [mesh_of((1,), ("data",)), mesh_of((8,), ("data",)), mesh_of((4, 2), ("data", "model"))]
+    meshes.append(Mesh(np.array(jax.devices()[:8][::-1]), ("data",)))  # device ids against row order
     pipelines = [
         Pipeline(
             CausalLMDataset(TokenCache.open(cache_path), SEQ, shuffle=spec, eos_id=EOS),

@@ -141,6 +141,9 @@ def plan_runs(
         if finish is not None:
             finish()
 
+    # a block cache's hand-over and abort ride on its finish (``_plan_blocks``): keep them
+    verify_then_finish.publish = getattr(finish, "publish", None)
+    verify_then_finish.abort = getattr(finish, "abort", None)
     return targets + checks, verify_then_finish, nbytes
 
 

@@ -3,9 +3,10 @@
 Every source's spans of this process's rows are coalesced (sorted, deduplicated, adjacent and
 overlapping spans merged) and read, all sources in one TensorStore batch. With one device group
 (one device, or devices replicating the same rows) they are read straight into its buffer; with
-several, into a scratch buffer, and each group's spans are copied into its buffer in row order
-(one coalesce and one read plan per source and step, not per device). Each span's offset in the
-buffer goes with it:
+several, into a scratch buffer, and each group's spans are copied into its device's buffer in row
+order, a slice per run (one coalesce and one read plan per source and step, not per device). The
+buffers are the rows of one ``[devices, size]`` array, which the build takes as it is. Each span's
+offset in the buffer goes with it:
 
     one group: span (source 0, 96, 32), (source 0, 0, 32), (source 1, 7, 10), (source 0, 0, 32)
     buffer = [margin zeros | src0 tokens 0..31 | src0 96..127 | src1 7..16 | zeros to capacity | margin]
@@ -52,40 +53,76 @@ def check_spans(dataset: Dataset, spans: Spans, rows: int) -> None:
         )
 
 
-def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Reads ``spans`` (rows in ``layout.rows`` order) for each device group of ``layout``.
+def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Reads ``spans`` (rows in ``layout.rows`` order) into one buffer per device of ``layout``.
 
     One group (one device, or every device holding the same rows) is read straight into its
     buffer. Several groups share one coalesced read per source of all their spans, into a scratch
-    buffer, and each group's spans are then copied into its own buffer in row order with one
-    vectorised gather: one coalesce and one read plan per source and step, not per device.
+    buffer, and each group's spans are then copied into its device's row of the stacked result
+    (``copy_spans``: a slice copy per run of spans that lie back to back in the scratch). A device
+    replicating another's rows gets a copy of its buffer. The host's work is the bytes each device
+    receives, plus one coalesce and one read plan per source and step (not per device).
 
     Returns:
-        ``(tokens, offsets)`` per group: int32 ``[2 * margin + rows_per_device * max_row_tokens]``
-        and int32 ``[rows_per_device, spans_per_row]``.
+        ``(tokens, offsets)`` stacked in ``layout.devices`` order: int32
+        ``[devices, 2 * margin + rows_per_device * max_row_tokens]`` and int32
+        ``[devices, rows_per_device, spans_per_row]`` (``tokens.reshape(-1)`` is the build's input).
     """
     check_spans(dataset, spans, layout.rows.shape[0])
-    if layout.identity:
-        buffer, offsets = _read_group(dataset, spans, layout.rows_per_device)
-        return [buffer], [offsets]
-    # Scratch: every source's unique runs back to back (never more than all spans' tokens).
-    reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
-    _timed_reads(reads)
     margin = dataset.content_margin
     size = 2 * margin + layout.rows_per_device * dataset.max_row_tokens
-    buffers, offsets = [], []
-    for index in layout.groups:
-        length = spans.length[index]
-        flat = length.reshape(-1)
-        begins = np.cumsum(flat) - flat  # each span's place after the margin, in row order
-        total = int(flat.sum())
-        # token j of span i: scratch[where[i] + j] -> buffer[margin + begins[i] + j]
-        shift = np.repeat(where[index].reshape(-1).astype(np.int64) - begins, flat)
-        buffer = np.zeros(size, np.int32)
-        buffer[margin : margin + total] = scratch[np.arange(total, dtype=np.int64) + shift]
-        buffers.append(buffer)
-        offsets.append(np.where(length > 0, margin + begins.reshape(length.shape), 0).astype(np.int32))
-    return buffers, offsets
+    devices = len(layout.devices)
+    tokens = np.empty((devices, size), np.int32)
+    offsets = np.empty((devices, layout.rows_per_device, dataset.spans_per_row), np.int32)
+    firsts = [layout.device_group.index(g) for g in range(len(layout.groups))]
+    if layout.identity:
+        reads, _, offsets[0] = _prepare_group(dataset, spans, layout.rows_per_device, out=tokens[0])
+        _timed_reads(reads)
+    else:
+        # Scratch: every source's unique runs back to back (never more than all spans' tokens).
+        reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
+        _timed_reads(reads)
+        for index, d in zip(layout.groups, firsts, strict=True):
+            length = spans.length[index]
+            flat = length.reshape(-1)
+            begins = np.cumsum(flat) - flat  # each span's place after the margin, in row order
+            total = int(flat.sum())
+            copy_spans(scratch, where[index].reshape(-1), flat, tokens[d, margin : margin + total])
+            tokens[d, :margin] = 0
+            tokens[d, margin + total :] = 0
+            offsets[d] = np.where(length > 0, margin + begins.reshape(length.shape), 0)
+    for d, g in enumerate(layout.device_group):  # replicas of a group's rows: the same buffer
+        if d != firsts[g]:
+            tokens[d], offsets[d] = tokens[firsts[g]], offsets[firsts[g]]
+    return tokens, offsets
+
+
+MIN_RUN_TOKENS = 256  # below this mean run length one vectorised gather beats a slice copy per run
+
+
+def copy_spans(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> None:
+    """Copies spans ``source[starts[i] : starts[i] + lengths[i]]`` back to back into ``out``.
+
+    Spans that follow each other in ``source`` too form one run, copied as one slice; when runs
+    are short on average (< ``MIN_RUN_TOKENS``), one gather copies every token instead:
+
+        source = [a b c d e f], starts = [2, 4, 0], lengths = [2, 2, 1]
+        runs: source[2:6] (spans 0 and 1 are adjacent), source[0:1]  ->  out = [c d e f a]
+    """
+    keep = lengths > 0
+    starts, lengths = starts[keep].astype(np.int64), lengths[keep].astype(np.int64)
+    if not starts.size:
+        return
+    firsts = np.flatnonzero(np.r_[True, starts[1:] != starts[:-1] + lengths[:-1]])
+    run_starts, run_lengths = starts[firsts], np.add.reduceat(lengths, firsts)
+    placed = np.cumsum(run_lengths) - run_lengths
+    if run_starts.size * MIN_RUN_TOKENS <= out.shape[0]:
+        for s, at, n in zip(run_starts.tolist(), placed.tolist(), run_lengths.tolist(), strict=True):
+            out[at : at + n] = source[s : s + n]
+    else:
+        index = np.dtype(np.int32 if source.shape[0] < 2**31 else np.int64)
+        shift = np.repeat((run_starts - placed).astype(index), run_lengths)
+        np.take(source, np.arange(out.shape[0], dtype=index) + shift, out=out)
 
 
 def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
@@ -104,12 +141,14 @@ def _read_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[np.ndarray, 
 
 
 def _prepare_group(
-    dataset: Dataset, spans: Spans, rows: int, *, margin: int | None = None
+    dataset: Dataset, spans: Spans, rows: int, *, margin: int | None = None, out: np.ndarray | None = None
 ) -> tuple[list, np.ndarray, np.ndarray]:
-    """The reads of one group's spans into one flat buffer: each source coalesced, placed after
-    the previous one, with ``margin`` (default ``content_margin``) zeros either side."""
+    """The reads of one group's spans into one flat buffer (``out``, or a new one): each source
+    coalesced, placed after the previous one, with ``margin`` (default ``content_margin``) zeros
+    either side."""
     margin = dataset.content_margin if margin is None else margin
-    buffer = np.empty(2 * margin + rows * dataset.max_row_tokens, np.int32)
+    size = 2 * margin + rows * dataset.max_row_tokens
+    buffer = np.empty(size, np.int32) if out is None else out
     source, start, length = spans
     where = np.zeros(start.shape, np.int64)
     reads, at = [], margin

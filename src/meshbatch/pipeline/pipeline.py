@@ -42,6 +42,7 @@ from meshbatch.kernels import Batch
 
 from .batch_schedule import BatchSchedule
 from .fetch import fetch
+from .phases import phase
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
@@ -131,8 +132,10 @@ class Pipeline:
     def _run_build(self, batch_size: int, *inputs):
         kernel, shardings = self._build[batch_size]
         if jax.process_count() > 1:  # jit refuses numpy for a sharded input: place them first
-            inputs = jax.device_put(inputs, shardings[1:])
-        return kernel(self._build_arrays, *inputs)
+            with phase("place"):
+                inputs = jax.device_put(inputs, shardings[1:])
+        with phase("build"):  # one process: the call also places its numpy inputs
+            return kernel(self._build_arrays, *inputs)
 
     # -- host arithmetic ----------------------------------------------------------------------
 
@@ -197,21 +200,26 @@ class Pipeline:
         layout = self._layouts[self.schedule.batch_size(step)]
         # Every per-device input is stacked on the host; the build's jit places them all at once.
         if not self._host_plans:
-            per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
-            rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
+            with phase("plan"):
+                per_device = [self._rows(step, np.arange(a, b)) for a, b in layout.device_rows]
+                rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
             local = self._run_build(layout.batch_size, rows)
         else:
-            if self._planner is None:
-                plan, _ = self._plan_rows(step, layout.rows)
-            else:
-                plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
+            with phase("plan"):
+                if self._planner is None:
+                    plan, _ = self._plan_rows(step, layout.rows)
+                else:
+                    plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
             content = None
             if self._host.fetches:
-                tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
-                content = Content(layout.stack(tokens), layout.stack(offsets))
-            plan = jax.tree.map(lambda *leaves: layout.stack(list(leaves)), *layout.group_rows(plan))
+                with phase("fetch"):
+                    tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
+                    content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
+            with phase("stack"):
+                plan = layout.stack_rows(plan)
             local = self._run_build(layout.batch_size, plan, content)
-        return jax.tree.map(layout.to_global, local)
+        with phase("global"):
+            return jax.tree.map(layout.to_global, local)
 
     # -- checkpoints --------------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ class RowLayout:
         groups: positions in ``rows`` of each distinct device row range (devices that replicate
             the same rows share a group, and one fetch).
         device_group: the group of each of ``devices``.
+        device_index: positions in ``rows`` of every device's rows, device after device, or
+            ``None`` when that is ``rows`` itself (devices in row order, no replicas).
     """
 
     batch_size: int
@@ -43,6 +45,7 @@ class RowLayout:
     local_mesh: Mesh
     groups: tuple[np.ndarray, ...]
     device_group: tuple[int, ...]
+    device_index: np.ndarray | None
 
     @property
     def rows_per_device(self) -> int:
@@ -76,7 +79,12 @@ class RowLayout:
         ranges = sorted(set(device_rows))
         groups = tuple(np.searchsorted(rows, np.arange(start, stop)) for start, stop in ranges)
         device_group = tuple(ranges.index(r) for r in device_rows)
-        return cls(batch_size, sharding, devices, device_rows, rows, local_mesh, groups, device_group)
+        index = np.concatenate([groups[g] for g in device_group])
+        in_order = index.shape == rows.shape and bool((index == np.arange(rows.shape[0])).all())
+        return cls(
+            batch_size, sharding, devices, device_rows, rows, local_mesh, groups, device_group,
+            None if in_order else index,
+        )  # fmt: skip
 
     @property
     def identity(self) -> bool:
@@ -84,22 +92,12 @@ class RowLayout:
         row range): per-group arrays need no indexing."""
         return len(self.groups) == 1
 
-    def per_device(self, per_group: list) -> list:
-        """Each device's item from one item per group."""
-        return [per_group[g] for g in self.device_group]
-
-    def stack(self, per_group: list) -> np.ndarray:
-        """Each device's item from one array per group, stacked along dim 0 in ``devices`` order
-        (no copy with one device)."""
-        if len(self.devices) == 1:
-            return per_group[0]
-        return np.concatenate(self.per_device(per_group))
-
-    def group_rows(self, tree):
-        """A tree of ``[len(rows), ...]`` arrays as one tree per device group."""
-        if self.identity:
-            return [tree]
-        return [jax.tree.map(lambda leaf, index=index: leaf[index], tree) for index in self.groups]
+    def stack_rows(self, tree):
+        """A tree of ``[len(rows), ...]`` arrays as each device's rows stacked along dim 0 in
+        ``devices`` order (the same arrays, no copy, when that order is ``rows``' own)."""
+        if self.device_index is None:
+            return tree
+        return jax.tree.map(lambda leaf: leaf[self.device_index], tree)
 
     def leaf_sharding(self, ndim: int) -> NamedSharding:
         """The global sharding of a ``[batch, ...]`` leaf with ``ndim`` dimensions."""
