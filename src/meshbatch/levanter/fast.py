@@ -82,12 +82,12 @@ class PipelineLoader:
         start = 0 if step is None else int(step)
         checkpoint_state.restore(self.pipeline, start, self.checkpoint_path)
         metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
-        stream = self.pipeline.iterate_from(start)
-        for at, batch in enumerate(stream, start):
-            Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
-            yield batched_lm_example(batch, Batch_, self.dataset.Pos)
-            if metrics is not None:
-                metrics.after(at, self.pipeline)
+        with self.pipeline.iterate_from(start) as stream:  # closed when the trainer drops the loop
+            for at, batch in enumerate(stream, start):
+                Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
+                yield batched_lm_example(batch, Batch_, self.dataset.Pos)
+                if metrics is not None:
+                    metrics.after(at, self.pipeline)
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)
