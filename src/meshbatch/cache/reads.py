@@ -135,6 +135,15 @@ def plan_runs(
     checks, verify = _plan_verification(pieces, targets)
     if verify is None:
         return targets, finish, nbytes
+    publish = getattr(finish, "publish", None)
+    if publish is not None:  # a block cache: its blocks are verified before other threads get them
+
+        def verify_then_publish() -> None:
+            verify()
+            publish()
+
+        finish.publish = verify_then_publish  # run_reads: publish, then finish; abort on any error
+        return targets + checks, finish, nbytes
 
     def verify_then_finish() -> None:
         verify()
