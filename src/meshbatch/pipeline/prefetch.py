@@ -45,10 +45,21 @@ class _Workers:
     prefetcher lets ``weakref.finalize`` stop them)."""
 
     def __init__(
-        self, produce: Callable[[int], object], start: int, depth: int, workers: int, log: StreamLog
+        self,
+        produce: Callable[[int], object],
+        start: int,
+        depth: int,
+        workers: int,
+        log: StreamLog,
+        auto: AutoDepth | None = None,
     ):
-        self.produce, self.depth, self.log = produce, depth, log
-        self.lock = threading.Condition()
+        self.produce, self.depth, self.log, self.auto = produce, depth, log, auto
+        # One lock, two queues of waiters: a freed slot wakes one idle worker (``claimable``), a
+        # made step wakes the consumer (``finished``). Waking every thread on every change would
+        # make idle workers contend for the GIL exactly when the consumer takes a batch.
+        self.lock = threading.Lock()
+        self.claimable = threading.Condition(self.lock)
+        self.finished = threading.Condition(self.lock)
         self.done: dict[int, tuple[bool, object]] = {}  # step -> (ok, item or exception)
         self.next_claim = start  # next step a worker will make
         self.consumed = start  # next step the consumer receives
@@ -68,7 +79,7 @@ class _Workers:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
                     if self.end is not None and self.next_claim >= self.end:
                         break
-                    self.lock.wait()
+                    self.claimable.wait()
                 if self.stopped or (self.end is not None and self.next_claim >= self.end):
                     return  # nothing left to make: the thread ends
                 step = self.next_claim
@@ -80,7 +91,8 @@ class _Workers:
             except EndOfStream:
                 with self.lock:
                     self.end = step if self.end is None else min(self.end, step)
-                    self.lock.notify_all()
+                    self.claimable.notify_all()
+                    self.finished.notify_all()
                 continue
             except StopIteration as error:  # a for loop would read it as the end (PEP 479)
                 failure = RuntimeError(f"producing step {step} raised StopIteration")
@@ -90,13 +102,29 @@ class _Workers:
                 result = (False, error)
             with self.lock:
                 self.done[step] = result
-                self.lock.notify_all()
+                self.finished.notify_all()  # the consumer, if it waits
+            if self.auto is not None:
+                self.adapt()
+
+    def adapt(self) -> None:
+        """Re-evaluates the ``AutoDepth`` rule after a step is made: in a worker, so the consumer's
+        ``next`` does no statistics."""
+        depth = self.auto.depth(self.log)
+        with self.lock:
+            if depth == self.depth:
+                return
+            if depth > self.depth:
+                self.claimable.notify(depth - self.depth)  # that many more steps may be claimed
+            self.depth = depth
+        self.log.depth.append((time.perf_counter(), depth))
+        logger.info("prefetch depth -> %d", depth)
 
     def stop(self) -> None:
         with self.lock:
             self.stopped = True
             self.done.clear()  # release the batches nobody will take
-            self.lock.notify_all()
+            self.claimable.notify_all()
+            self.finished.notify_all()
 
 
 class Prefetcher(Generic[T], Iterator[T]):
@@ -133,7 +161,7 @@ class Prefetcher(Generic[T], Iterator[T]):
             check_prefetch(depth, workers)
         self._on_take = on_take
         self.log = StreamLog()
-        self._workers = _Workers(produce, start, depth, workers, self.log)
+        self._workers = _Workers(produce, start, depth, workers, self.log, self.auto)
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._failure: BaseException | None = None
 
@@ -152,8 +180,6 @@ class Prefetcher(Generic[T], Iterator[T]):
             raise self._failure
         shared = self._workers
         start = time.perf_counter()
-        if self.auto is not None:
-            self._adapt(shared)
         with shared.lock:
             ready = sum(1 for s in shared.done if s >= shared.consumed)
             while shared.consumed not in shared.done:
@@ -161,11 +187,11 @@ class Prefetcher(Generic[T], Iterator[T]):
                     raise StopIteration
                 if shared.stopped:
                     raise RuntimeError("the prefetcher was closed")
-                shared.lock.wait()
+                shared.finished.wait()
             ok, item = shared.done.pop(shared.consumed)
             if ok:
                 shared.consumed += 1
-                shared.lock.notify_all()  # a worker may claim another step
+                shared.claimable.notify()  # one slot freed: one worker may claim one more step
         self.log.asked.append(start)
         self.log.waits.append(time.perf_counter() - start)
         self.log.ready.append(ready)
@@ -176,15 +202,6 @@ class Prefetcher(Generic[T], Iterator[T]):
         if self._on_take is not None:
             self._on_take(self._workers.consumed - 1)
         return item
-
-    def _adapt(self, shared: _Workers) -> None:
-        depth = self.auto.depth(self.log)
-        if depth != shared.depth:
-            with shared.lock:
-                shared.depth = depth
-                shared.lock.notify_all()
-            self.log.depth.append((time.perf_counter(), depth))
-            logger.info("prefetch depth -> %d", depth)
 
     def stats(self) -> dict[str, float]:
         """What the stream measured (``telemetry.StreamLog.summary``): consumer wait p50/p95/p99/max
@@ -220,7 +237,7 @@ class Prefetcher(Generic[T], Iterator[T]):
 class AutoDepth:
     """The prefetch depth from measured times: steps in the making cover the time to make one.
 
-    Rule (re-evaluated at every ``next`` from the last ``window`` measurements)::
+    Rule (re-evaluated by a worker after each step it makes, from the last ``window`` measurements)::
 
         depth = clamp(ceil(make_max / step_p50) + 1, min_depth, max_depth)
 
