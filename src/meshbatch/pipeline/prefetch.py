@@ -30,6 +30,7 @@ import numpy as np
 
 from meshbatch.arguments import check_int
 
+from .shadow import Shadow, bind_turn
 from .telemetry import StreamLog, bind
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class _Workers:
         self.lock = threading.Lock()
         self.claimable = threading.Condition(self.lock)
         self.finished = threading.Condition(self.lock)
+        self.turn = threading.Condition(self.lock)  # producers held back by the shadow rule
+        self.shadow, self.held = Shadow(), 0
         self.done: dict[int, tuple[bool, object]] = {}  # step -> (ok, item or exception)
         self.next_claim = start  # next step a worker will make
         self.consumed = start  # next step the consumer receives
@@ -74,6 +77,7 @@ class _Workers:
 
     def work(self) -> None:
         bind(self.log)
+        bind_turn(self.wait_turn)
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
@@ -86,6 +90,7 @@ class _Workers:
                 self.next_claim += 1
             began = time.perf_counter()
             try:
+                self.wait_turn()  # making a step starts with host work
                 result = (True, self.produce(step))
                 self.log.made.append((step, time.perf_counter() - began))
             except EndOfStream:
@@ -106,6 +111,22 @@ class _Workers:
             if self.auto is not None:
                 self.adapt()
 
+    def wait_turn(self) -> None:
+        """Holds a producer back until the ``Shadow`` rule lets host work start (bounded: at most
+        about the consumer's longest recent time away)."""
+        began = None
+        with self.lock:
+            while not self.stopped:
+                delay = self.shadow.wait_s(time.perf_counter())
+                if delay <= 0:
+                    break
+                began = began or time.perf_counter()
+                self.held += 1
+                self.turn.wait(delay)
+                self.held -= 1
+        if began is not None:
+            self.log.held.append(time.perf_counter() - began)
+
     def adapt(self) -> None:
         """Re-evaluates the ``AutoDepth`` rule after a step is made: in a worker, so the consumer's
         ``next`` does no statistics."""
@@ -125,6 +146,7 @@ class _Workers:
             self.done.clear()  # release the batches nobody will take
             self.claimable.notify_all()
             self.finished.notify_all()
+            self.turn.notify_all()
 
 
 class Prefetcher(Generic[T], Iterator[T]):
@@ -181,14 +203,21 @@ class Prefetcher(Generic[T], Iterator[T]):
         shared = self._workers
         start = time.perf_counter()
         with shared.lock:
+            shared.shadow.asked(start)
             ready = sum(1 for s in shared.done if s >= shared.consumed)
             while shared.consumed not in shared.done:
                 if shared.end is not None and shared.consumed >= shared.end:
                     raise StopIteration
                 if shared.stopped:
                     raise RuntimeError("the prefetcher was closed")
+                if not shared.shadow.waiting:  # a waiting consumer holds no producer back
+                    shared.shadow.waiting = True
+                    shared.turn.notify_all()
                 shared.finished.wait()
             ok, item = shared.done.pop(shared.consumed)
+            shared.shadow.took(time.perf_counter())
+            if shared.held:
+                shared.turn.notify_all()  # those held until this take: their window is measured from it
             if ok:
                 shared.consumed += 1
                 shared.claimable.notify()  # one slot freed: one worker may claim one more step
