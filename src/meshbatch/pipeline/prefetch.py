@@ -10,6 +10,9 @@ GIL) and handed out in order.
         batch = next(it)            # waits only if the producers fell behind
     it.stats()["wait_p99_s"]        # how long the consumer waited (p50/p95/p99/max), stall_fraction, ...
 
+A worker starts host work only in the shadow of the consumer's step (``shadow.Shadow``): after
+the consumer took a batch, before it may ask for the next one; never while it waits.
+
 ``depth="auto"`` adapts the depth (and the steps made at once) to what is measured (``AutoDepth``):
 enough steps in the making to cover the time one step takes to make, counted in consumer steps.
 
