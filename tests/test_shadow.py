@@ -94,3 +94,29 @@ def test_closing_releases_a_held_producer_at_once():
     assert time.perf_counter() - began < 0.3  # not the rest of the 550 ms
     assert stream.stats()["held_count"] >= 1
     assert not any(t.is_alive() for t in stream._workers.threads)
+
+
+def test_producers_held_past_the_window_start_again_after_the_next_take():
+    """Away 20 ms, once 500 ms: host work is held from 18 ms to 550 ms after each take. Producers
+    that read for 30 ms are held every step; a take wakes one of them, and when the window opens it
+    wakes the others, so the stream keeps pace instead of waiting ~0.5 s a step for the bound."""
+
+    def produce(step):
+        time.sleep(0.03)  # its reads
+        wait_turn()
+        return step
+
+    with Prefetcher(produce, depth=4, workers=4) as stream:
+        for away in (0.02, 0.02, 0.02, 0.5, 0.02, 0.02):
+            next(stream)
+            time.sleep(away)
+        began = time.perf_counter()
+        got = []
+        for _ in range(12):
+            got.append(next(stream))
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - began
+        stats = stream.stats()
+    assert got == list(range(6, 18))
+    assert stats["held_count"] >= 4
+    assert elapsed < 3.0, elapsed  # 12 x (20 ms + a wait of about the 30 ms reads); not 12 x 0.5 s

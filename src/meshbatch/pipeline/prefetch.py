@@ -128,6 +128,8 @@ class _Workers:
                 self.held += 1
                 self.turn.wait(delay)
                 self.held -= 1
+            if began is not None and self.held:
+                self.turn.notify_all()  # the window is open: for the others held too
         if began is not None:
             self.log.held.append(time.perf_counter() - began)
 
@@ -220,8 +222,8 @@ class Prefetcher(Generic[T], Iterator[T]):
                 shared.finished.wait()
             ok, item = shared.done.pop(shared.consumed)
             shared.shadow.took(time.perf_counter())
-            if shared.held:
-                shared.turn.notify_all()  # those held until this take: their window is measured from it
+            if shared.held:  # one held worker learns of this take; it wakes the others when the
+                shared.turn.notify()  # window opens (all of them now would contend with the consumer)
             if ok:
                 shared.consumed += 1
                 shared.claimable.notify()  # one slot freed: one worker may claim one more step
