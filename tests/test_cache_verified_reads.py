@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from meshbatch.cache import CacheIntegrityError, CacheWriter, ShardedCacheWriter, TokenCache, validate_cache
+from meshbatch.cache import (
+    BlockCache,
+    CacheIntegrityError,
+    CacheWriter,
+    ShardedCacheWriter,
+    TokenCache,
+    validate_cache,
+)
 from meshbatch.cache.verify import VERIFY_ENV
 
 C = 1 << 18
@@ -71,6 +78,23 @@ def test_a_changed_token_that_decodes_is_named_on_its_first_read(tmp_path):
         cache.read_spans([0], [C + 10])  # a read covering the chunk: summed from what it read
     assert validate_cache(path).ok  # metadata and the last chunk only
     assert "chunk 0 (elements [0, 262144)) fails its checksum" in validate_cache(path, deep=True).error
+
+
+def test_block_cached_reads_are_verified_before_their_blocks_are_shared(tmp_path):
+    path = _write(tmp_path / "c", BIG)
+    lru = BlockCache(max_bytes=1 << 24, block_tokens=1 << 16)
+    cache = TokenCache.open(path, block_cache=lru)
+    got = cache.read_spans([5000, 2 * C + 7], [10, 300])  # chunks 0 and 2: not verified at open
+    np.testing.assert_array_equal(got.tokens, np.r_[BIG_FLAT[5000:5010], BIG_FLAT[2 * C + 7 : 2 * C + 307]])
+    assert lru.stats()["bytes"] > 0 and not lru._pending  # its blocks were handed over, none left claimed
+    damaged = _write(tmp_path / "d", BIG)
+    _array(damaged, "data")[1234].write(int(BIG_FLAT[1234]) + 1).result()
+    lru = BlockCache(max_bytes=1 << 24, block_tokens=1 << 16)
+    cache = TokenCache.open(damaged, block_cache=lru)
+    for _ in range(2):  # the damaged block was never cached nor left claimed: the same error again
+        with pytest.raises(CacheIntegrityError, match=r"chunk 0 \(elements \[0, 262144\)\) fails"):
+            cache.read_spans([5000], [10])
+    assert lru.stats()["bytes"] == 0 and not lru._pending
 
 
 def test_a_verified_chunk_is_not_read_again_and_verification_can_be_turned_off(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ def test_quantiles_are_numpy_percentiles():
 
 
 def test_auto_depth_rule():
-    """depth = clamp(ceil(make_max / step_p50) + 1, 2, max_depth), from the recorded times."""
+    """depth = clamp(ceil(make_max / step_min) + 1, 2, max_depth), from the recorded times."""
     rule = AutoDepth(max_depth=6, initial=3, window=8)
     log = StreamLog()
     assert rule.depth(log) == 3  # nothing measured yet
@@ -76,6 +76,9 @@ def test_auto_depth_rule():
     assert rule.depth(log) == 6  # ceil(9) + 1, capped
     log.made.extend((s, 0.01) for s in range(16, 24))
     assert rule.depth(log) == 2  # floor: the window holds only fast steps now
+    log.made.extend((s, 0.17) for s in range(24, 32))
+    log.asked.extend([0.45, 0.8, 1.2])  # consumer steps 0.05, 0.35, 0.4: the quickest counts
+    assert rule.depth(log) == 5  # ceil(0.17 / 0.05) + 1; the median step (0.1 s) would give 3
 
 
 def test_auto_depth_keeps_enough_steps_in_the_making():

@@ -135,6 +135,15 @@ def plan_runs(
     checks, verify = _plan_verification(pieces, targets)
     if verify is None:
         return targets, finish, nbytes
+    publish = getattr(finish, "publish", None)
+    if publish is not None:  # a block cache: its blocks are verified before other threads get them
+
+        def verify_then_publish() -> None:
+            verify()
+            publish()
+
+        finish.publish = verify_then_publish  # run_reads: publish, then finish; abort on any error
+        return targets + checks, finish, nbytes
 
     def verify_then_finish() -> None:
         verify()
@@ -204,8 +213,11 @@ def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, whe
     return read
 
 
-def run_reads(reads: Sequence[PendingRead]) -> None:
+def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | None = None) -> None:
     """Issues every planned read of ``reads`` in one ``ts.Batch``, checks the caches, then finishes each.
+
+    ``after_io`` is called once the reads and checks are done, before the host work that puts the
+    tokens in place (a stream's producer waits there for its turn, ``pipeline/shadow.py``).
 
     Raises:
         CacheChangedError: a cache read was replaced or changed since it was opened (checked after
@@ -221,6 +233,8 @@ def run_reads(reads: Sequence[PendingRead]) -> None:
             _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
             raise
         _run_checks(checks)
+        if after_io is not None:
+            after_io()
         for read in reads:  # every block read for others is handed over before anyone waits for one
             if read.publish is not None:
                 read.publish()

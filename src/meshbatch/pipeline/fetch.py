@@ -25,6 +25,7 @@ from meshbatch.cache import run_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
 from .row_layout import RowLayout
+from .shadow import wait_turn
 from .telemetry import record_read
 
 
@@ -165,7 +166,12 @@ def _prepare_group(
 
 
 def _timed_reads(reads: list) -> None:
-    """``run_reads``, its latency recorded in the producing stream's log (``telemetry``)."""
+    """``run_reads``, its latency recorded in the producing stream's log (``telemetry``); the host
+    work after the reads (copies into place) waits for the producer's turn (``shadow``)."""
     began = time.perf_counter()
-    run_reads(reads)
-    record_read(time.perf_counter() - began)
+
+    def read() -> None:
+        record_read(time.perf_counter() - began)
+        wait_turn()
+
+    run_reads(reads, after_io=read)

@@ -63,7 +63,7 @@ class Pipeline:
         key: the data key (a typed key or an int seed); every shuffle of the dataset derives from it.
         data_axes: mesh axis name(s) the batch dimension is sharded over.
         prefetch: batches kept ready (or in the making) by ``iterate_from``, or ``"auto"``: adapted
-            to the measured read latency and step time (``prefetch.AutoDepth``; up to 8).
+            to the measured read latency and step time (``auto_depth.AutoDepth``; up to 8).
         workers: threads making batches concurrently in ``iterate_from``.
         max_epochs: stop before the first step that would read past this many epochs; ``None``
             streams forever (later epochs reshuffle if the dataset's shuffle asks for it).

@@ -10,6 +10,9 @@ GIL) and handed out in order.
         batch = next(it)            # waits only if the producers fell behind
     it.stats()["wait_p99_s"]        # how long the consumer waited (p50/p95/p99/max), stall_fraction, ...
 
+A worker starts host work only in the shadow of the consumer's step (``shadow.Shadow``): after
+the consumer took a batch, before it may ask for the next one; never while it waits.
+
 ``depth="auto"`` adapts the depth (and the steps made at once) to what is measured (``AutoDepth``):
 enough steps in the making to cover the time one step takes to make, counted in consumer steps.
 
@@ -31,6 +34,8 @@ import numpy as np
 
 from meshbatch.arguments import check_int
 
+from .auto_depth import AutoDepth
+from .shadow import Shadow, bind_turn
 from .telemetry import StreamLog, bind
 
 logger = logging.getLogger(__name__)
@@ -46,10 +51,23 @@ class _Workers:
     prefetcher lets ``weakref.finalize`` stop them)."""
 
     def __init__(
-        self, produce: Callable[[int], object], start: int, depth: int, workers: int, log: StreamLog
+        self,
+        produce: Callable[[int], object],
+        start: int,
+        depth: int,
+        workers: int,
+        log: StreamLog,
+        auto: AutoDepth | None = None,
     ):
-        self.produce, self.depth, self.log = produce, depth, log
-        self.lock = threading.Condition()
+        self.produce, self.depth, self.log, self.auto = produce, depth, log, auto
+        # One lock, two queues of waiters: a freed slot wakes one idle worker (``claimable``), a
+        # made step wakes the consumer (``finished``). Waking every thread on every change would
+        # make idle workers contend for the GIL exactly when the consumer takes a batch.
+        self.lock = threading.Lock()
+        self.claimable = threading.Condition(self.lock)
+        self.finished = threading.Condition(self.lock)
+        self.turn = threading.Condition(self.lock)  # producers held back by the shadow rule
+        self.shadow, self.held = Shadow(), 0
         self.done: dict[int, tuple[bool, object]] = {}  # step -> (ok, item or exception)
         self.next_claim = start  # next step a worker will make
         self.consumed = start  # next step the consumer receives
@@ -65,24 +83,27 @@ class _Workers:
 
     def work(self) -> None:
         bind(self.log)
+        bind_turn(self.wait_turn)
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
                     if self.end is not None and self.next_claim >= self.end:
                         break
-                    self.lock.wait()
+                    self.claimable.wait()
                 if self.stopped or (self.end is not None and self.next_claim >= self.end):
                     return  # nothing left to make: the thread ends
                 step = self.next_claim
                 self.next_claim += 1
             began = time.perf_counter()
             try:
+                self.wait_turn()  # making a step starts with host work
                 result = (True, self.produce(step))
                 self.log.made.append((step, time.perf_counter() - began))
             except EndOfStream:
                 with self.lock:
                     self.end = step if self.end is None else min(self.end, step)
-                    self.lock.notify_all()
+                    self.claimable.notify_all()
+                    self.finished.notify_all()
                 continue
             except StopIteration as error:  # a for loop would read it as the end (PEP 479)
                 failure = RuntimeError(f"producing step {step} raised StopIteration")
@@ -92,13 +113,48 @@ class _Workers:
                 result = (False, error)
             with self.lock:
                 self.done[step] = result
-                self.lock.notify_all()
+                self.finished.notify_all()  # the consumer, if it waits
+            if self.auto is not None:
+                self.adapt()
+
+    def wait_turn(self) -> None:
+        """Holds a producer back until the ``Shadow`` rule lets host work start (bounded: at most
+        about the consumer's longest recent time away)."""
+        began = None
+        with self.lock:
+            while not self.stopped:
+                delay = self.shadow.wait_s(time.perf_counter())
+                if delay <= 0:
+                    break
+                began = began or time.perf_counter()
+                self.held += 1
+                self.turn.wait(delay)
+                self.held -= 1
+            if began is not None and self.held:
+                self.turn.notify_all()  # the window is open: for the others held too
+        if began is not None:
+            self.log.held.append(time.perf_counter() - began)
+
+    def adapt(self) -> None:
+        """Re-evaluates the ``AutoDepth`` rule after a step is made: in a worker, so the consumer's
+        ``next`` does no statistics."""
+        depth = self.auto.depth(self.log)
+        with self.lock:
+            if depth == self.depth:
+                return
+            if depth > self.depth:
+                self.claimable.notify(depth - self.depth)  # that many more steps may be claimed
+            self.depth = depth
+        self.log.depth.append((time.perf_counter(), depth))
+        logger.info("prefetch depth -> %d", depth)
 
     def stop(self) -> None:
         with self.lock:
             self.stopped = True
             self.done.clear()  # release the batches nobody will take
-            self.lock.notify_all()
+            self.claimable.notify_all()
+            self.finished.notify_all()
+            self.turn.notify_all()
 
 
 _LIVE: weakref.WeakSet[_Workers] = weakref.WeakSet()  # every stream's workers not yet collected
@@ -168,7 +224,7 @@ class Prefetcher(Generic[T], Iterator[T]):
             check_prefetch(depth, workers)
         self._on_take = on_take
         self.log = StreamLog()
-        self._workers = _Workers(produce, start, depth, workers, self.log)
+        self._workers = _Workers(produce, start, depth, workers, self.log, self.auto)
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._failure: BaseException | None = None
 
@@ -187,20 +243,25 @@ class Prefetcher(Generic[T], Iterator[T]):
             raise self._failure
         shared = self._workers
         start = time.perf_counter()
-        if self.auto is not None:
-            self._adapt(shared)
         with shared.lock:
+            shared.shadow.asked(start)
             ready = sum(1 for s in shared.done if s >= shared.consumed)
             while shared.consumed not in shared.done:
                 if shared.end is not None and shared.consumed >= shared.end:
                     raise StopIteration
                 if shared.stopped:
                     raise RuntimeError("the prefetcher was closed")
-                shared.lock.wait()
+                if not shared.shadow.waiting:  # a waiting consumer holds no producer back
+                    shared.shadow.waiting = True
+                    shared.turn.notify_all()
+                shared.finished.wait()
             ok, item = shared.done.pop(shared.consumed)
+            shared.shadow.took(time.perf_counter())
+            if shared.held:  # one held worker learns of this take; it wakes the others when the
+                shared.turn.notify()  # window opens (all of them now would contend with the consumer)
             if ok:
                 shared.consumed += 1
-                shared.lock.notify_all()  # a worker may claim another step
+                shared.claimable.notify()  # one slot freed: one worker may claim one more step
         self.log.asked.append(start)
         self.log.waits.append(time.perf_counter() - start)
         self.log.ready.append(ready)
@@ -211,15 +272,6 @@ class Prefetcher(Generic[T], Iterator[T]):
         if self._on_take is not None:
             self._on_take(self._workers.consumed - 1)
         return item
-
-    def _adapt(self, shared: _Workers) -> None:
-        depth = self.auto.depth(self.log)
-        if depth != shared.depth:
-            with shared.lock:
-                shared.depth = depth
-                shared.lock.notify_all()
-            self.log.depth.append((time.perf_counter(), depth))
-            logger.info("prefetch depth -> %d", depth)
 
     def stats(self) -> dict[str, float]:
         """What the stream measured (``telemetry.StreamLog.summary``): consumer wait p50/p95/p99/max
@@ -250,39 +302,6 @@ class Prefetcher(Generic[T], Iterator[T]):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class AutoDepth:
-    """The prefetch depth from measured times: steps in the making cover the time to make one.
-
-    Rule (re-evaluated at every ``next`` from the last ``window`` measurements)::
-
-        depth = clamp(ceil(make_max / step_p50) + 1, min_depth, max_depth)
-
-    ``make`` is how long a worker takes to make one step (its reads, with their latency, and the
-    host work), ``step`` the consumer's time between two ``next`` calls. Reads of step ``k + d``
-    are then under way while step ``k`` is consumed. The slowest recent step counts, not a typical
-    one: the steps that start a new shuffle window read all its blocks at once, and a depth sized
-    for the others stalls there. Example: most steps take 0.15 s to make, those that open a window
-    0.45 s, the training step 0.2 s -> ceil(2.25) + 1 = 4 steps in the making, by 4 threads. Until
-    ``window // 4`` steps are measured, the depth stays at ``initial``. An explicit
-    integer ``depth`` (``Pipeline(prefetch=8)``) overrides the rule.
-    """
-
-    min_depth = 2
-
-    def __init__(self, *, max_depth: int = 8, initial: int = 4, window: int = 32):
-        self.max_depth, self.window = max_depth, window
-        self.initial = min(max(initial, self.min_depth), max_depth)
-
-    def depth(self, log: StreamLog) -> int:
-        made, asked = log.made[-self.window :], log.asked[-self.window :]
-        if len(made) < max(2, self.window // 4) or len(asked) < 3:
-            return self.initial
-        make = max(s for _, s in made)
-        step = float(np.median(np.diff(asked)))
-        wanted = int(np.ceil(make / max(step, 1e-6))) + 1
-        return min(max(wanted, self.min_depth), self.max_depth)
 
 
 def check_prefetch(depth: int | str, workers: int, *, depth_name: str = "depth") -> None:

@@ -44,10 +44,11 @@ class StreamLog:
     made: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds to make it)
     reads: list[float] = field(default_factory=list)  # seconds per batch of reads
     depth: list[tuple[float, int]] = field(default_factory=list)  # (time, prefetch depth) changes
+    held: list[float] = field(default_factory=list)  # seconds a producer was held back (shadow.py)
 
     def clear(self) -> None:
         self.started = time.perf_counter()
-        for values in (self.asked, self.waits, self.ready, self.made, self.reads, self.depth):
+        for values in (self.asked, self.waits, self.ready, self.made, self.reads, self.depth, self.held):
             values.clear()
 
     def summary(self) -> dict[str, float]:
@@ -67,6 +68,10 @@ class StreamLog:
         reads = list(self.reads)
         out["read_batches"] = len(reads)
         out.update({k: v for k, v in quantiles(reads, "read").items() if "_p95" not in k})
+        out["held_total_s"], out["held_count"] = (
+            float(np.sum(self.held)) if self.held else 0.0,
+            len(self.held),
+        )
         return out
 
     def occupancy(self) -> np.ndarray:
