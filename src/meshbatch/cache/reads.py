@@ -145,14 +145,11 @@ def plan_runs(
         finish.publish = verify_then_publish  # run_reads: publish, then finish; abort on any error
         return targets + checks, finish, nbytes
 
-    def verify_then_finish() -> None:
+    def verify_then_finish() -> None:  # exact reads (no block cache): nothing to hand over
         verify()
         if finish is not None:
             finish()
 
-    # a block cache's hand-over and abort ride on its finish (``_plan_blocks``): keep them
-    verify_then_finish.publish = getattr(finish, "publish", None)
-    verify_then_finish.abort = getattr(finish, "abort", None)
     return targets + checks, verify_then_finish, nbytes
 
 
