@@ -27,6 +27,33 @@ def test_the_window_of_the_module_docstring():
     assert shadow.wait_s(0.86) == 0.0  # later than it ever was: it pauses, work goes on
 
 
+def test_the_window_closes_early_enough_for_the_measured_host_work():
+    """The docstring's example with pieces of 50 ms: the last start is 0.52 + 0.171 - 0.05; with
+    pieces longer than the window, it still stays open for [0.1, 0.2] of the shortest time away."""
+    shadow = _shadow([0.0, 0.31, 0.52], [0.30, 0.50], min_steps=2)
+    assert shadow.wait_s(0.66) == 0.0  # no piece measured: the whole window
+    shadow.record_work(0.05)
+    assert shadow.wait_s(0.64) == 0.0
+    assert shadow.wait_s(0.645) == pytest.approx(0.52 + 0.33 - 0.645)  # too late to fit: held
+    shadow.record_work(10.0)  # the longest recent piece counts
+    assert shadow.wait_s(0.555) == 0.0  # 0.52 + [0.019, 0.038]
+    assert shadow.wait_s(0.56) > 0
+
+
+def test_pieces_of_host_work_after_the_reads_are_measured():
+    """A producer's host work after its reads (``wait_turn`` there) is timed into the rule."""
+
+    def produce(step):
+        wait_turn()  # as fetch does once a step's reads are in
+        time.sleep(0.004)
+        return step
+
+    with Prefetcher(produce, depth=2, workers=1) as stream:
+        assert [next(stream) for _ in range(4)] == [0, 1, 2, 3]
+        pieces = list(stream._workers.shadow.work)
+    assert len(pieces) >= 4 and min(pieces) >= 0.004
+
+
 def test_nothing_is_held_back_before_measurements_or_while_the_consumer_waits():
     shadow = _shadow([0.0, 0.31, 0.52], [0.30, 0.50])  # 2 times away < min_steps=4
     assert shadow.wait_s(0.70) == 0.0

@@ -68,6 +68,7 @@ class _Workers:
         self.finished = threading.Condition(self.lock)
         self.turn = threading.Condition(self.lock)  # producers held back by the shadow rule
         self.shadow, self.held = Shadow(), 0
+        self.pieces = threading.local()  # per worker: when its host work after the reads began
         self.done: dict[int, tuple[bool, object]] = {}  # step -> (ok, item or exception)
         self.next_claim = start  # next step a worker will make
         self.consumed = start  # next step the consumer receives
@@ -83,7 +84,7 @@ class _Workers:
 
     def work(self) -> None:
         bind(self.log)
-        bind_turn(self.wait_turn)
+        bind_turn(self.turn_after_reads)
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
@@ -95,10 +96,12 @@ class _Workers:
                 step = self.next_claim
                 self.next_claim += 1
             began = time.perf_counter()
+            self.pieces.began = None  # a failed step's piece is not measured
             try:
                 self.wait_turn()  # making a step starts with host work
                 result = (True, self.produce(step))
                 self.log.made.append((step, time.perf_counter() - began))
+                self.work_done()
             except EndOfStream:
                 with self.lock:
                     self.end = step if self.end is None else min(self.end, step)
@@ -134,6 +137,19 @@ class _Workers:
                 self.turn.notify_all()  # the window is open: for the others held too
         if began is not None:
             self.log.held.append(time.perf_counter() - began)
+
+    def turn_after_reads(self) -> None:
+        """``wait_turn`` for the host work after a step's reads, which is timed (``work_done``)."""
+        self.wait_turn()
+        self.pieces.began = time.perf_counter()
+
+    def work_done(self) -> None:
+        """Records the host work since this thread's reads (``Shadow.record_work``), if any."""
+        began = getattr(self.pieces, "began", None)
+        if began is not None:
+            self.pieces.began = None
+            with self.lock:
+                self.shadow.record_work(time.perf_counter() - began)
 
     def adapt(self) -> None:
         """Re-evaluates the ``AutoDepth`` rule after a step is made: in a worker, so the consumer's

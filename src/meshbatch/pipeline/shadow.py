@@ -13,11 +13,16 @@ of its last ``window`` times away (from taking a batch to asking for the next)::
     or once                 t + (1 + f) * away_max  has passed (the consumer pauses: an eval, a save)
     or while the consumer waits in next(), or before ``min_steps`` times away are measured.
 
-Work started in the window runs to its end; the last ``f`` of the window is the margin for it.
+Work started in the window runs to its end, so the window closes early enough for it: its last
+start is ``(1 - f) * away_min - work``, ``work`` the longest of the recent host-work pieces after a
+step's reads (copies into place, stacking, the build), measured by ``record_work`` - but the
+window stays at least ``[f, 2 f] * away_min`` long. (Without that, a piece of 10 ms started at 0.89
+of a 100 ms step ran past the consumer's next ask, a wait of one GIL switch interval.)
 
     (min_steps=2) takes at 0.00, 0.31, 0.52, asks at 0.30, 0.50: away 0.30, 0.19 -> min 0.19, max 0.30
     at 0.525: wait 0.014 s (until 0.52 + 0.019)      at 0.60: start (window ends 0.52 + 0.171)
     at 0.70: wait for the next take, at most until 0.52 + 0.33 = 0.85
+    pieces of host work measured at 0.05 s: the window closes at 0.52 + 0.171 - 0.05 = 0.641
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class Shadow:
         self.away: collections.deque[float] = collections.deque(maxlen=window)
         self.taken: float | None = None  # when the consumer took its latest batch
         self.waiting = False  # the consumer waits in next() for a batch
+        self.work: collections.deque[float] = collections.deque(maxlen=window)  # host-work pieces
+
+    def record_work(self, seconds: float) -> None:
+        """A piece of host work after a step's reads took ``seconds``."""
+        self.work.append(seconds)
 
     def asked(self, now: float) -> None:
         """The consumer asks for a batch (at ``now``)."""
@@ -61,7 +71,8 @@ class Shadow:
         low, high = min(self.away), max(self.away)
         if since < f * low:
             return f * low - since
-        if since <= (1 - f) * low or since >= (1 + f) * high:
+        last = max((1 - f) * low - max(self.work, default=0.0), 2 * f * low)  # the work fits before
+        if since <= last or since >= (1 + f) * high:
             return 0.0
         return (1 + f) * high - since
 
