@@ -4,6 +4,7 @@ import gc
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -119,3 +120,20 @@ def test_a_program_that_never_closes_its_stream_exits_cleanly(tmp_path, hook):
         assert done.returncode == 0, done.stderr[-2000:]
     else:
         assert done.returncode != 0
+
+
+def test_a_closed_stream_keeps_no_batch_made_after_close():
+    """Workers in the middle of a step when the stream closes drop what they make."""
+    started = threading.Event()
+
+    def produce(step):
+        if step > 0:
+            started.set()
+        time.sleep(0.05)
+        return bytearray(1 << 20)
+
+    stream = Prefetcher(produce, depth=3, workers=3)
+    next(stream)
+    assert started.wait(5)
+    stream.close()
+    assert stream._workers.done == {}

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from meshbatch.pipeline.prefetch import Prefetcher
-from meshbatch.pipeline.shadow import Shadow, wait_turn
+from meshbatch.pipeline.shadow import Shadow, host_work_done, wait_turn
 
 
 def _shadow(takes, asks, **kwargs) -> Shadow:
@@ -147,3 +147,19 @@ def test_producers_held_past_the_window_start_again_after_the_next_take():
     assert got == list(range(6, 18))
     assert stats["held_count"] >= 4
     assert elapsed < 3.0, elapsed  # 12 x (20 ms + a wait of about the 30 ms reads); not 12 x 0.5 s
+
+
+def test_a_piece_ends_where_the_producer_says_its_host_work_ends():
+    """``host_work_done`` before a wait on an accelerator: the wait is not counted as host work."""
+
+    def produce(step):
+        wait_turn()
+        time.sleep(0.004)  # host work
+        host_work_done()
+        time.sleep(0.05)  # waiting on a device: the consumer's cores are free
+        return step
+
+    with Prefetcher(produce, depth=2, workers=1) as stream:
+        assert [next(stream) for _ in range(3)] == [0, 1, 2]
+        pieces = list(stream._workers.shadow.work)
+    assert len(pieces) >= 3 and 0.004 <= min(pieces) and max(pieces) < 0.04

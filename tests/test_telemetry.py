@@ -68,17 +68,28 @@ def test_auto_depth_rule():
     """depth = clamp(ceil(make_max / step_min) + 1, 2, max_depth), from the recorded times."""
     rule = AutoDepth(max_depth=6, initial=3, window=8)
     log = StreamLog()
+
+    def made(seconds, n=8):
+        for step in range(n):
+            log.add_made(step, seconds)
+
     assert rule.depth(log) == 3  # nothing measured yet
-    log.asked.extend([0.0, 0.1, 0.2, 0.3, 0.4])  # consumer step 0.1 s
-    log.made.extend((s, 0.25) for s in range(8))  # a step takes 0.25 s to make
+    for t in [0.0, 0.1, 0.2, 0.3, 0.4]:  # consumer step 0.1 s
+        log.add_ask(t)
+    made(0.25)  # a step takes 0.25 s to make
     assert rule.depth(log) == 4  # ceil(2.5) + 1
-    log.made.extend((s, 0.9) for s in range(8, 16))
+    made(0.9)
     assert rule.depth(log) == 6  # ceil(9) + 1, capped
-    log.made.extend((s, 0.01) for s in range(16, 24))
+    made(0.01)
     assert rule.depth(log) == 2  # floor: the window holds only fast steps now
-    log.made.extend((s, 0.17) for s in range(24, 32))
-    log.asked.extend([0.45, 0.8, 1.2])  # consumer steps 0.05, 0.35, 0.4: the quickest counts
+    made(0.17)
+    for t in [0.45, 0.8, 1.2]:  # consumer steps 0.05, 0.35, 0.4: the quickest counts
+        log.add_ask(t)
     assert rule.depth(log) == 5  # ceil(0.17 / 0.05) + 1; the median step (0.1 s) would give 3
+    log.clear()  # a report window (``Pipeline.reset_stats``) does not reset the depth
+    assert log.made == [] and rule.depth(log) == 5
+    with pytest.raises(ValueError, match="window=65"):
+        AutoDepth(window=65)
 
 
 def test_auto_depth_keeps_enough_steps_in_the_making():

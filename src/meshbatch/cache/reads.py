@@ -213,8 +213,9 @@ def convert_after(read: PendingRead, aside: np.ndarray, view: np.ndarray, *, whe
 def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | None = None) -> None:
     """Issues every planned read of ``reads`` in one ``ts.Batch``, checks the caches, then finishes each.
 
-    ``after_io`` is called once the reads and checks are done, before the host work that puts the
-    tokens in place (a stream's producer waits there for its turn, ``pipeline/shadow.py``).
+    ``after_io`` is called once the reads and checks are done and blocks read for other threads are
+    handed over, before the host work that puts the tokens in place (a stream's producer waits
+    there for its turn, ``pipeline/shadow.py``).
 
     Raises:
         CacheChangedError: a cache read was replaced or changed since it was opened (checked after
@@ -230,11 +231,11 @@ def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | No
             _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
             raise
         _run_checks(checks)
-        if after_io is not None:
-            after_io()
         for read in reads:  # every block read for others is handed over before anyone waits for one
             if read.publish is not None:
                 read.publish()
+        if after_io is not None:  # after the hand-over: a held producer never holds others' blocks
+            after_io()
         for read in reads:
             if read.finish is not None:
                 read.finish()

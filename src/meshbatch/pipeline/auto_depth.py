@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .telemetry import StreamLog
+from .telemetry import RECENT, StreamLog
 
 
 class AutoDepth:
@@ -24,20 +24,23 @@ class AutoDepth:
     open a window 0.45 s; training steps of 0.2-0.3 s -> ceil(2.25) + 1 = 4 steps in the making,
     by 4 threads. Until
     ``window // 4`` steps are measured, the depth stays at ``initial``. An explicit
-    integer ``depth`` (``Pipeline(prefetch=8)``) overrides the rule.
+    integer ``depth`` (``Pipeline(prefetch=8)``) overrides the rule. The measurements are the
+    stream's ``recent_*`` windows, which ``reset_stats`` (a report window) does not clear.
     """
 
     min_depth = 2
 
     def __init__(self, *, max_depth: int = 8, initial: int = 4, window: int = 32):
+        if not 1 <= window <= RECENT:
+            raise ValueError(f"window must be in [1, {RECENT}] (got window={window})")
         self.max_depth, self.window = max_depth, window
         self.initial = min(max(initial, self.min_depth), max_depth)
 
     def depth(self, log: StreamLog) -> int:
-        made, asked = log.made[-self.window :], log.asked[-self.window :]
+        made, asked = list(log.recent_made)[-self.window :], list(log.recent_asked)[-self.window :]
         if len(made) < max(2, self.window // 4) or len(asked) < 3:
             return self.initial
-        make = max(s for _, s in made)
+        make = max(made)
         step = float(np.min(np.diff(asked)))
         wanted = int(np.ceil(make / max(step, 1e-6))) + 1
         return min(max(wanted, self.min_depth), self.max_depth)

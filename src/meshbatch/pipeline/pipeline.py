@@ -46,6 +46,7 @@ from .phases import phase
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
+from .shadow import host_work_done
 from .state_planner import StatePlanner
 from .telemetry import pipeline_stats, read_counters
 
@@ -316,6 +317,8 @@ class Pipeline:
         if steps is not None and step >= steps:
             raise EndOfStream
         batch = self._make(step)
+        if self.mesh.devices.flat[0].platform != "cpu":  # on CPU devices the build is host work too
+            host_work_done()
         jax.block_until_ready(batch)  # ready means ready: the consumer's wait is the real wait
         return batch
 

@@ -84,7 +84,7 @@ class _Workers:
 
     def work(self) -> None:
         bind(self.log)
-        bind_turn(self.turn_after_reads)
+        bind_turn(self.turn_after_reads, self.work_done)
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
@@ -100,7 +100,7 @@ class _Workers:
             try:
                 self.wait_turn()  # making a step starts with host work
                 result = (True, self.produce(step))
-                self.log.made.append((step, time.perf_counter() - began))
+                self.log.add_made(step, time.perf_counter() - began)
                 self.work_done()
             except EndOfStream:
                 with self.lock:
@@ -115,7 +115,8 @@ class _Workers:
             except BaseException as error:  # handed to the consumer, raised there
                 result = (False, error)
             with self.lock:
-                self.done[step] = result
+                if not self.stopped:  # a closed stream keeps no batch made after close()
+                    self.done[step] = result
                 self.finished.notify_all()  # the consumer, if it waits
             if self.auto is not None:
                 self.adapt()
@@ -144,7 +145,8 @@ class _Workers:
         self.pieces.began = time.perf_counter()
 
     def work_done(self) -> None:
-        """Records the host work since this thread's reads (``Shadow.record_work``), if any."""
+        """Records the host work since this thread's reads (``Shadow.record_work``), if any: called
+        by the producer where its host work ends (``shadow.host_work_done``), else after the step."""
         began = getattr(self.pieces, "began", None)
         if began is not None:
             self.pieces.began = None
@@ -278,7 +280,7 @@ class Prefetcher(Generic[T], Iterator[T]):
             if ok:
                 shared.consumed += 1
                 shared.claimable.notify()  # one slot freed: one worker may claim one more step
-        self.log.asked.append(start)
+        self.log.add_ask(start)
         self.log.waits.append(time.perf_counter() - start)
         self.log.ready.append(ready)
         if not ok:
@@ -307,11 +309,12 @@ class Prefetcher(Generic[T], Iterator[T]):
     def close(self) -> None:
         """Stops the workers once their current step is made; safe to call more than once."""
         self._finalizer()
+        deadline = time.monotonic() + _EXIT_TIMEOUT_S  # one deadline for all, not 30 s per thread
         for thread in self._workers.threads:
             if thread is not threading.current_thread():
-                thread.join(timeout=30)
+                thread.join(max(0.0, deadline - time.monotonic()))
                 if thread.is_alive():
-                    logger.warning("prefetch thread %s did not stop within 30s", thread.name)
+                    logger.warning("prefetch thread %s did not stop in %.0fs", thread.name, _EXIT_TIMEOUT_S)
 
     def __enter__(self) -> Prefetcher[T]:
         return self

@@ -77,9 +77,10 @@ class Shadow:
         return (1 + f) * high - since
 
 
-def bind_turn(wait: Callable[[], None] | None) -> None:
-    """Makes ``wait`` what ``wait_turn`` calls in this thread (a producer thread of a stream)."""
-    _local.wait = wait
+def bind_turn(wait: Callable[[], None] | None, done: Callable[[], None] | None = None) -> None:
+    """Makes ``wait`` what ``wait_turn`` calls in this thread (a producer thread of a stream), and
+    ``done`` what ``host_work_done`` calls."""
+    _local.wait, _local.done = wait, done
 
 
 def wait_turn() -> None:
@@ -88,3 +89,11 @@ def wait_turn() -> None:
     wait = getattr(_local, "wait", None)
     if wait is not None:
         wait()
+
+
+def host_work_done() -> None:
+    """Called by a producer where its host work for a step ends (before it waits on accelerators,
+    which the consumer's cores do not feel), so the piece ``Shadow.record_work`` sees is the host's."""
+    done = getattr(_local, "done", None)
+    if done is not None:
+        done()

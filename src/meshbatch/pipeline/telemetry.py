@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 _local = threading.local()
+RECENT = 64  # asks and makes kept for AutoDepth across report windows (its window is at most this)
 
 
 def quantiles(values, prefix: str, unit: str = "s") -> dict[str, float]:
@@ -45,8 +47,20 @@ class StreamLog:
     reads: list[float] = field(default_factory=list)  # seconds per batch of reads
     depth: list[tuple[float, int]] = field(default_factory=list)  # (time, prefetch depth) changes
     held: list[float] = field(default_factory=list)  # seconds a producer was held back (shadow.py)
+    # the latest asks and makes whatever ``clear`` forgets: what ``AutoDepth`` sizes the depth from
+    recent_asked: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_made: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def add_ask(self, when: float) -> None:
+        self.asked.append(when)
+        self.recent_asked.append(when)
+
+    def add_made(self, step: int, seconds: float) -> None:
+        self.made.append((step, seconds))
+        self.recent_made.append(seconds)
 
     def clear(self) -> None:
+        """Starts the summary afresh (a report window); the ``recent_*`` windows stay."""
         self.started = time.perf_counter()
         for values in (self.asked, self.waits, self.ready, self.made, self.reads, self.depth, self.held):
             values.clear()
