@@ -156,10 +156,10 @@ def test_a_piece_ends_where_the_producer_says_its_host_work_ends():
         wait_turn()
         time.sleep(0.004)  # host work
         host_work_done()
-        time.sleep(0.05)  # waiting on a device: the consumer's cores are free
+        time.sleep(0.3)  # waiting on a device: the consumer's cores are free
         return step
 
     with Prefetcher(produce, depth=2, workers=1) as stream:
         assert [next(stream) for _ in range(3)] == [0, 1, 2]
         pieces = list(stream._workers.shadow.work)
-    assert len(pieces) >= 3 and 0.004 <= min(pieces) and max(pieces) < 0.04
+    assert len(pieces) >= 3 and 0.004 <= min(pieces) and max(pieces) < 0.2  # a wait counted: >= 0.3
