@@ -81,16 +81,18 @@ def lm_examples(batch: Batch, Pos: hax.Axis) -> list[LmExample]:
     return out
 
 
-class _Rows(AsyncDataset[LmExample]):
-    """Shared length logic: ``num_examples`` rows per epoch, ``epochs`` of them or endless."""
+class _Epochs(AsyncDataset[T]):
+    """Shared length logic: ``_epoch_rows()`` rows per epoch, ``epochs`` of them or endless."""
 
-    num_examples: int
     epochs: int | None
+
+    async def _epoch_rows(self) -> int:
+        raise NotImplementedError
 
     async def async_len(self) -> int:
         if self.epochs is None:
             raise ValueError(f"{type(self).__name__} streams every epoch (epochs=None): it has no length")
-        return self.num_examples * self.epochs
+        return await self._epoch_rows() * self.epochs
 
     async def final_length_is_known(self) -> bool:
         return self.epochs is not None
@@ -100,6 +102,15 @@ class _Rows(AsyncDataset[LmExample]):
 
     async def current_len(self) -> int | None:
         return None if self.epochs is None else await self.async_len()
+
+
+class _Rows(_Epochs[LmExample]):
+    """``num_examples`` rows per epoch."""
+
+    num_examples: int
+
+    async def _epoch_rows(self) -> int:
+        return self.num_examples
 
 
 class MeshbatchDataset(_Rows):
@@ -291,7 +302,7 @@ class BlockShufflingDataset(AsyncDataset[T]):
         return (await self.get_batch([index]))[0]
 
 
-class ShuffledDataset(AsyncDataset[T]):
+class ShuffledDataset(_Epochs[T]):
     """A finite Levanter dataset (e.g. its packed chat or supervised dataset, whose loss masks
     come from the cache's mask fields) read in the order of a meshbatch ``ShuffleSpec``: index
     ``g`` is element ``spec(g mod n)`` of epoch ``g // n``; ``ShuffleSpec("none")`` keeps order.
@@ -316,19 +327,8 @@ class ShuffledDataset(AsyncDataset[T]):
                 self._tables = self.spec.create(self._n, self.key, default_block=1)
         return self._tables, self._n
 
-    async def async_len(self) -> int:
-        if self.epochs is None:
-            raise ValueError("ShuffledDataset streams every epoch (epochs=None): it has no length")
-        return (await self._order())[1] * self.epochs
-
-    async def final_length_is_known(self) -> bool:
-        return self.epochs is not None
-
-    def is_finite(self) -> bool:
-        return self.epochs is not None
-
-    async def current_len(self) -> int | None:
-        return None if self.epochs is None else await self.async_len()
+    async def _epoch_rows(self) -> int:
+        return (await self._order())[1]
 
     async def get_batch(self, indices: Sequence[int]) -> Sequence[T]:
         if len(indices) == 0:
