@@ -34,7 +34,11 @@ CPU devices.
 
 ``--sources 64``: 64 caches of equal size, equal weights, 64 children; 8 devices only.
 
-    python benchmarks/bench_mixture.py [--quick] [--part selection|pipeline|all] [--sources N]
+Floor (``--part floor``): the heap, the merge, one jitted single-array sort of ``rows`` uint32
+words and an empty jitted call in one rotation at 64 and 256 sources: how much of the 10x
+target's budget (the heap's time over 10) a sort-based order spends before any other work.
+
+    python benchmarks/bench_mixture.py [--quick] [--part selection|floor|pipeline|all] [--sources N]
 """
 
 from __future__ import annotations
@@ -166,6 +170,50 @@ def bench_selection(configs, *, rounds: int, repeats: int) -> list[dict]:
             f"| {rows} | {sources} | {cell('heap')} | {cell('merge')} | {cell('scan')} | "
             f"**{ratio:.1f}x** ({min(ratios):.1f} .. {max(ratios):.1f}) | "
             f"{median['heap'] / median['scan']:.2f}x |"
+        )
+        results.append(row)
+    return results
+
+
+def floor_runs(rows: int, sources: int) -> dict:
+    """The heap, the merge, one jitted single-array sort of ``rows`` words, an empty jitted call."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
+    device_table, salts = jnp.asarray(table), source_salts(jnp.uint32(0), sources)
+    zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
+    words = jnp.asarray(rng.integers(0, 2**32, rows, dtype=np.uint64).astype(np.uint32))
+    lists = table.tolist()
+    empty, sort = jax.jit(lambda x: x[0]), jax.jit(jax.lax.sort)
+
+    def heap():
+        generator = heap_generator(lists, [0] * sources, seed=0)
+        for _ in range(rows):
+            next(generator)
+
+    return {
+        "heap": heap,
+        "merge": lambda: jax.block_until_ready(select_merge(zero, device_table, salts)),
+        "sort": lambda: jax.block_until_ready(sort(words)),
+        "call": lambda: jax.block_until_ready(empty(words)),
+    }
+
+
+def bench_floor(configs, *, rounds: int, repeats: int) -> list[dict]:
+    """What bounds the merge on this backend, in one rotation with the heap: an empty jitted
+    call, and one jitted single-array sort of ``rows`` uint32 words (the least work an exact
+    order by a sort takes: ``select_merge`` sorts its picks twice). ``10x budget`` is the heap's
+    time over 10: the time the issue's target leaves the whole selection."""
+    results = []
+    for rows, sources in configs:
+        times = rotating_times(floor_runs(rows, sources), rounds=rounds, repeats=repeats)
+        median = {name: statistics.median(values) for name, values in times.items()}
+        budget = median["heap"] / 10
+        row = {"rows": rows, "sources": sources, "seconds": times, "budget": budget}
+        row["floor_share"] = (median["sort"] + median["call"]) / budget
+        us = {name: f"{value * 1e6:.0f}" for name, value in median.items()}
+        print(
+            f"| {rows} | {sources} | {us['heap']} | {budget * 1e6:.0f} | {us['merge']} | "
+            f"{us['sort']} (min {min(times['sort']) * 1e6:.0f}) | {us['call']} | {row['floor_share']:.0%} |"
         )
         results.append(row)
     return results
@@ -323,7 +371,7 @@ def bench_pipeline(args) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, configurations and steps")
-    parser.add_argument("--part", choices=("selection", "pipeline", "all"), default="all")
+    parser.add_argument("--part", choices=("selection", "floor", "pipeline", "all"), default="all")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--sources", type=int, default=3, help="pipeline: 3 (4:2:1) or N equal sources")
@@ -339,9 +387,19 @@ def main():
             "| heap / scan |\n|---:|---:|---:|---:|---:|---:|---:|"
         )
         out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats)
+    if args.part == "floor":
+        configs = [(4096, 64), (4096, 256)]
+        rounds, repeats = (2, 5) if args.quick else (7, 10)
+        print("\n## floor: microseconds, medians of all runs (sort: also its minimum)\n")
+        print(
+            "| rows | sources | heap | 10x budget | merge | one sort of `rows` words | empty call "
+            "| sort + call / budget |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
+        )
+        out["floor"] = bench_floor(configs, rounds=rounds, repeats=repeats)
     if args.part in ("pipeline", "all"):
         out["pipeline"] = bench_pipeline(args)
-    write_json(__file__, out)
+    # the floor goes beside the selection's figures, never over them
+    write_json(__file__.replace(".py", "_floor.py") if args.part == "floor" else __file__, out)
 
 
 if __name__ == "__main__":
