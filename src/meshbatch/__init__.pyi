@@ -34,7 +34,7 @@ from .kernels import Batch as Batch
 from .kernels import BlockShuffle as BlockShuffle
 from .kernels import EraShuffle as EraShuffle
 from .kernels import Permutation as Permutation
-from .pipeline import BatchSchedule as BatchSchedule
+from .batch_schedule import BatchSchedule as BatchSchedule
 from .pipeline import Pipeline as Pipeline
 from .shuffles import ShuffleSpec as ShuffleSpec
 from .shuffles import block_shuffle as block_shuffle

@@ -40,7 +40,7 @@ from meshbatch.arguments import as_key, check_int, check_names, check_optional_i
 from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
 from meshbatch.kernels import Batch
 
-from .batch_schedule import BatchSchedule
+from ..batch_schedule import BatchSchedule
 from .fetch import fetch
 from .phases import phase
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
