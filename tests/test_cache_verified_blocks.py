@@ -49,8 +49,12 @@ def _open(path, lru, **kwargs) -> TokenCache:
 
 
 def _file_reads() -> int:
-    metrics = ts.experimental_collect_matching_metrics("/tensorstore/kvstore/file/read")
-    return sum(m["values"][0].get("value", 0) for m in metrics if m["name"] == "/tensorstore/kvstore/file/read")
+    name = "/tensorstore/kvstore/file/read"
+    return sum(
+        m["values"][0].get("value", 0)
+        for m in ts.experimental_collect_matching_metrics(name)
+        if m["name"] == name
+    )
 
 
 def _plan(cache, start: int, n: int = 10):
@@ -65,7 +69,7 @@ def _run_waiter_then_owner(owner, waiter) -> dict[str, BaseException]:
     def run(name, read):
         try:
             run_reads([read])
-        except BaseException as e:  # noqa: BLE001 - each thread's outcome is checked by the test
+        except BaseException as e:  # each thread's outcome is checked by the test
             errors[name] = e
 
     thread = threading.Thread(target=run, args=("waiter", waiter))

@@ -83,6 +83,25 @@ class ChunkVerifier:
         with self._lock:
             return [k for k in range(lo // self.size, last + 1) if (k, self._length(k)) not in self._verified]
 
+    def within(self, lo: int, hi: int) -> list[int]:
+        """Chunks lying whole in tokens ``[lo, hi)`` that can be verified (verified or not)."""
+        last = min(hi // self.size + 1, self.limit)  # + 1: a short last chunk may end before hi
+        return [k for k in range(-(-lo // self.size), last) if self.bounds(k)[1] <= hi]
+
+    def pending_within(self, lo: int, hi: int) -> list[int]:
+        """Chunks lying whole in tokens ``[lo, hi)`` that can be verified and are not yet."""
+        if self.complete:
+            return []
+        with self._lock:
+            return [k for k in self.within(lo, hi) if (k, self._length(k)) not in self._verified]
+
+    def check_within(self, start: int, values: np.ndarray, *, cache: str, token_start: int) -> None:
+        """Verifies, from ``values`` (tokens ``[start, start + len(values))``, on-disk dtype), every
+        chunk lying whole in them that is not verified yet (a block read by another reader)."""
+        for k in self.pending_within(start, start + values.shape[0]):
+            lo, hi = self.bounds(k)
+            self.check(k, values[lo - start : hi - start], cache=cache, token_start=token_start)
+
     def check(self, k: int, values: np.ndarray, *, cache: str, token_start: int | None) -> None:
         """Compares chunk ``k``'s values with its recorded CRC-32; remembers a match.
 
