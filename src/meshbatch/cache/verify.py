@@ -13,6 +13,14 @@ A cache meshbatch wrote has a checksum sidecar (``checksums.py``): a CRC-32 per
     read tokens [5, 7)   -> chunk 1 = tokens [4, 8) read too; crc32 == c1? remember (1, 4)
     read tokens [6, 10)  -> chunk 1 remembered; chunk 2 = tokens [8, 10) read and summed
 
+Through a ``BlockCache`` (``reads.py``), the thread that reads a block also verifies every chunk
+the block covers whole, from what it read, before other threads get the block; a thread waiting
+for the block reads none of those chunks again (it checks them from the block only where its own
+reader has not verified them: a block read by a reader with verification off)::
+
+    blocks of 2 chunks: A reads block 0 for tokens in chunk 0, B waits for it for chunk 1
+    A -> 1 read, checks chunks 0 and 1, publishes;  B -> no read, chunk 1 already verified
+
 A mismatch is a ``CacheIntegrityError`` naming the cache, the array, the chunk and its token range
 (bit rot that still decodes, a chunk copied over from another cache, an offset moved). A chunk
 whose recorded extent reaches past the rows the reader's ledger commits (a cache still being
