@@ -132,7 +132,8 @@ def plan_runs(
         finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
     else:
         targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
-    checks, verify = _plan_verification(pieces, targets)
+    blocks = block_cache is not None
+    checks, verify = _plan_verification(pieces, targets, blocks=blocks, waited=getattr(finish, "waited", ()))
     if verify is None:
         return targets, finish, nbytes
     publish = getattr(finish, "publish", None)
@@ -153,30 +154,46 @@ def plan_runs(
     return targets + checks, verify_then_finish, nbytes
 
 
-def _plan_verification(pieces, reads: list[Target]) -> tuple[list[Target], Callable[[], None] | None]:
-    """What verifies the chunks ``pieces`` touch that are not verified yet, and the extra reads it needs.
+def _plan_verification(
+    pieces, reads: list[Target], *, blocks: bool = False, waited: Sequence[tuple[Segment, int, int]] = ()
+) -> tuple[list[Target], Callable[[], None] | None]:
+    """What verifies the chunks not verified yet that ``pieces`` touch (and, for ``blocks``, that
+    ``reads`` cover whole), and the extra reads it needs.
 
     A chunk that one of ``reads`` covers whole is summed from that read's destination (no extra
-    read); any other is read whole in the same batch::
+    read). With ``blocks`` (``reads`` are a block cache's), every chunk a read covers whole is
+    summed, touched or not: blocks read for other threads are verified whole before they get them,
+    and a chunk lying whole in a block another thread reads (``waited``: ``(segment, lo, hi)``) is
+    left to that block's reader (``_plan_blocks`` checks it on arrival if its reader did not).
+    Any other chunk is read whole in the same batch::
 
         chunk 3 = tokens [768, 1024), read [700, 1100) -> summed from that read's dest[68:324]
         chunk 4 = tokens [1024, 1280), read [1100, 1110) -> one more read of [1024, 1280)
+        chunk 5 = tokens [1280, 1536), block [1280, 1536) another thread reads -> nothing here
     """
     wanted: dict[tuple, tuple[Segment, int]] = {}
     for _, seg, lo, hi in pieces:
         if seg.verifier is not None and not seg.verifier.complete:
             for k in seg.verifier.pending(lo, hi):
                 wanted.setdefault((seg.key, k), (seg, k))
+    for seg, lo, hi in waited:
+        if seg.verifier is not None and wanted:
+            for k in seg.verifier.within(lo, hi):
+                wanted.pop((seg.key, k), None)
+    if blocks:
+        for t in reads:
+            if t.segment.verifier is not None:
+                for k in t.segment.verifier.pending_within(t.start, t.start + t.dest.shape[0]):
+                    wanted.setdefault((t.segment.key, k), (t.segment, k))
     if not wanted:
         return [], None
     covered: dict[tuple, Target] = {}  # chunks some read covers whole: one pass over the reads
     for t in reads:
-        verifier, end = t.segment.verifier, t.start + t.dest.shape[0]
-        if verifier is None:
-            continue
-        for k in range(-(-t.start // verifier.size), min(end // verifier.size + 1, verifier.limit)):
-            if (t.segment.key, k) in wanted and verifier.bounds(k)[1] <= end:
-                covered.setdefault((t.segment.key, k), t)
+        verifier = t.segment.verifier
+        if verifier is not None:
+            for k in verifier.within(t.start, t.start + t.dest.shape[0]):
+                if (t.segment.key, k) in wanted:
+                    covered.setdefault((t.segment.key, k), t)
     sources, extra = [], []
     for key, (seg, k) in wanted.items():
         lo, hi = seg.verifier.bounds(k)
@@ -323,7 +340,7 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     dtype = np.dtype(pieces[0][1].data.dtype.numpy_dtype) if pieces else dest.dtype
     blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
     missing: dict[tuple, tuple[Segment, int]] = {}  # blocks this request reads (it owns them)
-    waiting: dict[tuple, Pending] = {}  # blocks another thread is reading
+    waiting: dict[tuple, tuple[Pending, Segment, int]] = {}  # blocks another thread is reading
     for _, seg, lo, hi in pieces:
         for k in range(lo // size, (hi - 1) // size + 1):
             key = _block_key(seg, k, size)
@@ -335,7 +352,7 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
             elif owner:
                 missing[key] = (seg, k)
             else:
-                waiting[key] = pending
+                waiting[key] = (pending, seg, k)
 
     # consecutive missing blocks of one segment share a read
     groups: list[list[tuple]] = []
@@ -365,8 +382,11 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
             cache.abandon(key, error)
 
     def finish() -> None:
-        for key, pending in waiting.items():
-            blocks[key] = _await_block(pending, key)
+        for key, (pending, seg, k) in waiting.items():
+            block = _await_block(pending, key)
+            if seg.verifier is not None:  # verified by its reader unless that reader does not verify
+                seg.verifier.check_within(k * size, block, cache=seg.cache, token_start=seg.token_start)
+            blocks[key] = block
         for at, seg, lo, hi in pieces:
             pos = lo
             while pos < hi:
@@ -377,6 +397,7 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
                 at, pos = at + take, pos + take
 
     finish.publish, finish.abort = publish, abort  # run_reads calls them through PendingRead
+    finish.waited = [(seg, k * size, k * size + key[2]) for key, (_, seg, k) in waiting.items()]
     return targets, finish, sum(target.dest.nbytes for target in targets)
 
 

@@ -13,6 +13,14 @@ A cache meshbatch wrote has a checksum sidecar (``checksums.py``): a CRC-32 per
     read tokens [5, 7)   -> chunk 1 = tokens [4, 8) read too; crc32 == c1? remember (1, 4)
     read tokens [6, 10)  -> chunk 1 remembered; chunk 2 = tokens [8, 10) read and summed
 
+Through a ``BlockCache`` (``reads.py``), the thread that reads a block also verifies every chunk
+the block covers whole, from what it read, before other threads get the block; a thread waiting
+for the block reads none of those chunks again (it checks them from the block only where its own
+reader has not verified them: a block read by a reader with verification off)::
+
+    blocks of 2 chunks: A reads block 0 for tokens in chunk 0, B waits for it for chunk 1
+    A -> 1 read, checks chunks 0 and 1, publishes;  B -> no read, chunk 1 already verified
+
 A mismatch is a ``CacheIntegrityError`` naming the cache, the array, the chunk and its token range
 (bit rot that still decodes, a chunk copied over from another cache, an offset moved). A chunk
 whose recorded extent reaches past the rows the reader's ledger commits (a cache still being
@@ -82,6 +90,25 @@ class ChunkVerifier:
         last = min((hi - 1) // self.size, self.limit - 1)
         with self._lock:
             return [k for k in range(lo // self.size, last + 1) if (k, self._length(k)) not in self._verified]
+
+    def within(self, lo: int, hi: int) -> list[int]:
+        """Chunks lying whole in tokens ``[lo, hi)`` that can be verified (verified or not)."""
+        last = min(hi // self.size + 1, self.limit)  # + 1: a short last chunk may end before hi
+        return [k for k in range(-(-lo // self.size), last) if self.bounds(k)[1] <= hi]
+
+    def pending_within(self, lo: int, hi: int) -> list[int]:
+        """Chunks lying whole in tokens ``[lo, hi)`` that can be verified and are not yet."""
+        if self.complete:
+            return []
+        with self._lock:
+            return [k for k in self.within(lo, hi) if (k, self._length(k)) not in self._verified]
+
+    def check_within(self, start: int, values: np.ndarray, *, cache: str, token_start: int) -> None:
+        """Verifies, from ``values`` (tokens ``[start, start + len(values))``, on-disk dtype), every
+        chunk lying whole in them that is not verified yet (a block read by another reader)."""
+        for k in self.pending_within(start, start + values.shape[0]):
+            lo, hi = self.bounds(k)
+            self.check(k, values[lo - start : hi - start], cache=cache, token_start=token_start)
 
     def check(self, k: int, values: np.ndarray, *, cache: str, token_start: int | None) -> None:
         """Compares chunk ``k``'s values with its recorded CRC-32; remembers a match.
