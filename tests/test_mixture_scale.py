@@ -82,6 +82,71 @@ def test_stable_component_past_2_31_rows(compat, target):
     np.testing.assert_array_equal(np.asarray(epoch).astype(np.int64), reads // length)
 
 
+@pytest.mark.parametrize("compat", [None, "levanter"])
+def test_stable_source_epoch_past_2_32_is_refused(compat):
+    """A one-row source's epoch is its read count: rows around its 2^32-th read (block about
+    1.4e9, far below 2^32 blocks) are exact below it and refused (source ``WRAPPED``, the index
+    and epoch ``INVALID``) from it on, never a wrong index; the other source's rows stay exact.
+    Each expected ``(source, index, epoch)`` is int64 arithmetic."""
+    lengths = {"a": 1, "b": 10**6}
+    weights = {"a": 0.75, "b": 0.25}
+    block_size = 4
+    names = list(lengths)
+    schedule = meshbatch.mixture_schedule(lengths, weights, block_size=block_size, key=3, compat=compat)
+    counts = np.asarray(counts_per_block(names, weights, block_size, compat), np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)])
+    block = 2**32 // int(counts[0])  # a's reads of this block straddle 2^32
+    rows = np.arange((block - 2) * block_size, (block + 3) * block_size, dtype=np.int64)
+    per_pass = int(schedule.num_rows)
+    assert (rows // per_pass == rows[0] // per_pass).all()
+    source, index, epoch = (
+        np.asarray(x).astype(np.int64)
+        for x in schedule.locate(jnp.asarray((rows % per_pass).astype(np.uint32)), int(rows[0] // per_pass))
+    )
+
+    blocks, position = rows // block_size, rows % block_size
+    key = jax.random.key(3)
+    ids = np.stack([block_permutation(key, int(b), block_size, compat) for b in np.unique(blocks)])
+    ident = ids[blocks - blocks[0], position].astype(np.int64)
+    want_source = np.searchsorted(first, ident, side="right") - 1
+    reads = blocks * counts[want_source] + ident - first[want_source]
+    want_epoch = reads // np.asarray([lengths[n] for n in names], np.int64)[want_source]
+    fits = want_epoch < 2**32
+    assert fits.any() and (~fits).any() and (want_source[~fits] == 0).all()
+    np.testing.assert_array_equal(source, np.where(fits, want_source, meshbatch.kernels.WRAPPED))
+    np.testing.assert_array_equal(epoch, np.where(fits, want_epoch, meshbatch.kernels.INVALID))
+    np.testing.assert_array_equal(index[fits], (reads % np.asarray([1, 10**6])[want_source])[fits])
+    assert (index[~fits] == meshbatch.kernels.INVALID).all()
+
+
+def test_mixture_row_past_a_source_epoch_names_the_cause(tmp_path):
+    """A real ``Mixture`` of a one-row child: the plan of the rows at its 2^32-th read refuses
+    them, and the host half says why (an ``OverflowError`` naming the row, not "past the end")."""
+    rng = np.random.default_rng(2)
+    for name, docs in (("one", [16]), ("many", [40] * 5)):
+        with CacheWriter(str(tmp_path / name)) as writer:
+            writer.write([rng.integers(2, 999, n).astype(np.int32) for n in docs])
+    children = {
+        name: CausalLMDataset(TokenCache.open(str(tmp_path / name)), 16, shuffle=ShuffleSpec("none"))
+        for name in ("one", "many")
+    }
+    assert children["one"].num_examples == 1
+    mixture = meshbatch.Mixture(children, {"one": 0.75, "many": 0.25}, block_size=4)
+    device, host = mixture.make(jax.random.key(0))
+    global_rows = np.arange(4 * (2**32 // 3) - 8, 4 * (2**32 // 3) + 8, dtype=np.int64)
+    per_pass = mixture.num_examples
+    rows = Rows(
+        jnp.asarray((global_rows % per_pass).astype(np.uint32)),
+        jnp.asarray((global_rows // per_pass).astype(np.uint32)),
+    )
+    plan, _ = device.plan(rows, None)
+    source = np.asarray(plan.source)
+    assert (source == meshbatch.kernels.WRAPPED).any() and (source == 0).any()
+    bad = int(np.flatnonzero(source < 0)[0])
+    with pytest.raises(OverflowError, match=f"row {bad} of the batch: its source would start its 2\\^32-th"):
+        host.spans(plan)
+
+
 SEQ, BATCH = 16, 32
 
 

@@ -20,7 +20,9 @@ strong Feistel network of ``meshbatch.kernels.shuffles.feistel`` (cycle walking)
 round keys a keyed murmur3 hash of ``(block, round)`` (no key derivation per block).
 
 Everything is uint32: a read number can exceed 2^32 over a long run, so it is never formed; its
-quotient and remainder by the length come from ``muldiv``'s 64-bit long division.
+quotient and remainder by the length come from ``muldiv``'s 64-bit long division. The quotient,
+a source's epoch, is 32 bits: a row whose source would start its 2^32-th pass is refused (source
+``WRAPPED``), never given a wrong index.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Integer, PRNGKeyArray, UInt32
+from jaxtyping import Array, Bool, Int, Integer, PRNGKeyArray, UInt32
 
 from ..shuffles.feistel import STRONG_ROUNDS, StrongNetwork, strong_halves
 from ..shuffles.permutation import INVALID, apply_network, check_indices
-from ..uint32 import fmix32, muldiv
+from ..uint32 import fmix32, mul_wide, muldiv
 
 U32 = jnp.uint32
+WRAPPED = -2  # the source of a row whose source would pass 2^32 - 1 epochs (32-bit epochs)
 Compat = Literal["levanter"] | None
 
 
@@ -105,7 +108,9 @@ class MixtureSchedule(eqx.Module):
         Under restart, pass ``e`` row ``r`` is global row ``e * num_rows + r``; a finite mixture
         replays the same ``(source, index)`` each pass, with the sources' epochs moved on.
         Rows out of range (``r >= num_rows``, or more than 2^32 blocks) give source ``-1`` and
-        ``INVALID`` index and epoch; concrete rows out of range raise ``IndexError``.
+        ``INVALID`` index and epoch; concrete rows out of range raise ``IndexError``. A row whose
+        source would start its 2^32-th pass (a source's epoch is 32 bits: a one-row source gets
+        there after 2^32 of its reads) gives source ``WRAPPED`` (-2), ``INVALID`` index and epoch.
         """
         if self.finite and not isinstance(self.num_rows, jax.core.Tracer):
             check_indices(rows, int(self.num_rows))
@@ -179,10 +184,22 @@ def _last_at_most(
 
 
 def _divmod_reads(k, count, rank, length):
-    """``divmod(k * count + rank, length)`` exactly (``k * count`` may pass 2^32)."""
+    """``divmod(k * count + rank, length)`` exactly (``k * count`` may pass 2^32), and whether
+    the quotient fits 32 bits (it does not when the 64-bit numerator's high word reaches
+    ``length``: a source of few rows wraps 2^32 times long before 2^32 blocks)."""
+    low, high = mul_wide(k, count)
+    fits = high + (low + rank < low).astype(U32) < length
     quotient = muldiv(k, count, rank, length)
     remainder = k * count + rank - quotient * length  # exact mod 2^32, and < length
-    return quotient, remainder
+    return quotient, remainder, fits
+
+
+def _add_fits(
+    a: UInt32[Array, " n"], b: UInt32[Array, " n"]
+) -> tuple[UInt32[Array, " n"], Bool[Array, " n"]]:
+    """``a + b`` and whether it stayed below 2^32."""
+    total = a + b
+    return total, total >= a
 
 
 def mixture_locate(
@@ -213,15 +230,21 @@ def mixture_locate(
     rank = q - pick(schedule.first)
     length = schedule.lengths[source]
     k = block - schedule.stage_start[stage]
-    wrap, index = _divmod_reads(k, pick(schedule.counts), rank, length)
+    wrap, index, fits = _divmod_reads(k, pick(schedule.counts), rank, length)
     # Add the stage's base (wrap, index); index + base_index may pass length once.
     base_index = pick(schedule.base_index)
     over = index >= length - base_index
     index = jnp.where(over, index - (length - base_index), index + base_index)
-    wrap = wrap + pick(schedule.base_wrap) + over.astype(U32) + replay * schedule.passes[source]
+    replays, replays_high = mul_wide(replay, schedule.passes[source])
+    wrap, fits_base = _add_fits(wrap, pick(schedule.base_wrap))
+    wrap, fits_over = _add_fits(wrap, over.astype(U32))
+    wrap, fits_replay = _add_fits(wrap, replays)
+    # a source's epoch is 32 bits: a row whose source would start its 2^32-th pass is refused
+    wrapped = valid & ~(fits & fits_base & fits_over & fits_replay & (replays_high == 0))
+    valid = valid & ~wrapped
     invalid = U32(INVALID)
     return (
-        jnp.where(valid, source, -1),
+        jnp.where(wrapped, WRAPPED, jnp.where(valid, source, -1)),
         jnp.where(valid, index, invalid),
         jnp.where(valid, wrap, invalid),
     )

@@ -1,5 +1,6 @@
 # The public names of ``meshbatch``, written once: type checkers read this stub, and
 # ``__init__.py`` reads it to resolve each name lazily from its module.
+from .batch_schedule import BatchSchedule as BatchSchedule
 from .cache import BlockCache as BlockCache
 from .cache import ByteTokenizer as ByteTokenizer
 from .cache import CacheWriter as CacheWriter
@@ -34,7 +35,6 @@ from .kernels import Batch as Batch
 from .kernels import BlockShuffle as BlockShuffle
 from .kernels import EraShuffle as EraShuffle
 from .kernels import Permutation as Permutation
-from .batch_schedule import BatchSchedule as BatchSchedule
 from .pipeline import Pipeline as Pipeline
 from .shuffles import ShuffleSpec as ShuffleSpec
 from .shuffles import block_shuffle as block_shuffle

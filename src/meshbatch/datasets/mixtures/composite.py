@@ -37,7 +37,7 @@ import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
-from meshbatch.kernels import Batch
+from meshbatch.kernels import WRAPPED, Batch
 
 
 def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGKeyArray]]:
@@ -211,6 +211,11 @@ class Composite(Dataset):
         source = np.asarray(plan.source)
         if source.size and source.min() < 0:
             bad = int(np.flatnonzero(source < 0)[0])
+            if source[bad] == WRAPPED:
+                raise OverflowError(
+                    f"row {bad} of the batch: its source would start its 2^32-th pass (a source's "
+                    f"epoch is 32 bits; a source of few rows gets there first) in {self!r}"
+                )
             raise IndexError(f"row {bad} of the batch lies past the end of the mixture ({self!r})")
         n, width = source.shape[0], self.spans_per_row
         out = Spans(
