@@ -5,6 +5,7 @@ import jax
 import numpy as np
 import pytest
 from compiles import count_compiles
+from mp_harness import assemble, run_processes
 from test_pipeline import SEQ, expected_stream, mesh_of
 
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec
@@ -75,3 +76,43 @@ def test_pad_final_batch_is_a_bool(cache_path):
     dataset = CausalLMDataset(TokenCache.open(cache_path), SEQ)
     with pytest.raises(TypeError, match=r"pad_final_batch must be a bool \(got pad_final_batch='yes'\)"):
         Pipeline(dataset, mesh=mesh_of((1,), ("data",)), batch_size=8, key=0, pad_final_batch="yes")
+
+
+class LastSteps:
+    """The last ``count`` steps of a pipeline as steps ``0 .. count - 1`` (for ``mp_worker``,
+    which makes steps from 0)."""
+
+    def __init__(self, pipeline: Pipeline, count: int):
+        self.pipeline, self.first = pipeline, pipeline.num_steps() - count
+
+    def batch(self, step: int):
+        return self.pipeline.batch(self.first + step)
+
+
+def padded_tail(mesh, *, cache_path: str):
+    """A ``mp_worker`` factory: the padded pipeline's last 2 steps on a multi-process mesh."""
+    dataset = CausalLMDataset(TokenCache.open(cache_path), SEQ, shuffle=SPEC, eos_id=1)
+    pipeline = Pipeline(dataset, mesh=mesh, batch_size=SCHEDULE, key=7, max_epochs=2, pad_final_batch=True)
+    return LastSteps(pipeline, 2), dict
+
+
+def test_padded_final_step_across_processes(cache_path, tmp_path):
+    """2 processes x 4 devices, (data 4, model 2): each process zeroes its own shards; the
+    stitched batches are the single-process ones."""
+    _, pad, _ = pipelines(cache_path)
+    want = [pad.batch(pad.num_steps() - 2 + step) for step in range(2)]
+    results = run_processes(
+        tmp_path,
+        processes=2,
+        local_devices=4,
+        mesh_shape="4x2",
+        factory="test_pipeline_final_batch:padded_tail",
+        kwargs={"cache_path": cache_path},
+        steps=2,
+    )
+    for step in range(2):
+        for name in ("tokens", "loss_mask", "segment_ids"):
+            expected = np.asarray(getattr(want[step], name))
+            got = assemble(results, step=step, leaf=name, like=expected)
+            np.testing.assert_array_equal(got, expected, err_msg=f"{step=} {name=}")
+    assert (np.asarray(want[1].loss_mask).sum(1) == 0).any(), "the last step is not padded"
