@@ -15,7 +15,7 @@ from levanter.store.cache import SerialCacheWriter, TreeCache
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import TokenCache
-from meshbatch.datasets import CausalLMDataset
+from meshbatch.datasets import CausalLMDataset, SpliceLMDataset
 from meshbatch.levanter import MeshbatchDataset, PipelineLoader
 
 SEQ, BATCH, EOS = 32, 8, 1
@@ -96,3 +96,19 @@ def test_fast_path_drops_the_final_batch_when_asked(levanter_cache):
     )
     assert loader.pipeline.num_steps() == 13
     assert sum(1 for _ in loader.iter_from_step(0)) == 13
+
+
+def test_fast_path_pads_a_splice_dataset_as_the_dataloader(levanter_cache):
+    """A splice dataset (rows carry ``doc_idx``, which ``LmExample`` drops): the padded last batch
+    equals the ``DataLoader``'s over the same ``MeshbatchDataset``."""
+    spec = dict(seq_len=SEQ, content_length=20, content_start_mode="coverage_balanced", alpha=0.8)
+    splice = SpliceLMDataset.from_cache(
+        TokenCache.open(levanter_cache), np.array([5, 20]), pool=False, pad_token_id=0, **spec
+    )
+    assert splice.num_examples % BATCH == 5  # 173 rows: 22 batches, the last holding 5
+    mesh = mesh_of(8)
+    dataset = MeshbatchDataset(splice, Pos=Pos, key=jax.random.key(3), epochs=1, fast_path=False)
+    want = dataloader_batches(dataset, mesh)
+    assert len(want) == -(-splice.num_examples // BATCH)
+    loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=BATCH)
+    assert_same(list(loader.iter_from_step(0)), want, "splice fast path")
