@@ -5,7 +5,9 @@ and places them on the mesh. ``PipelineLoader`` has the ``DataLoader``'s interfa
 (``iter_from_step``, ``__iter__``) and yields batched ``LmExample``s whose arrays are the
 ``Pipeline``'s globally sharded ones: plan, coalesced reads and build per shard on the devices,
 no per-example objects, no host stacking. A ``MeshbatchDataset``'s row ``g`` is the pipeline's
-stream position ``g``, so the batches equal the ``DataLoader``'s bit for bit (tested).
+stream position ``g``, so the batches equal the ``DataLoader``'s bit for bit (tested), the last
+one of a finite stream (``epochs``) included: padded with zero rows, as the ``DataLoader`` pads it
+(``pad_final_batch``, ``meshbatch.pipeline.final_batch``).
 
 ``fast_path()`` makes ``Trainer.data_loader`` return one for a ``MeshbatchDataset`` (the entry
 point ``meshbatch.levanter.train_lm`` runs inside it); any other dataset gets Levanter's loader.
@@ -50,6 +52,9 @@ class PipelineLoader:
         batch_axis: the batch axis name.
         checkpoint_path: where the trainer resumes from (``Trainer.checkpoint_path``): a stateful
             dataset's state is read back from there (``checkpoint_state``).
+        pad_final_batch: with ``dataset.epochs`` set, yield the final partial batch, its rows past
+            the end zeros (loss mask 0), as Levanter's ``DataLoader`` does by default (``True``);
+            ``False`` drops it, as ``DataLoader(pad_final_batch=False)``.
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class PipelineLoader:
         batch_size,
         batch_axis: str = "batch",
         checkpoint_path: str | None = None,
+        pad_final_batch: bool = True,
     ):
         data_axes = axis_mapping.get(batch_axis)
         if data_axes is None:
@@ -73,6 +79,7 @@ class PipelineLoader:
             key=dataset.key,
             data_axes=data_axes,
             max_epochs=dataset.epochs,
+            pad_final_batch=pad_final_batch,
         )
 
     def iter_from_step(self, step: int | None) -> Iterator[LmExample]:

@@ -36,12 +36,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from meshbatch.arguments import as_key, check_int, check_names, check_optional_int, check_step
+from meshbatch.arguments import as_key, check_bool, check_int, check_names, check_optional_int, check_step
 from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
 from meshbatch.kernels import Batch
 
 from ..batch_schedule import BatchSchedule
 from .fetch import fetch
+from .final_batch import pad_rows, real_rows, steps_in
 from .phases import phase
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .programs import build_program, plan_program, split_program
@@ -66,8 +67,12 @@ class Pipeline:
         prefetch: batches kept ready (or in the making) by ``iterate_from``, or ``"auto"``: adapted
             to the measured read latency and step time (``auto_depth.AutoDepth``; up to 8).
         workers: threads making batches concurrently in ``iterate_from``.
-        max_epochs: stop before the first step that would read past this many epochs; ``None``
-            streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
+        max_epochs: end the stream after this many epochs (``pad_final_batch`` says how);
+            ``None`` streams forever (later epochs reshuffle if the dataset's shuffle asks for it).
+        pad_final_batch: with ``max_epochs``, where the last epoch ends inside a step: ``False``
+            (the default) stops before that step; ``True`` yields it too, its rows past the end
+            zeros in every leaf (loss mask 0), as Levanter's ``DataLoader(pad_final_batch=True)``
+            pads (``final_batch``; same shapes, nothing recompiles).
         stages: build stages applied per shard after ``build`` (``BuildStage``), in order.
         state: a ``state_dict()`` to start from (a stateful dataset's checkpoint).
     """
@@ -83,6 +88,7 @@ class Pipeline:
         prefetch: int | str = 4,
         workers: int = 2,
         max_epochs: int | None = None,
+        pad_final_batch: bool = False,
         stages: Sequence[BuildStage] = (),
         state: dict[str, Any] | None = None,
     ):
@@ -94,6 +100,7 @@ class Pipeline:
         self.data_axes = check_names("data_axes", data_axes)
         self.schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
         self.max_epochs = check_optional_int("max_epochs", max_epochs, low=1)
+        self.pad_final_batch = check_bool("pad_final_batch", pad_final_batch)
         check_prefetch(prefetch, workers, depth_name="prefetch")
         self.prefetch, self.workers = prefetch, workers
         if not isinstance(stages, Sequence) or isinstance(stages, str):
@@ -141,13 +148,20 @@ class Pipeline:
     # -- host arithmetic ----------------------------------------------------------------------
 
     def num_steps(self) -> int | None:
-        """Steps before ``max_epochs`` would be exceeded, or ``None`` for an endless stream."""
+        """Steps of ``max_epochs`` epochs (the partial last one only with ``pad_final_batch``), or
+        ``None`` for an endless stream."""
         return self._num_steps
 
     def _count_steps(self) -> int | None:
         if self.max_epochs is None or not self._host.length_is_final:
             return None
-        return self.schedule.steps_within(self.max_epochs * self._host.num_examples)
+        return steps_in(self.schedule, self.max_epochs * self._host.num_examples, self.pad_final_batch)
+
+    def _real_rows(self, step: int) -> int:
+        """Rows of ``step`` that hold examples: all but in a padded final step."""
+        if self._num_steps is None:  # endless, or a length not final yet
+            return self.schedule.batch_size(step)
+        return real_rows(self.schedule, step, self.max_epochs * self._host.num_examples)
 
     def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.schedule.rows(step, rows, self._host.num_examples)
@@ -220,7 +234,12 @@ class Pipeline:
                 plan = layout.stack_rows(plan)
             local = self._run_build(layout.batch_size, plan, content)
         with phase("global"):
-            return jax.tree.map(layout.to_global, local)
+            batch = jax.tree.map(layout.to_global, local)
+        real = self._real_rows(step)
+        if real < layout.batch_size:  # the padded final step (pad_final_batch)
+            with phase("pad"):
+                batch = pad_rows(batch, real)
+        return batch
 
     # -- checkpoints --------------------------------------------------------------------------------
 
