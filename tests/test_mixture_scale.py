@@ -175,6 +175,41 @@ def children(tmp_path_factory):
     }
 
 
+@pytest.mark.parametrize("epochs_before", [2**32 - 2, 2**32 - 1])
+def test_balanced_child_epoch_never_wraps(tmp_path, epochs_before):
+    """A one-row child (its row offset is its epoch) at epoch ``epochs_before``, the least
+    consumed, takes every row of a step: a step that leaves it at epoch 2^32 - 1 is exact, one row
+    more is refused (an error naming the specs, never an epoch that wraps to 0)."""
+    rng = np.random.default_rng(4)
+    for name, docs in (("a", 1), ("b", 10)):
+        with CacheWriter(str(tmp_path / name)) as writer:
+            writer.write([rng.integers(2, 999, 20).astype(np.int32) for _ in range(docs)])
+    kids = {
+        n: CausalLMDataset(TokenCache.open(str(tmp_path / n)), 16, shuffle=ShuffleSpec("none")) for n in "ab"
+    }
+    mixture = TokenBalancedMixture(kids)
+    assert mixture.lengths[0] == 1
+    start = {
+        "datasets": [
+            {"spec": "a", "row_offset": epochs_before, "token_offset": 0},
+            {"spec": "b", "row_offset": 0, "token_offset": 10**6},
+        ]
+    }
+    device = mixture.device(as_key(0))
+
+    def step(n):
+        rows = Rows(jnp.arange(n, dtype=jnp.uint32), jnp.zeros(n, jnp.uint32))
+        return plan_program(device, rows, mixture.load_state_dict(start))
+
+    room = 2**32 - 1 - epochs_before  # rows a may still give: its last epoch is 2^32 - 1
+    if room:
+        plan, state = step(room)
+        assert np.asarray(plan.source).tolist() == [0] * room
+        assert mixture.state_dict(state)["datasets"][0]["row_offset"] == epochs_before + room
+    with pytest.raises(Exception, match="would start its 2\\^32-th epoch"):
+        jax.block_until_ready(step(room + 1))
+
+
 def test_balanced_component_past_2_31_rows(children, monkeypatch):
     """A state where ``a`` has given 2^31 - 20 rows and ``b`` 2^32 - 10 (tokens just below 2^33):
     three steps of 32 rows carry both past 2^31 and 2^32 rows; every pick,

@@ -46,6 +46,7 @@ class PositionLog:
         self.specs: dict[str, int] = {}  # spec -> its column, in order of first appearance
         self._rows: list[list[int]] = []  # per step, per column (columns added later are absent)
         self._tokens: list[list[int]] = []
+        self._present: set[str] = set()  # the specs of the last update
 
     @property
     def history(self) -> list[dict[str, dict[str, int]]]:
@@ -57,8 +58,10 @@ class PositionLog:
         ]
 
     def update(self, step: int, state_dict: Mapping[str, Any]) -> dict[str, int]:
-        """Record the position after ``step`` and return it as flat metrics: totals and, from the
-        second update on, what this step added (``step_rows``, ``step_tokens``)."""
+        """Record the position after ``step`` and return it as flat metrics: totals and, for a spec
+        the previous update had too, what this step added (``step_rows``, ``step_tokens``). A
+        spec new to the log (or back after an update without it) reports totals only: its
+        starting count (a resumed spec's baseline) is not this step's work."""
         now = positions(state_dict)
         for spec in now:
             self.specs.setdefault(spec, len(self.specs))
@@ -66,9 +69,9 @@ class PositionLog:
         for spec, counts in now.items():
             rows[self.specs[spec]] = counts["rows"]
             tokens[self.specs[spec]] = counts["tokens"]
-        first = not self.steps
-        before_rows = [] if first else self._rows[-1]
-        before_tokens = [] if first else self._tokens[-1]
+        before_rows = self._rows[-1] if self.steps else []
+        before_tokens = self._tokens[-1] if self.steps else []
+        present, self._present = self._present, set(now)
         self.steps.append(int(step))
         self._rows.append(rows)
         self._tokens.append(tokens)
@@ -77,10 +80,9 @@ class PositionLog:
             name, c = f"{self.prefix}{spec}", self.specs[spec]
             out[f"{name}/rows"] = counts["rows"]
             out[f"{name}/tokens"] = counts["tokens"]
-            if not first:
-                out[f"{name}/step_rows"] = counts["rows"] - (before_rows[c] if c < len(before_rows) else 0)
-                prior = before_tokens[c] if c < len(before_tokens) else 0
-                out[f"{name}/step_tokens"] = counts["tokens"] - prior
+            if spec in present:
+                out[f"{name}/step_rows"] = counts["rows"] - before_rows[c]
+                out[f"{name}/step_tokens"] = counts["tokens"] - before_tokens[c]
         return out
 
     def tokens(self) -> dict[str, list[int]]:

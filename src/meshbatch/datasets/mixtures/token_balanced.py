@@ -96,7 +96,12 @@ class BalancedDevice(CompositeDevice):
             ),
             strict=True,
         )
-        after = BalancedState(picked.counts, jnp.stack(position), jnp.stack(epoch), state.carried)
+        after = BalancedState(
+            picked.counts,
+            jnp.stack(position),
+            self._refuse_epoch_wrap(state.epoch, jnp.stack(epoch)),
+            state.carried,
+        )
         detail = self.group_plans(picked.source, plans, tokens=picked.tokens)
         return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
 
@@ -113,6 +118,18 @@ class BalancedDevice(CompositeDevice):
             "and wrap; refused (reset the counts with load_state_dict)"
         )
         return Counts(eqx.error_if(after.hi, wrapped, message), after.lo)
+
+    def _refuse_epoch_wrap(self, before: UInt32[Array, " specs"], after: UInt32[Array, " specs"]):
+        """``after``, or an error when a child's epoch passed ``2^32 - 1`` and wrapped (a child of
+        ``L`` rows gets there after ``2^32 * L`` of its rows: a one-row child after 2^32).
+
+        A step adds fewer than ``2^32`` rows, so an epoch wrapped exactly when it went down.
+        """
+        message = (
+            f"a child of the token-balanced mixture of specs {list(self.names)} would start its "
+            "2^32-th epoch (epochs are 32 bits); refused"
+        )
+        return eqx.error_if(after, jnp.any(after < before), message)
 
 
 class TokenBalancedMixture(Composite):
