@@ -123,7 +123,8 @@ def select_scan(
     Args:
         counts: consumed tokens per source at the start of the batch.
         row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
-            ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1``.
+            ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1`` (and, int32,
+            ``max_row_tokens < 2^31``).
         salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
 
     Returns:

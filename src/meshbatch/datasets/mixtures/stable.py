@@ -54,7 +54,9 @@ class Mixture(Composite):
         block_size: rows per block; every block holds a fixed count of rows of each child.
         stop_strategy: ``"restart"`` (children wrap), ``"first_exhausted"`` or
             ``"all_exhausted"`` (see ``meshbatch.mixture_schedule``).
-        compat: ``"levanter"``: Levanter's ``MixtureDataset`` rows exactly; ``None``: the default.
+        compat: ``"levanter"``: Levanter's ``MixtureDataset`` rows exactly (except where a source
+            reads ``2^31`` rows or more before a later stage: Levanter's int32 count wraps there,
+            meshbatch's stays exact; see docs/mixtures.md); ``None``: the default.
         batch_size: the pipeline's batch schedule (an int, pairs or a ``BatchSchedule``);
             needed only to place staged weights, whose starts are steps.
 
