@@ -17,10 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import jax
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
 from levanter.data.text import LMMixtureDatasetConfig, TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
+from levanter.utils.jax_utils import key_iterator
 
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import CausalLMDataset
@@ -31,6 +33,31 @@ from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
 from .sources import ConfigError, MixtureBaseConfig, _checked
+
+
+class LevanterKeyedMixture(Mixture):
+    """``mixture_compat: levanter``: a ``Mixture`` whose keys are ``LMMixtureDatasetConfig``'s
+    (``train_set``: ``mix_key, shuffle_key = split(key)``; ``train_sets``: ``key_iterator(
+    shuffle_key)`` handed to the built components in ``configs`` order), not meshbatch's
+    name-keyed ``derive_keys``. A component's key is thus its place among the built ones:
+
+        configs a, z, b; train_weights {a: 0.6, z: 0, b: 0.4}   (z is not built for train)
+        Levanter and this    a <- key_iterator(shuffle_key) 1st, b <- 2nd
+        meshbatch default    a <- fold_in(children_key, crc32("a")), b <- ... crc32("b")
+    """
+
+    def derive_keys(self, key):
+        mixture_key, shuffle_key = jax.random.split(key)
+        keys = key_iterator(shuffle_key)
+        return mixture_key, {name: next(keys) for name in self.names}
+
+
+def stage_weights(weights: Mapping[str, float], names) -> dict[str, float]:
+    """A stage's weights over the built components ``names``, as Levanter reads them: the
+    components not built (0 in every stage, or no data) dropped, a built one the stage does not
+    name at 0 (``{a: 1.0, z: 0.0}`` over ``[a, b]`` -> ``{a: 1.0, b: 0.0}``)."""
+    out = {name: w for name, w in weights.items() if name in names}
+    return out | {name: 0.0 for name in names if name not in out}
 
 
 @dataclass(frozen=True)
@@ -108,19 +135,19 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
 class StableMixtureLMConfig(_MixtureConfig):
     """Levanter's stable mixture (``meshbatch.Mixture``): ``train_weights`` (or staged weights)
     of ``configs``, ``mixture_block_size`` rows a block, ``stop_strategy``; ``mixture_compat:
-    levanter`` gives the installed Levanter's ``MixtureDataset`` rows."""
+    levanter`` gives the installed Levanter's ``MixtureDataset`` rows and component keys
+    (``LevanterKeyedMixture``), so with ``compat: levanter`` its batches are Levanter's."""
 
     KIND = "stable_mixture"
     stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"  # type: ignore[assignment]
     mixture_compat: Literal["levanter"] | None = None
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
-        stages = self.stages()
-        weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
         children = self.children(seq_len)
-        if isinstance(weights, dict):
-            weights = {name: w for name, w in weights.items() if name in children}
-        return Mixture(
+        stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
+        weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
+        kind = LevanterKeyedMixture if self.mixture_compat == "levanter" else Mixture
+        return kind(
             children,
             weights,
             block_size=self.mixture_block_size,
@@ -153,4 +180,9 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
         return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)
 
 
-__all__ = ["LMMixtureDatasetConfig", "StableMixtureLMConfig", "TokenBalancedMixtureLMConfig"]
+__all__ = [
+    "LMMixtureDatasetConfig",
+    "LevanterKeyedMixture",
+    "StableMixtureLMConfig",
+    "TokenBalancedMixtureLMConfig",
+]
