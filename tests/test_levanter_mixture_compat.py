@@ -117,3 +117,23 @@ def test_staged_weights_with_a_component_at_zero_equal_levanter(root):
     theirs, ours = configs(root, "true", "feistel", weights=STAGED)
     assert ours.mixture(SEQ, batch_size=BATCH).names == ["a", "b"]
     assert_equal_to_levanter(theirs, ours, "staged")
+
+
+@pytest.mark.parametrize(("shuffle", "permutation_type"), [("true", "linear"), ("3", "feistel")])
+def test_train_sets_are_levanters_components(root, shuffle, permutation_type):
+    """``train_sets`` (Levanter's ``eval_lm --eval_on_train``) is each built component's shuffled
+    windows, keyed as Levanter keys them: ``key_iterator(key)`` over ``a``, ``b``."""
+    theirs, ours = configs(root, shuffle, permutation_type)
+    key = jax.random.PRNGKey(5)
+    want = theirs.train_sets(Pos, False, key=key)
+    got = ours.train_sets(Pos, False, key=key)
+    assert list(got) == list(want) == ["a", "b"]
+    for name, dataset in got.items():
+        with jax.numpy_dtype_promotion("standard"):
+            rows = asyncio.run(want[name].get_batch(list(range(8))))
+        mine = asyncio.run(dataset.get_batch(list(range(8))))
+        np.testing.assert_array_equal(
+            np.stack([np.asarray(r.tokens.array) for r in mine]),
+            np.stack([np.asarray(r.tokens.array) for r in rows]),
+            err_msg=name,
+        )

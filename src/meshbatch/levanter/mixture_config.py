@@ -26,7 +26,7 @@ from levanter.utils.jax_utils import key_iterator
 
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import CausalLMDataset
-from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture
+from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture, child_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .async_datasets import MeshbatchDataset
@@ -48,8 +48,13 @@ class LevanterKeyedMixture(Mixture):
 
     def derive_keys(self, key):
         mixture_key, shuffle_key = jax.random.split(key)
-        keys = key_iterator(shuffle_key)
-        return mixture_key, {name: next(keys) for name in self.names}
+        return mixture_key, levanter_keys(shuffle_key, self.names)
+
+
+def levanter_keys(shuffle_key, names) -> dict:
+    """``LMMixtureDatasetConfig.train_sets``' component keys: ``key_iterator(shuffle_key)`` in order."""
+    keys = key_iterator(shuffle_key)
+    return {name: next(keys) for name in names}
 
 
 def stage_weights(weights: Mapping[str, float], names) -> dict[str, float]:
@@ -111,7 +116,19 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         }
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None, **kwargs):
-        return {"mixture": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
+        """Each built component's (shuffled) windows by name, as Levanter's ``train_sets``
+        (``eval_lm``'s ``eval_on_train``): ``train_set(key)`` mixes ``train_sets`` of
+        ``split(key)[1]``. The keys are ``key_iterator(key)`` in order under ``mixture_compat:
+        levanter``, else ``fold_in(key, crc32(name))`` (see ``LevanterKeyedMixture``)."""
+        if epochs:
+            raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
+        children = self.children(Pos.size)
+        levanter = getattr(self, "mixture_compat", None) == "levanter"
+        keys = (levanter_keys if levanter else child_keys)(key, list(children))
+        return {
+            name: MeshbatchDataset(child, Pos=Pos, key=keys[name], epochs=None, fast_path=self.fast_path)
+            for name, child in children.items()
+        }
 
     def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
         """Each component's validation windows, an eval set per component (tagged by name)."""

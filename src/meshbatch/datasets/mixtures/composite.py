@@ -43,7 +43,12 @@ from meshbatch.kernels import Batch
 def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGKeyArray]]:
     """``(mixture key, {name: child key})`` from the pipeline's key; see the module docstring."""
     mixture_key, children_key = jax.random.split(key)
-    return mixture_key, {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
+    return mixture_key, child_keys(children_key, names)
+
+
+def child_keys(children_key: PRNGKeyArray, names) -> dict[str, PRNGKeyArray]:
+    """``{name: fold_in(children_key, crc32(name))}``: the children's half of ``derive_keys``."""
+    return {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
 
 
 class MixturePlan(eqx.Module):
