@@ -137,3 +137,14 @@ def test_train_sets_are_levanters_components(root, shuffle, permutation_type):
             np.stack([np.asarray(r.tokens.array) for r in rows]),
             err_msg=name,
         )
+
+
+@pytest.mark.parametrize("weights", ["{}", "{a: 0.0, b: 0.0}", "[[0, {a: 0.0}], [2, {b: 0.0}]]"])
+def test_weights_with_nothing_to_train_fail_naming_them(root, weights):
+    """Levanter fails too ("Datasets cannot be empty"); meshbatch names ``train_weights``
+    before building anything."""
+    theirs, ours = configs(root, "false", weights=weights)
+    with pytest.raises(ValueError, match="cannot be empty"):
+        theirs.train_set(Pos, BatchSchedule(BATCH), False, key=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"train_weights=.* no component a positive weight"):
+        ours.train_set(Pos, BatchSchedule(BATCH), False, key=jax.random.PRNGKey(0))

@@ -160,6 +160,11 @@ class StableMixtureLMConfig(_MixtureConfig):
     mixture_compat: Literal["levanter"] | None = None
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
+        if not any(w > 0 for _, weights in self.stages() for w in weights.values()):
+            raise ValueError(  # Levanter builds no component and fails: "Datasets cannot be empty"
+                f"train_weights={self.train_weights!r} gives no component a positive weight: "
+                f"nothing to train on (components: {list(self.configs)})"
+            )
         children = self.children(seq_len)
         stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
         weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
