@@ -13,6 +13,7 @@ cache, and whose validation sets are each component's validation windows.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +34,8 @@ from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
 from .sources import ConfigError, MixtureBaseConfig, _checked
+
+logger = logging.getLogger(__name__)
 
 
 class LevanterKeyedMixture(Mixture):
@@ -166,6 +169,15 @@ class StableMixtureLMConfig(_MixtureConfig):
                 f"nothing to train on (components: {list(self.configs)})"
             )
         children = self.children(seq_len)
+        unbuilt = [name for name in self.weighted("train") if name not in children]
+        if unbuilt and self.mixture_compat == "levanter":
+            raise ValueError(
+                f"configs {unbuilt} have a positive train weight but no train data or cache: Levanter "
+                "skips them yet keeps their weights in each block's total, which mixture_compat: "
+                "levanter does not reproduce (give them train data, or weight 0)"
+            )
+        if unbuilt:
+            logger.warning("meshbatch: configs %s have no train data or cache: mixing the others", unbuilt)
         stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
         weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
         kind = LevanterKeyedMixture if self.mixture_compat == "levanter" else Mixture
