@@ -161,3 +161,26 @@ def test_a_weighted_component_without_train_data_is_refused_in_levanter_mode(roo
         ours.mixture(SEQ)
     default = parse(root, block.format(type="type: stable_mixture", extra="", **data))
     assert default.mixture(SEQ).names == ["a", "b"] and "['c']" in caplog.text
+
+
+def test_validation_sets_are_levanters(root):
+    """Every component with validation data, ``z`` (weight 0) included, unshuffled, as Levanter's."""
+    block = BLOCK.replace('z.jsonl"]}}', 'z.jsonl"], validation_urls: ["{root}/z.jsonl"]}}')
+    block = block.replace('a.jsonl"]}}', 'a.jsonl"], validation_urls: ["{root}/b.jsonl"]}}')
+    data = dict(root=root, shuffle="true", weights=CONSTANT)
+    ours = parse(root, block.format(type="type: stable_mixture", extra=OURS, **data))
+    got = ours.validation_sets(Pos)  # builds the validation caches in process
+    want = parse(root, block.format(type="", extra="", **data)).validation_sets(Pos)
+    assert list(got) == list(want) == ["a", "z"]
+    for name, dataset in got.items():
+        with jax.numpy_dtype_promotion("standard"):
+            n = len(want[name].as_sync_dataset())
+            rows = asyncio.run(want[name].get_batch(list(range(n))))
+        assert len(dataset.as_sync_dataset()) == n
+        mine = asyncio.run(dataset.get_batch(list(range(n))))
+        for leaf in ("tokens", "loss_mask"):
+            np.testing.assert_array_equal(
+                np.stack([np.asarray(getattr(r, leaf).array) for r in mine]),
+                np.stack([np.asarray(getattr(r, leaf).array) for r in rows]),
+                err_msg=f"{name} {leaf}",
+            )
