@@ -20,7 +20,9 @@ leaves per step); the rest build separately and are selected per row.
 Keys: ``derive_keys(key)`` gives the mixture's key and each child's:
 ``mixture_key, children_key = split(key)``, child ``name`` gets
 ``fold_in(children_key, crc32(name))``, so adding or removing a child never changes another
-child's order (a resumed token-balanced run may add a source).
+child's order (a resumed token-balanced run may add a source). The Levanter drop-in's
+``mixture_compat: levanter`` overrides it with Levanter's order-keyed derivation
+(``meshbatch.levanter.mixture_config.LevanterKeyedMixture``).
 """
 
 from __future__ import annotations
