@@ -13,24 +13,59 @@ cache, and whose validation sets are each component's validation windows.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import jax
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
 from levanter.data.text import LMMixtureDatasetConfig, TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
+from levanter.utils.jax_utils import key_iterator
 
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import CausalLMDataset
-from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture
+from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture, child_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
 from .sources import ConfigError, MixtureBaseConfig, _checked
+
+logger = logging.getLogger(__name__)
+
+
+class LevanterKeyedMixture(Mixture):
+    """``mixture_compat: levanter``: a ``Mixture`` whose keys are ``LMMixtureDatasetConfig``'s
+    (``train_set``: ``mix_key, shuffle_key = split(key)``; ``train_sets``: ``key_iterator(
+    shuffle_key)`` handed to the built components in ``configs`` order), not meshbatch's
+    name-keyed ``derive_keys``. A component's key is thus its place among the built ones:
+
+        configs a, z, b; train_weights {a: 0.6, z: 0, b: 0.4}   (z is not built for train)
+        Levanter and this    a <- key_iterator(shuffle_key) 1st, b <- 2nd
+        meshbatch default    a <- fold_in(children_key, crc32("a")), b <- ... crc32("b")
+    """
+
+    def derive_keys(self, key):
+        mixture_key, shuffle_key = jax.random.split(key)
+        return mixture_key, levanter_keys(shuffle_key, self.names)
+
+
+def levanter_keys(shuffle_key, names) -> dict:
+    """``LMMixtureDatasetConfig.train_sets``' component keys: ``key_iterator(shuffle_key)`` in order."""
+    keys = key_iterator(shuffle_key)
+    return {name: next(keys) for name in names}
+
+
+def stage_weights(weights: Mapping[str, float], names) -> dict[str, float]:
+    """A stage's weights over the built components ``names``, as Levanter reads them: the
+    components not built (0 in every stage, or no data) dropped, a built one the stage does not
+    name at 0 (``{a: 1.0, z: 0.0}`` over ``[a, b]`` -> ``{a: 1.0, b: 0.0}``)."""
+    out = {name: w for name, w in weights.items() if name in names}
+    return out | {name: 0.0 for name in names if name not in out}
 
 
 @dataclass(frozen=True)
@@ -84,7 +119,19 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         }
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None, **kwargs):
-        return {"mixture": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
+        """Each built component's (shuffled) windows by name, as Levanter's ``train_sets``
+        (``eval_lm``'s ``eval_on_train``): ``train_set(key)`` mixes ``train_sets`` of
+        ``split(key)[1]``. The keys are ``key_iterator(key)`` in order under ``mixture_compat:
+        levanter``, else ``fold_in(key, crc32(name))`` (see ``LevanterKeyedMixture``)."""
+        if epochs:
+            raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
+        children = self.children(Pos.size)
+        levanter = getattr(self, "mixture_compat", None) == "levanter"
+        keys = (levanter_keys if levanter else child_keys)(key, list(children))
+        return {
+            name: MeshbatchDataset(child, Pos=Pos, key=keys[name], epochs=None, fast_path=self.fast_path)
+            for name, child in children.items()
+        }
 
     def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
         """Each component's validation windows, an eval set per component (tagged by name)."""
@@ -108,19 +155,33 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
 class StableMixtureLMConfig(_MixtureConfig):
     """Levanter's stable mixture (``meshbatch.Mixture``): ``train_weights`` (or staged weights)
     of ``configs``, ``mixture_block_size`` rows a block, ``stop_strategy``; ``mixture_compat:
-    levanter`` gives the installed Levanter's ``MixtureDataset`` rows."""
+    levanter`` gives the installed Levanter's ``MixtureDataset`` rows and component keys
+    (``LevanterKeyedMixture``), so with ``compat: levanter`` its batches are Levanter's."""
 
     KIND = "stable_mixture"
     stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"  # type: ignore[assignment]
     mixture_compat: Literal["levanter"] | None = None
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
-        stages = self.stages()
-        weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
+        if not any(w > 0 for _, weights in self.stages() for w in weights.values()):
+            raise ValueError(  # Levanter builds no component and fails: "Datasets cannot be empty"
+                f"train_weights={self.train_weights!r} gives no component a positive weight: "
+                f"nothing to train on (components: {list(self.configs)})"
+            )
         children = self.children(seq_len)
-        if isinstance(weights, dict):
-            weights = {name: w for name, w in weights.items() if name in children}
-        return Mixture(
+        unbuilt = [name for name in self.weighted("train") if name not in children]
+        if unbuilt and self.mixture_compat == "levanter":
+            raise ValueError(
+                f"configs {unbuilt} have a positive train weight but no train data or cache: Levanter "
+                "skips them yet keeps their weights in each block's total, which mixture_compat: "
+                "levanter does not reproduce (give them train data, or weight 0)"
+            )
+        if unbuilt:
+            logger.warning("meshbatch: configs %s have no train data or cache: mixing the others", unbuilt)
+        stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
+        weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
+        kind = LevanterKeyedMixture if self.mixture_compat == "levanter" else Mixture
+        return kind(
             children,
             weights,
             block_size=self.mixture_block_size,
@@ -153,4 +214,9 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
         return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)
 
 
-__all__ = ["LMMixtureDatasetConfig", "StableMixtureLMConfig", "TokenBalancedMixtureLMConfig"]
+__all__ = [
+    "LMMixtureDatasetConfig",
+    "LevanterKeyedMixture",
+    "StableMixtureLMConfig",
+    "TokenBalancedMixtureLMConfig",
+]

@@ -20,7 +20,9 @@ leaves per step); the rest build separately and are selected per row.
 Keys: ``derive_keys(key)`` gives the mixture's key and each child's:
 ``mixture_key, children_key = split(key)``, child ``name`` gets
 ``fold_in(children_key, crc32(name))``, so adding or removing a child never changes another
-child's order (a resumed token-balanced run may add a source).
+child's order (a resumed token-balanced run may add a source). The Levanter drop-in's
+``mixture_compat: levanter`` overrides it with Levanter's order-keyed derivation
+(``meshbatch.levanter.mixture_config.LevanterKeyedMixture``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ from meshbatch.kernels import WRAPPED, Batch
 def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGKeyArray]]:
     """``(mixture key, {name: child key})`` from the pipeline's key; see the module docstring."""
     mixture_key, children_key = jax.random.split(key)
-    return mixture_key, {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
+    return mixture_key, child_keys(children_key, names)
+
+
+def child_keys(children_key: PRNGKeyArray, names) -> dict[str, PRNGKeyArray]:
+    """``{name: fold_in(children_key, crc32(name))}``: the children's half of ``derive_keys``."""
+    return {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
 
 
 class MixturePlan(eqx.Module):

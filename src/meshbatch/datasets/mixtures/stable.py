@@ -61,8 +61,8 @@ class Mixture(Composite):
             needed only to place staged weights, whose starts are steps.
 
     The mixture takes no key: ``device(key)`` derives its own and each child's from the
-    pipeline's (``derive_keys``; a subclass may override it, e.g. to reproduce a Levanter run's
-    own key derivation).
+    pipeline's (``derive_keys``; a subclass may override it, as ``LevanterKeyedMixture`` of
+    ``meshbatch.levanter.mixture_config`` does to reproduce ``LMMixtureDatasetConfig``'s keys).
 
     Raises:
         ValueError, TypeError: naming the value: bad weights or stages, children of different
