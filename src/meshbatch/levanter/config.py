@@ -99,14 +99,37 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
             dataset.metrics = StepMetrics(sources, every=self.metrics_every)
         return dataset
 
+    def cache_dirs(self) -> dict[str, str | None]:
+        """Each source's cache directory, keyed by the fields that set it (checked at parse time):
+        ``cache_dir``, or a mixture component's ``configs[name].cache_dir`` (else ``cache_dir/name``)."""
+        components = getattr(self, "components", None)
+        if components is None:
+            return {"cache_dir=None": self.cache_dir}
+        return {
+            f"configs[{name!r}].cache_dir=None with cache_dir=None": path
+            for name, (_, path) in components().items()
+        }
+
     def __post_init__(self):
         if self.tokenizer == "passthrough" and self.vocab_size is None:
             raise ConfigError("tokenizer='passthrough' needs vocab_size (Levanter's PassthroughTokenizer)")
+        if self.metrics_every < 0:
+            raise ConfigError(f"metrics_every must be >= 0 (got metrics_every={self.metrics_every})")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise ConfigError(f"eos_id must be a token id >= 0 or unset (got eos_id={self.eos_id})")
+        for fields, path in self.cache_dirs().items():
+            if path is None:
+                raise ConfigError(f"{fields}: no directory to build and find the cache in; set one")
 
 
 def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
     """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
-    ``ShuffleSpec`` with the config's permutation fields."""
+    ``ShuffleSpec`` with the config's order fields. Every field reaches ``ShuffleSpec``, which
+    refuses one that does not apply (``io_block_size`` with ``shuffle: true``, ``compat`` with no
+    shuffle); only ``permutation_type`` is dropped without a shuffle, as Levanter drops it.
+
+        shuffle=true, io_block_size=4096 -> ValueError: io_block_size=4096 ... (got shuffle=True)
+    """
     strategy = {False: "none", True: "full"}.get(shuffle, shuffle) if isinstance(shuffle, bool) else shuffle
     era_length = config.era_length
     if isinstance(strategy, int):
@@ -119,13 +142,21 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
                 f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it"
             )
         strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
-    if strategy == "none":
-        return ShuffleSpec("none", era_length=era_length)
+    if strategy != "block" and (config.io_block_size is not None or config.window_blocks != 8):
+        raise ValueError(
+            f"io_block_size={config.io_block_size} and window_blocks={config.window_blocks} only apply to "
+            f"shuffle: block (got shuffle={shuffle!r})"
+        )
+    if strategy == "none" and (config.compat is not None or config.reshuffle_each_epoch):
+        raise ValueError(
+            f"compat={config.compat!r} and reshuffle_each_epoch={config.reshuffle_each_epoch} apply to a "
+            f"shuffle (got shuffle={shuffle!r}, which keeps cache order)"
+        )
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
     return ShuffleSpec(
-        strategy, kind=kind, compat=config.compat, era_length=era_length,
-        **({"io_block_size": config.io_block_size, "window_blocks": config.window_blocks} if block else {}),
+        strategy, kind="feistel" if strategy == "none" else kind, compat=config.compat, era_length=era_length,
+        io_block_size=config.io_block_size, window_blocks=config.window_blocks,
         reshuffle_each_epoch=config.reshuffle_each_epoch,
     )  # fmt: skip
 
@@ -170,6 +201,11 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         if self.quick_start and not self.fast_path:
             raise ConfigError(
                 "quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)"
+            )
+        if self.eos_id is not None and not isinstance(self.format, TextLmDatasetFormat):
+            raise ConfigError(
+                f"eos_id={self.eos_id} with format={type(self.format).__name__}: Levanter's packed chat/"
+                "supervised dataset uses the tokenizer's EOS; drop eos_id"
             )
         if self.quick_start and not isinstance(self.format, TextLmDatasetFormat):
             raise ConfigError(f"quick_start=true needs a text format (got format={self.format!r})")
