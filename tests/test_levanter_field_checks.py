@@ -9,6 +9,7 @@ import shutil
 import textwrap
 
 import draccus
+import haliax as hax
 import numpy as np
 import pytest
 
@@ -144,3 +145,21 @@ def test_base_max_train_batches_bounds_the_training_subset(root):
     assert list(config.selected(cache, 64).indices) == list(want.indices)
     everywhere = select_documents(cache.doc_lengths(), num_docs=3, doc_select_mode="longest")
     assert list(want.indices) != list(everywhere.indices)  # the bound changes the selection
+
+
+def test_a_flat_hf_block_switches_with_one_type_line(root):
+    """Levanter's ``HfSingleDatasetLMConfig`` (``id:``) with ``type: hf_causal_lm``: its cache is
+    built by Levanter's ``WrappedHFDataSource`` (here a local directory ``datasets`` reads, nothing
+    downloaded) and holds the same documents as the ``causal_lm`` cache of the same JSONL."""
+    (root / "hf").mkdir(exist_ok=True)
+    shutil.copy(root / "train.jsonl", root / "hf" / "train.jsonl")
+    hf = parse(root, "type: hf_causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/hfc\nid: {root}/hf\n")
+    urls = parse(root, CAUSAL)
+    rows = np.arange(30)
+    got, want = hf.cache().read_rows(rows), urls.cache().read_rows(rows)
+    assert [list(map(int, d)) for d in got] == [list(map(int, d)) for d in want]
+    assert hf.validation_sets(hax.Axis("position", 16)) == {}  # no validation split in the directory
+    batch = hf.train_set(hax.Axis("position", 16), None, key=0).batch(np.arange(2))
+    assert np.asarray(batch.tokens).shape == (2, 16)
+    with pytest.raises(Exception, match="quick_start=True is refused by hf_causal_lm"):
+        parse(root, "type: hf_causal_lm\nid: {root}/hf\nshuffle: era\nera_length: 4\nquick_start: true\n")

@@ -16,7 +16,7 @@ from levanter.store.cache import SerialCacheWriter
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter import FIELDS
-from meshbatch.levanter.config import CausalLMConfig
+from meshbatch.levanter.config import CausalLMConfig, HfCausalLMConfig
 from meshbatch.levanter.fields import OWN, REFUSED, fields_markdown, refuse
 from meshbatch.levanter.mixture_config import StableMixtureLMConfig, TokenBalancedMixtureLMConfig
 from meshbatch.levanter.sources import MixtureBaseConfig, UrlBaseConfig
@@ -27,6 +27,7 @@ FORMATS = [text.TextLmDatasetFormat, text.ChatLmDatasetFormat, text.SupervisedLm
 SOURCES = [text.UrlDatasetSourceConfig, text.HfDatasetSourceConfig]
 EXTENDS = {
     "causal_lm": [text.LMTaskConfig, text.UrlSingleDatasetLMConfig, *FORMATS],
+    "hf_causal_lm": [text.LMTaskConfig, text.HfSingleDatasetLMConfig, *FORMATS],
     "stable_mixture": [text.LMTaskConfig, text.LMMixtureDatasetConfig, *SOURCES, *FORMATS],
     "token_balanced_mixture": [text.LMTaskConfig, text.LMMixtureDatasetConfig, *SOURCES, *FORMATS],
     "splice": [text.LMTaskConfig],
@@ -48,6 +49,7 @@ def test_every_levanter_field_is_honoured_or_refused(kind):
 
 MESHBATCH = {
     "causal_lm": [CausalLMConfig],
+    "hf_causal_lm": [HfCausalLMConfig],
     "stable_mixture": [StableMixtureLMConfig],
     "token_balanced_mixture": [TokenBalancedMixtureLMConfig],
     "splice": [SpliceMultiDocumentLMConfig, SpliceSingleDocumentLMConfig],
@@ -92,6 +94,7 @@ VALUES = {
 }  # fmt: skip
 PREFIX = {
     "causal_lm": "type: causal_lm\n",
+    "hf_causal_lm": "type: hf_causal_lm\nid: x\n",
     "stable_mixture": "type: stable_mixture\nconfigs: {a: {train_urls: [x]}}\n",
     "token_balanced_mixture": "type: token_balanced_mixture\nconfigs: {a: {train_urls: [x]}}\n",
     "splice": "type: splice_multi_document\n",

@@ -27,7 +27,13 @@ from typing import Literal
 import draccus
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
-from levanter.data.text import LMTaskConfig, TextLmDatasetFormat, UrlSingleDatasetLMConfig, dataset_for_format
+from levanter.data.text import (
+    HfSingleDatasetLMConfig,
+    LMTaskConfig,
+    TextLmDatasetFormat,
+    UrlSingleDatasetLMConfig,
+    dataset_for_format,
+)
 from levanter.models.lm_model import LmExample
 from levanter.store.cache import TreeCache
 
@@ -176,21 +182,22 @@ class _CausalFields:
     quick_start: bool = False
 
 
-@MeshbatchLMConfig.register_subclass("causal_lm")
-@dataclass(frozen=True)
-class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig):
-    """Levanter's ``UrlSingleDatasetLMConfig`` (every field, flat) whose train and validation
-    sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` + ``CausalLmDataset``)
-    with our shuffles and coalesced reads. A chat or supervised ``format`` trains Levanter's own
-    packed dataset, ordered by the same shuffle.
+class _CausalLM:
+    """A single source (the config itself: Levanter's URL or Hugging Face source) whose train and
+    validation sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` +
+    ``CausalLmDataset``) with our shuffles and coalesced reads. A chat or supervised ``format``
+    trains Levanter's own packed dataset, ordered by the same shuffle.
 
     ``quick_start``: train while the train cache is still built (meshbatch's own builder, in a
-    background thread); needs ``shuffle: era`` (or none), a text format and the fast path.
+    background thread); needs ``train_urls``, ``shuffle: era`` (or none), a text format and the
+    fast path.
     """
+
+    KIND = "causal_lm"
 
     def __post_init__(self):
         MeshbatchLMConfig.__post_init__(self)
-        refuse(self, "causal_lm")
+        refuse(self, self.KIND)
         _checked(self, lambda: shuffle_spec(self, self.shuffle))  # contradictions fail now, by name
         spec = shuffle_spec(self, self.shuffle)
         if self.quick_start and spec.strategy not in GROWING_ORDERS:
@@ -238,12 +245,12 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         if not self.text:
             if self.build_split(self, "train", self.cache_dir) is None:
                 raise ValueError("No training set!")
-            self.announce("causal_lm", self.shuffle, self.compat, {"": path})
+            self.announce(self.KIND, self.shuffle, self.compat, {"": path})
             dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
             return ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
         dataset = self.dataset(Pos.size)
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
-        return self.announce("causal_lm", self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
+        return self.announce(self.KIND, self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
@@ -257,3 +264,18 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         cache, none = TokenCache.open(path), ShuffleSpec("none")
         dataset = CausalLMDataset(cache, Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
+
+
+@MeshbatchLMConfig.register_subclass("causal_lm")
+@dataclass(frozen=True)
+class CausalLMConfig(_CausalLM, _CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig):
+    """Levanter's ``UrlSingleDatasetLMConfig`` (every field, flat), trained as ``_CausalLM``."""
+
+
+@MeshbatchLMConfig.register_subclass("hf_causal_lm")
+@dataclass(frozen=True)
+class HfCausalLMConfig(_CausalLM, _CausalFields, HfSingleDatasetLMConfig, MeshbatchLMConfig):
+    """Levanter's ``HfSingleDatasetLMConfig`` (a flat ``id:`` block: a hub dataset, or a local
+    directory ``datasets.load_dataset`` reads), trained as ``_CausalLM``; quick start refused."""
+
+    KIND = "hf_causal_lm"

@@ -134,6 +134,7 @@ _SPLICE_BASE = {
 
 FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "causal_lm": {**_TASK, **_SOURCE, **_FORMATS},
+    "hf_causal_lm": {**_TASK, "tags": _SOURCE["tags"], "format": _SOURCE["format"], **_HF, **_FORMATS},
     "stable_mixture": {**_TASK, "chat_template": _TEXT_ONLY, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
     "token_balanced_mixture": {
         **_TASK,
@@ -197,6 +198,11 @@ _SPLICE_OWN = {
 }
 OWN: dict[str, dict[str, tuple[str, str]]] = {
     "causal_lm": {**_MESHBATCH, **_ORDER, "quick_start": _QUICK},
+    "hf_causal_lm": {
+        **_MESHBATCH,
+        **_ORDER,
+        "quick_start": (REFUSED, "quick start tokenizes train_urls files; build an HF source's cache first"),
+    },
     "stable_mixture": {**_MIXTURE_OWN, "mixture_compat": (HONOURED, "Levanter's MixtureDataset rows")},
     "token_balanced_mixture": {**_MIXTURE_OWN, "baseline": (HONOURED, "TokenBalancedMixture baseline")},
     "splice": _SPLICE_OWN,
