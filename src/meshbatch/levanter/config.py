@@ -1,9 +1,10 @@
 """Levanter data configs for meshbatch datasets: Levanter's own config classes, extended.
 
 A meshbatch config *is* Levanter's: ``causal_lm`` subclasses ``UrlSingleDatasetLMConfig``,
-``stable_mixture`` / ``token_balanced_mixture`` subclass ``LMMixtureDatasetConfig`` and the splice
-configs keep the seed's ``base:`` (itself one of those two). So a Levanter ``data:`` block trains
-with meshbatch after adding one ``type:`` line, with Levanter's fields, defaults and meanings
+``hf_causal_lm`` ``HfSingleDatasetLMConfig``, ``stable_mixture`` / ``token_balanced_mixture``
+subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``base:`` (a URL
+config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
+``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
 ``n``); meshbatch's orders (block shuffle, strong permutations, splice, token balancing) are
 opt-in fields. Levanter's machinery builds the caches (``caches.py``); meshbatch replaces what
