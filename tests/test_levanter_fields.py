@@ -1,7 +1,8 @@
 """Must-show 4: every field of the installed Levanter's data config classes is honoured or refused
-by every meshbatch config type that extends it (``meshbatch.levanter.FIELDS``, mirrored in
-docs/levanter.md); a refused field fails at parse time naming itself and the reason; honoured
-top-level fields reach the dataset."""
+by every meshbatch config type that extends it (``meshbatch.levanter.FIELDS``), and so is every
+field meshbatch adds (``fields.OWN``), both mirrored in docs/levanter.md; a field neither table
+decides fails ``refuse``; a refused field fails at parse time naming itself and the reason;
+honoured top-level fields reach the dataset."""
 
 import dataclasses
 import json
