@@ -1,7 +1,8 @@
 """Must-show 4: every field of the installed Levanter's data config classes is honoured or refused
-by every meshbatch config type that extends it (``meshbatch.levanter.FIELDS``, mirrored in
-docs/levanter.md); a refused field fails at parse time naming itself and the reason; honoured
-top-level fields reach the dataset."""
+by every meshbatch config type that extends it (``meshbatch.levanter.FIELDS``), and so is every
+field meshbatch adds (``fields.OWN``), both mirrored in docs/levanter.md; a field neither table
+decides fails ``refuse``; a refused field fails at parse time naming itself and the reason;
+honoured top-level fields reach the dataset."""
 
 import dataclasses
 import json
@@ -16,13 +17,18 @@ from levanter.store.cache import SerialCacheWriter
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter import FIELDS
-from meshbatch.levanter.fields import REFUSED, fields_markdown
+from meshbatch.levanter.config import CausalLMConfig, HfCausalLMConfig
+from meshbatch.levanter.fields import OWN, REFUSED, fields_markdown, refuse
+from meshbatch.levanter.mixture_config import StableMixtureLMConfig, TokenBalancedMixtureLMConfig
+from meshbatch.levanter.sources import MixtureBaseConfig, UrlBaseConfig
+from meshbatch.levanter.splice_config import SpliceMultiDocumentLMConfig, SpliceSingleDocumentLMConfig
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 FORMATS = [text.TextLmDatasetFormat, text.ChatLmDatasetFormat, text.SupervisedLmDatasetFormat]
 SOURCES = [text.UrlDatasetSourceConfig, text.HfDatasetSourceConfig]
 EXTENDS = {
     "causal_lm": [text.LMTaskConfig, text.UrlSingleDatasetLMConfig, *FORMATS],
+    "hf_causal_lm": [text.LMTaskConfig, text.HfSingleDatasetLMConfig, *FORMATS],
     "stable_mixture": [text.LMTaskConfig, text.LMMixtureDatasetConfig, *SOURCES, *FORMATS],
     "token_balanced_mixture": [text.LMTaskConfig, text.LMMixtureDatasetConfig, *SOURCES, *FORMATS],
     "splice": [text.LMTaskConfig],
@@ -42,24 +48,61 @@ def test_every_levanter_field_is_honoured_or_refused(kind):
     assert not stale, f"{kind}: table rows for fields Levanter does not have: {sorted(stale)}"
 
 
+MESHBATCH = {
+    "causal_lm": [CausalLMConfig],
+    "hf_causal_lm": [HfCausalLMConfig],
+    "stable_mixture": [StableMixtureLMConfig],
+    "token_balanced_mixture": [TokenBalancedMixtureLMConfig],
+    "splice": [SpliceMultiDocumentLMConfig, SpliceSingleDocumentLMConfig],
+    "splice base": [UrlBaseConfig, MixtureBaseConfig],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MESHBATCH))
+def test_every_meshbatch_field_is_honoured_or_refused(kind):
+    """The fields meshbatch adds to Levanter's classes are exactly ``OWN[kind]``'s rows."""
+    added = names(MESHBATCH[kind]) - names(EXTENDS[kind])
+    assert added == set(OWN[kind]), (
+        f"{kind}: undecided {sorted(added - set(OWN[kind]))}, stale {sorted(set(OWN[kind]) - added)}"
+    )
+
+
+def test_a_field_neither_table_decides_fails():
+    """``refuse`` fails for a config field missing from both tables (it used to pass it as honoured)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Later:
+        tokenizer: str = "gpt2"
+        surprise: int = 0
+
+    with pytest.raises(RuntimeError, match=r"Later\.surprise is neither honoured nor refused for causal_lm"):
+        refuse(Later(), "causal_lm")
+
+
 def test_the_docs_mirror_the_table():
-    """docs/levanter.md holds the table exactly as ``fields_markdown()`` renders ``FIELDS``."""
-    assert fields_markdown() in open("docs/levanter.md").read(), "regenerate the table in docs/levanter.md"
+    """docs/levanter.md holds both tables exactly as ``fields_markdown()`` renders ``FIELDS`` and ``OWN``."""
+    doc = open("docs/levanter.md").read()
+    assert fields_markdown() in doc, "regenerate the Levanter table in docs/levanter.md"
+    assert fields_markdown(OWN) in doc, "regenerate the meshbatch table in docs/levanter.md"
 
 
 VALUES = {
     "target_budget": "100", "experiment_budget": "10", "max_train_batches": "{a: 1}",
     "num_validation_sequences": "{a: 1}", "train_weights": "{a: 1.0}", "stop_strategy": "first_exhausted",
     "mixture_block_size": "16", "shuffle": "true", "permutation_type": "feistel", "cache_dir": "elsewhere",
+    "chat_template": "x", "ignore_token_id": "5", "eos_id": "5", "tags": "[t]", "validation_urls": "[v]",
+    "quick_start": "true", "shuffle_per_epoch": "true",
 }  # fmt: skip
 PREFIX = {
     "causal_lm": "type: causal_lm\n",
+    "hf_causal_lm": "type: hf_causal_lm\nid: x\n",
     "stable_mixture": "type: stable_mixture\nconfigs: {a: {train_urls: [x]}}\n",
     "token_balanced_mixture": "type: token_balanced_mixture\nconfigs: {a: {train_urls: [x]}}\n",
     "splice": "type: splice_multi_document\n",
     "splice base": "type: splice_multi_document\n",
 }
 REFUSED_ROWS = [(k, n) for k, t in FIELDS.items() for n, (s, _) in t.items() if s == REFUSED]
+REFUSED_ROWS += [(k, n) for k, t in OWN.items() for n, (s, _) in t.items() if s == REFUSED]
 
 
 def parse(tmp_path, data: str):
@@ -70,7 +113,9 @@ def parse(tmp_path, data: str):
 
 @pytest.mark.parametrize(("kind", "name"), REFUSED_ROWS)
 def test_refused_fields_fail_at_parse_time_naming_field_and_reason(tmp_path, kind, name):
-    if kind == "splice base":
+    if kind == "splice base" and name in names([UrlBaseConfig]):
+        data = PREFIX[kind] + f"base: {{type: url_single_dataset, train_urls: [x], {name}: {VALUES[name]}}}\n"
+    elif kind == "splice base":
         data = (
             PREFIX[kind]
             + f"base: {{type: mixture, configs: {{a: {{train_urls: [x]}}}}, {name}: {VALUES[name]}}}\n"

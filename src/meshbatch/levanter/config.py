@@ -1,9 +1,10 @@
 """Levanter data configs for meshbatch datasets: Levanter's own config classes, extended.
 
 A meshbatch config *is* Levanter's: ``causal_lm`` subclasses ``UrlSingleDatasetLMConfig``,
-``stable_mixture`` / ``token_balanced_mixture`` subclass ``LMMixtureDatasetConfig`` and the splice
-configs keep the seed's ``base:`` (itself one of those two). So a Levanter ``data:`` block trains
-with meshbatch after adding one ``type:`` line, with Levanter's fields, defaults and meanings
+``hf_causal_lm`` ``HfSingleDatasetLMConfig``, ``stable_mixture`` / ``token_balanced_mixture``
+subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``base:`` (a URL
+config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
+``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
 ``n``); meshbatch's orders (block shuffle, strong permutations, splice, token balancing) are
 opt-in fields. Levanter's machinery builds the caches (``caches.py``); meshbatch replaces what
@@ -27,7 +28,13 @@ from typing import Literal
 import draccus
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
-from levanter.data.text import LMTaskConfig, TextLmDatasetFormat, UrlSingleDatasetLMConfig, dataset_for_format
+from levanter.data.text import (
+    HfSingleDatasetLMConfig,
+    LMTaskConfig,
+    TextLmDatasetFormat,
+    UrlSingleDatasetLMConfig,
+    dataset_for_format,
+)
 from levanter.models.lm_model import LmExample
 from levanter.store.cache import TreeCache
 
@@ -99,14 +106,37 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
             dataset.metrics = StepMetrics(sources, every=self.metrics_every)
         return dataset
 
+    def cache_dirs(self) -> dict[str, str | None]:
+        """Each source's cache directory, keyed by the fields that set it (checked at parse time):
+        ``cache_dir``, or a mixture component's ``configs[name].cache_dir`` (else ``cache_dir/name``)."""
+        components = getattr(self, "components", None)
+        if components is None:
+            return {"cache_dir=None": self.cache_dir}
+        return {
+            f"configs[{name!r}].cache_dir=None with cache_dir=None": path
+            for name, (_, path) in components().items()
+        }
+
     def __post_init__(self):
         if self.tokenizer == "passthrough" and self.vocab_size is None:
             raise ConfigError("tokenizer='passthrough' needs vocab_size (Levanter's PassthroughTokenizer)")
+        if self.metrics_every < 0:
+            raise ConfigError(f"metrics_every must be >= 0 (got metrics_every={self.metrics_every})")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise ConfigError(f"eos_id must be a token id >= 0 or unset (got eos_id={self.eos_id})")
+        for fields, path in self.cache_dirs().items():
+            if path is None:
+                raise ConfigError(f"{fields}: no directory to build and find the cache in; set one")
 
 
 def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
     """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
-    ``ShuffleSpec`` with the config's permutation fields."""
+    ``ShuffleSpec`` with the config's order fields. Every field reaches ``ShuffleSpec``, which
+    refuses one that does not apply (``io_block_size`` with ``shuffle: true``, ``compat`` with no
+    shuffle); only ``permutation_type`` is dropped without a shuffle, as Levanter drops it.
+
+        shuffle=true, io_block_size=4096 -> ValueError: io_block_size=4096 ... (got shuffle=True)
+    """
     strategy = {False: "none", True: "full"}.get(shuffle, shuffle) if isinstance(shuffle, bool) else shuffle
     era_length = config.era_length
     if isinstance(strategy, int):
@@ -119,13 +149,21 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
                 f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it"
             )
         strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
-    if strategy == "none":
-        return ShuffleSpec("none", era_length=era_length)
+    if strategy != "block" and (config.io_block_size is not None or config.window_blocks != 8):
+        raise ValueError(
+            f"io_block_size={config.io_block_size} and window_blocks={config.window_blocks} only apply to "
+            f"shuffle: block (got shuffle={shuffle!r})"
+        )
+    if strategy == "none" and (config.compat is not None or config.reshuffle_each_epoch):
+        raise ValueError(
+            f"compat={config.compat!r} and reshuffle_each_epoch={config.reshuffle_each_epoch} apply to a "
+            f"shuffle (got shuffle={shuffle!r}, which keeps cache order)"
+        )
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
     return ShuffleSpec(
-        strategy, kind=kind, compat=config.compat, era_length=era_length,
-        **({"io_block_size": config.io_block_size, "window_blocks": config.window_blocks} if block else {}),
+        strategy, kind="feistel" if strategy == "none" else kind, compat=config.compat, era_length=era_length,
+        io_block_size=config.io_block_size, window_blocks=config.window_blocks,
         reshuffle_each_epoch=config.reshuffle_each_epoch,
     )  # fmt: skip
 
@@ -145,21 +183,22 @@ class _CausalFields:
     quick_start: bool = False
 
 
-@MeshbatchLMConfig.register_subclass("causal_lm")
-@dataclass(frozen=True)
-class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig):
-    """Levanter's ``UrlSingleDatasetLMConfig`` (every field, flat) whose train and validation
-    sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` + ``CausalLmDataset``)
-    with our shuffles and coalesced reads. A chat or supervised ``format`` trains Levanter's own
-    packed dataset, ordered by the same shuffle.
+class _CausalLM:
+    """A single source (the config itself: Levanter's URL or Hugging Face source) whose train and
+    validation sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` +
+    ``CausalLmDataset``) with our shuffles and coalesced reads. A chat or supervised ``format``
+    trains Levanter's own packed dataset, ordered by the same shuffle.
 
     ``quick_start``: train while the train cache is still built (meshbatch's own builder, in a
-    background thread); needs ``shuffle: era`` (or none), a text format and the fast path.
+    background thread); needs ``train_urls``, ``shuffle: era`` (or none), a text format and the
+    fast path.
     """
+
+    KIND = "causal_lm"
 
     def __post_init__(self):
         MeshbatchLMConfig.__post_init__(self)
-        refuse(self, "causal_lm")
+        refuse(self, self.KIND)
         _checked(self, lambda: shuffle_spec(self, self.shuffle))  # contradictions fail now, by name
         spec = shuffle_spec(self, self.shuffle)
         if self.quick_start and spec.strategy not in GROWING_ORDERS:
@@ -170,6 +209,11 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         if self.quick_start and not self.fast_path:
             raise ConfigError(
                 "quick_start=true needs fast_path=true (Levanter's DataLoader needs a final length)"
+            )
+        if self.eos_id is not None and not isinstance(self.format, TextLmDatasetFormat):
+            raise ConfigError(
+                f"eos_id={self.eos_id} with format={type(self.format).__name__}: Levanter's packed chat/"
+                "supervised dataset uses the tokenizer's EOS; drop eos_id"
             )
         if self.quick_start and not isinstance(self.format, TextLmDatasetFormat):
             raise ConfigError(f"quick_start=true needs a text format (got format={self.format!r})")
@@ -202,12 +246,12 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         if not self.text:
             if self.build_split(self, "train", self.cache_dir) is None:
                 raise ValueError("No training set!")
-            self.announce("causal_lm", self.shuffle, self.compat, {"": path})
+            self.announce(self.KIND, self.shuffle, self.compat, {"": path})
             dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
             return ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
         dataset = self.dataset(Pos.size)
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
-        return self.announce("causal_lm", self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
+        return self.announce(self.KIND, self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
@@ -221,3 +265,18 @@ class CausalLMConfig(_CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig)
         cache, none = TokenCache.open(path), ShuffleSpec("none")
         dataset = CausalLMDataset(cache, Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
+
+
+@MeshbatchLMConfig.register_subclass("causal_lm")
+@dataclass(frozen=True)
+class CausalLMConfig(_CausalLM, _CausalFields, UrlSingleDatasetLMConfig, MeshbatchLMConfig):
+    """Levanter's ``UrlSingleDatasetLMConfig`` (every field, flat), trained as ``_CausalLM``."""
+
+
+@MeshbatchLMConfig.register_subclass("hf_causal_lm")
+@dataclass(frozen=True)
+class HfCausalLMConfig(_CausalLM, _CausalFields, HfSingleDatasetLMConfig, MeshbatchLMConfig):
+    """Levanter's ``HfSingleDatasetLMConfig`` (a flat ``id:`` block: a hub dataset, or a local
+    directory ``datasets.load_dataset`` reads), trained as ``_CausalLM``; quick start refused."""
+
+    KIND = "hf_causal_lm"

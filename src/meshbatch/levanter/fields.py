@@ -1,10 +1,13 @@
-"""Every field of Levanter's data configs, per meshbatch config type: honoured or refused.
+"""Every field of every meshbatch data config, per config type: honoured or refused.
 
-``FIELDS[type][name] = (HONOURED, how)`` or ``(REFUSED, why)``. A refused field set to anything
-but Levanter's default fails at parse time (``refuse``) naming the field and the reason; an
-honoured one keeps Levanter's meaning. ``tests/test_levanter_fields.py`` enumerates the dataclass
-fields of the installed Levanter's config classes and fails for one missing here, so a field a
-later Levanter adds is decided before it can be silently ignored. ``docs/levanter.md`` mirrors it.
+``FIELDS[type][name]`` decides each field of the installed Levanter's data config classes and
+``OWN[type][name]`` each field meshbatch adds: ``(HONOURED, how)`` or ``(REFUSED, why)``. A
+refused field set to anything but its default fails at parse time (``refuse``) naming the field
+and the reason; an honoured one keeps its meaning. ``refuse`` also fails for a field of the config
+that neither table decides (a meshbatch bug, caught by any test parsing that type), and
+``tests/test_levanter_fields.py`` checks both tables against the installed Levanter's classes and
+meshbatch's, so no field, Levanter's or meshbatch's, is silently ignored. ``docs/levanter.md``
+mirrors both tables.
 
     refuse(config, "token_balanced_mixture")   # train_weights={'a': 1.0} -> ConfigError naming it
 """
@@ -12,6 +15,8 @@ later Levanter adds is decided before it can be silently ignored. ``docs/levante
 from __future__ import annotations
 
 import dataclasses
+
+from meshbatch.datasets.splice.splice_spec import SpliceSpec
 
 from .sources import ConfigError
 
@@ -94,6 +99,8 @@ _BALANCED = dict(
     stop_strategy=(REFUSED, "the token-balanced interleave restarts every source (no stop strategy)"),
     mixture_block_size=(REFUSED, "the token-balanced interleave has no mixing blocks"),
 )
+_TEXT_ONLY = (REFUSED, "meshbatch mixes and splices text: a chat/supervised source is refused by name")
+_AS_SPLICE = "as the splice config's own (the cache is built with it): Levanter's default or the same value"
 _SPLICE_BASE = {
     "shuffle": (REFUSED, "a splice config's order is its schedule's (shuffle_offsets / shuffle_content)"),
     "permutation_type": (
@@ -106,28 +113,120 @@ _SPLICE_BASE = {
         HONOURED,
         "as Levanter's build_caches: dataset_name's weight must be positive (or absent)",
     ),
+    "tokenizer": (HONOURED, "as the splice config's own: gpt2 (Levanter's default, unset) or the same name"),
+    "vocab_size": (HONOURED, _AS_SPLICE),
+    "enforce_eos": (HONOURED, _AS_SPLICE),
+    "cache_options": (HONOURED, _AS_SPLICE),
+    "chat_template": _TEXT_ONLY,
+    "ignore_token_id": (REFUSED, "a splice example's loss mask is its schedule's (the copied content)"),
+    "format": (HONOURED, "text only (a chat/supervised base is refused by name): text_key"),
+    "tags": (REFUSED, "a splice config's validation set is the seed's grid (validation_starts/offsets)"),
+    "validation_urls": (
+        REFUSED,
+        "a splice config's validation set is the seed's grid (validation_starts/offsets)",
+    ),
+    "max_train_batches": (
+        HONOURED,
+        "max_train_batches[dataset_name] bounds the training subset (restrict_to_training_subset)",
+    ),
+    "name": (HONOURED, "a url_single_dataset base's component name; an HF component's (Levanter's)"),
 }
 
 FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "causal_lm": {**_TASK, **_SOURCE, **_FORMATS},
-    "stable_mixture": {**_TASK, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
-    "token_balanced_mixture": {**_TASK, **_BALANCED, **_SOURCE, **_HF, **_FORMATS},
+    "hf_causal_lm": {**_TASK, "tags": _SOURCE["tags"], "format": _SOURCE["format"], **_HF, **_FORMATS},
+    "stable_mixture": {**_TASK, "chat_template": _TEXT_ONLY, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
+    "token_balanced_mixture": {
+        **_TASK,
+        "chat_template": _TEXT_ONLY,
+        **_BALANCED,
+        **_SOURCE,
+        **_HF,
+        **_FORMATS,
+    },
     "splice": {  # the splice config itself (its text is base's)
         **_TASK,
         "shuffle": _SPLICE_BASE["shuffle"],
         "permutation_type": _SPLICE_BASE["permutation_type"],
         "cache_dir": (REFUSED, "a splice config's caches are its base's (base.cache_dir)"),
+        "chat_template": _TEXT_ONLY,
+        "ignore_token_id": _SPLICE_BASE["ignore_token_id"],
     },
     "splice base": {**_TASK, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS, **_SPLICE_BASE},
 }
 
+# The fields meshbatch adds, per config type (rendered as the second table of docs/levanter.md).
+_MESHBATCH = {
+    "fast_path": (HONOURED, "PipelineLoader (false: Levanter's DataLoader)"),
+    "cache_builder": (HONOURED, "in_process (Levanter's processor and writer) or ray (its Ray builder)"),
+    "eos_id": (HONOURED, "segments split after it (>= 0; unset: the tokenizer's EOS; text formats)"),
+    "metrics_every": (HONOURED, "per-step data metrics every n steps (>= 0; 0: never)"),
+}
+_ORDER = {
+    name: (HONOURED, "a ShuffleSpec field, refused by name where the shuffle does not use it")
+    for name in ("compat", "era_length", "io_block_size", "window_blocks", "reshuffle_each_epoch")
+}
+_QUICK = (HONOURED, "causal_lm's growing train cache (text, era or no shuffle, fast path)")
+_MIXTURE_OWN = {
+    **_MESHBATCH,
+    **_ORDER,
+    "quick_start": (REFUSED, "a mixture needs its caches built (quick start is causal_lm's)"),
+    "shuffle_per_epoch": (
+        REFUSED,
+        "the seed's splice-base field; a mixture reshuffles with reshuffle_each_epoch",
+    ),
+}
+_SPLICE_OWN = {
+    **_MESHBATCH,
+    "eos_id": (REFUSED, "a splice example's segments are its schedule's (the EOS variant is eos_token_id)"),
+    **{
+        f.name: (HONOURED, "a SpliceSpec field (docs/splice.md)")
+        for f in dataclasses.fields(SpliceSpec)
+        if f.name != "seq_len"
+    },
+    **{
+        name: (HONOURED, "the seed's document selection (select_documents)")
+        for name in (
+            "num_docs doc_index min_doc_length max_doc_length doc_select_mode restrict_to_training_subset "
+            "max_train_batches doc_key initial_batch_size selection_seed"
+        ).split()
+    },
+    "validation_starts": (HONOURED, "the seed's validation grid (splice_validation_set)"),
+    "validation_offsets": (HONOURED, "the seed's validation grid (splice_validation_set)"),
+    "base": (HONOURED, "the text: url_single_dataset or mixture (the splice base column)"),
+    "dataset_name": (HONOURED, "the component read (a mixture base's configs key)"),
+}
+OWN: dict[str, dict[str, tuple[str, str]]] = {
+    "causal_lm": {**_MESHBATCH, **_ORDER, "quick_start": _QUICK},
+    "hf_causal_lm": {
+        **_MESHBATCH,
+        **_ORDER,
+        "quick_start": (REFUSED, "quick start tokenizes train_urls files; build an HF source's cache first"),
+    },
+    "stable_mixture": {**_MIXTURE_OWN, "mixture_compat": (HONOURED, "Levanter's MixtureDataset rows")},
+    "token_balanced_mixture": {**_MIXTURE_OWN, "baseline": (HONOURED, "TokenBalancedMixture baseline")},
+    "splice": _SPLICE_OWN,
+    "splice base": {
+        "shuffle_per_epoch": (
+            HONOURED,
+            "the seed's: unset, or the same as the splice config's shuffle_per_epoch (the row shuffle)",
+        ),
+    },
+}
+
 
 def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
-    """Raises ``ConfigError`` for the first refused field of ``FIELDS[kind]`` that ``config`` sets
-    to anything but its dataclass default (the Levanter default)."""
-    table = FIELDS[kind]
+    """Raises ``ConfigError`` for the first refused field of ``FIELDS[kind]`` / ``OWN[kind]`` that
+    ``config`` sets to anything but its dataclass default (the Levanter default), and
+    ``RuntimeError`` for a field of ``config`` that neither table decides."""
+    table = {**FIELDS[kind], **OWN[kind]}
     for f in dataclasses.fields(config):
-        status, why = table.get(f.name, (HONOURED, ""))
+        if f.name not in table:
+            raise RuntimeError(
+                f"{type(config).__name__}.{f.name} is neither honoured nor refused for {kind} "
+                "(meshbatch.levanter.fields: decide it)"
+            )
+        status, why = table[f.name]
         if status != REFUSED or f.name in skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
@@ -136,18 +235,25 @@ def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
             raise ConfigError(f"{f.name}={value!r} is refused by {kind}: {why}")
 
 
-def fields_markdown() -> str:
-    """The table of docs/levanter.md: a row per Levanter field, a column per config type
-    (``honoured``, ``refused: why``, or ``-`` where the type has no such field)."""
-    kinds = list(FIELDS)
+def fields_markdown(tables: dict[str, dict[str, tuple[str, str]]] | None = None) -> str:
+    """A table of docs/levanter.md (``FIELDS`` by default, or ``OWN``): a row per field (fields
+    decided alike share one), a column per config type (``honoured``, ``honoured: how`` where it
+    differs from the row's, ``refused: why``, or ``-`` where the type has no such field)."""
+    tables = FIELDS if tables is None else tables
+    kinds = list(tables)
     rows = ["| field | " + " | ".join(f"`{k}`" for k in kinds) + " | how it is honoured |",
             "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
-    names = list(dict.fromkeys(name for table in FIELDS.values() for name in table))
+    names = list(dict.fromkeys(name for table in tables.values() for name in table))
+    grouped: dict[tuple[str, ...], list[str]] = {}  # fields decided alike share a row
     for name in names:
-        cells, how = [], ""
-        for kind in kinds:
-            status, note = FIELDS[kind].get(name, ("-", ""))
-            cells.append(f"refused: {note}" if status == REFUSED else status)
-            how = how or (note if status == HONOURED else "")
-        rows.append(f"| `{name}` | " + " | ".join(cells) + f" | {how} |")
+        notes = [tables[kind].get(name, ("-", "")) for kind in kinds]
+        how = next((note for status, note in notes if status == HONOURED), "")
+        cells = [
+            f"refused: {note}" if status == REFUSED else "honoured" if status != HONOURED or note == how
+            else f"honoured: {note}"
+            for status, note in notes
+        ]  # fmt: skip
+        cells = [cell if status != "-" else "-" for cell, (status, _) in zip(cells, notes, strict=True)]
+        grouped.setdefault((*cells, how), []).append(f"`{name}`")
+    rows += [f"| {', '.join(group)} | " + " | ".join(cells) + " |" for cells, group in grouped.items()]
     return "\n".join(rows)

@@ -71,7 +71,7 @@ class MixtureBaseConfig(LMMixtureDatasetConfig, BaseDataConfig):
     """Levanter's ``LMMixtureDatasetConfig`` (a component's cache is its ``cache_dir``, else
     ``cache_dir/name``, as Levanter's ``build_caches``) and the seed's ``shuffle_per_epoch``."""
 
-    shuffle_per_epoch: bool = True
+    shuffle_per_epoch: bool | None = None  # the seed's; a splice config checks it against its own
 
     def stages(self) -> list[tuple[int, dict[str, float]]]:
         """``train_weights`` as ``(start_step, weights)`` stages."""

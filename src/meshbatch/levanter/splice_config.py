@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset, ListAsyncDataset
+from levanter.data.text import TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import local_cpu_mesh
 
@@ -25,6 +26,13 @@ from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
 from .fields import refuse
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
+
+
+def _default(config, name: str):
+    """The dataclass default of ``config``'s field ``name`` (Levanter's, for Levanter's fields)."""
+    (f,) = (f for f in dataclasses.fields(config) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
@@ -65,7 +73,8 @@ class _SelectionFields:
     restrict_to_training_subset: bool = False
     max_train_batches: int | None = None
     """the training subset's batches; ``None``: base's ``max_train_batches[dataset_name]`` (a
-    mixture base), else the whole cache is the training subset."""
+    mixture base, Levanter's field), else the whole cache is the training subset. It, base's and
+    ``initial_batch_size`` need ``restrict_to_training_subset: true`` (refused by name without)."""
     doc_key: str | None = None
     """the seed's string predicate: keep documents whose decoded text contains it (decodes every
     document of the cache)."""
@@ -91,6 +100,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         refuse(self, "splice")
         refuse(self.base, "splice base")
         self._check_base()
+        self._check_selection()
         _checked(self, lambda: self.spec(seq_len=max(2, self.content_length or 2)))  # by name, now
         if (self.validation_starts == 0) != (self.validation_offsets == 0):
             raise ConfigError(
@@ -115,6 +125,63 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
                 f"base.tokenizer={self.base.tokenizer!r} differs from tokenizer={self.tokenizer!r}: "
                 "the model's tokenizer is the top-level one; set both alike"
             )
+        for name in ("vocab_size", "enforce_eos", "cache_options"):  # the cache is built with ours
+            value, mine = getattr(self.base, name), getattr(self, name)
+            if value not in (_default(self.base, name), mine):
+                raise ConfigError(
+                    f"base.{name}={value!r} differs from {name}={mine!r}: a splice config builds its cache "
+                    f"with the top-level {name}; set it there (or both alike)"
+                )
+        per_epoch = getattr(self.base, "shuffle_per_epoch", None)
+        if per_epoch is not None and per_epoch != self.shuffle_per_epoch:
+            raise ConfigError(
+                f"base.shuffle_per_epoch={per_epoch} differs from shuffle_per_epoch="
+                f"{self.shuffle_per_epoch}: the schedule's row shuffle is the top-level one; set both alike"
+            )
+        name, source, _ = self.component
+        where = "base" if isinstance(self.base, UrlBaseConfig) else f"base.configs[{name!r}]"
+        if not isinstance(source.format, TextLmDatasetFormat):
+            raise ConfigError(
+                f"{where}.format={source.format!r}: a splice config splices text documents (a chat/"
+                "supervised format's masks would be dropped); use a text format, or train it with causal_lm"
+            )
+        for field_name in ("validation_urls", "tags"):
+            if getattr(source, field_name, None):
+                raise ConfigError(
+                    f"{where}.{field_name}={getattr(source, field_name)!r}: a splice config's validation set "
+                    "is the seed's grid over its documents (validation_starts / validation_offsets)"
+                )
+
+    def _check_selection(self) -> None:
+        """The training-subset fields apply only with ``restrict_to_training_subset``."""
+        base_batches = getattr(self.base, "max_train_batches", None)
+        bounds = {"max_train_batches": self.max_train_batches, "initial_batch_size": self.initial_batch_size,
+                  "base.max_train_batches": base_batches}  # fmt: skip
+        for name, value in bounds.items():
+            if value is not None and not self.restrict_to_training_subset:
+                raise ConfigError(
+                    f"{name}={value!r} bounds the training subset: set restrict_to_training_subset: true "
+                    "(or drop it)"
+                )
+        batches = self.max_train_batches
+        if batches is None and base_batches is not None:
+            batches = base_batches.get(self.component[0])
+        if batches is not None and self.initial_batch_size is None:
+            raise ConfigError(
+                f"restrict_to_training_subset with max_train_batches={batches} needs initial_batch_size "
+                "(the subset is max_train_batches * initial_batch_size * seq_len tokens)"
+            )
+
+    def cache_dirs(self) -> dict[str, str | None]:
+        """The cache directory of the component read (checked at parse time)."""
+        components = self.base.components()
+        if isinstance(self.base, UrlBaseConfig):
+            return {"base.cache_dir=None": self.base.cache_dir}
+        names = list(components)
+        name = self.dataset_name if self.dataset_name is not None or len(names) != 1 else names[0]
+        if name not in components:
+            return {}  # _check_base names it
+        return {f"base.configs[{name!r}].cache_dir=None with base.cache_dir=None": components[name][1]}
 
     @property
     def component(self) -> tuple[str, object, str | None]:
