@@ -66,7 +66,6 @@ REFUSED = [
     (CAUSAL + "shuffle: true\nio_block_size: 4096\n", "io_block_size=4096"),
     (CAUSAL + "shuffle: 16\nwindow_blocks: 3\n", "window_blocks=3"),
     (CAUSAL + "reshuffle_each_epoch: true\n", "reshuffle_each_epoch=True"),
-    (CAUSAL + "compat: levanter\n", "compat='levanter'"),
     # finding 13
     (CAUSAL + "metrics_every: -5\n", "metrics_every=-5"),
     (CAUSAL + "eos_id: -3\n", "eos_id=-3"),

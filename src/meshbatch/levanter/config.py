@@ -132,8 +132,9 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
 def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
     """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
     ``ShuffleSpec`` with the config's order fields. Every field reaches ``ShuffleSpec``, which
-    refuses one that does not apply (``io_block_size`` with ``shuffle: true``, ``compat`` with no
-    shuffle); only ``permutation_type`` is dropped without a shuffle, as Levanter drops it.
+    refuses one that does not apply (``io_block_size`` with ``shuffle: true``,
+    ``reshuffle_each_epoch`` with no shuffle); without a shuffle ``permutation_type`` is dropped, as
+    Levanter drops it, and ``compat: levanter`` holds as it is (cache order is Levanter's order).
 
         shuffle=true, io_block_size=4096 -> ValueError: io_block_size=4096 ... (got shuffle=True)
     """
@@ -154,15 +155,18 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
             f"io_block_size={config.io_block_size} and window_blocks={config.window_blocks} only apply to "
             f"shuffle: block (got shuffle={shuffle!r})"
         )
-    if strategy == "none" and (config.compat is not None or config.reshuffle_each_epoch):
+    if strategy == "none" and config.reshuffle_each_epoch:
         raise ValueError(
-            f"compat={config.compat!r} and reshuffle_each_epoch={config.reshuffle_each_epoch} apply to a "
-            f"shuffle (got shuffle={shuffle!r}, which keeps cache order)"
+            f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
+            f"shuffle={shuffle!r}, which keeps cache order)"
         )
+    # compat: levanter without a shuffle is honoured as it is: cache order is Levanter's order too
+    # (one compat line serves every shuffle value of a run, as the mixtures' compat does)
+    compat = None if strategy == "none" else config.compat
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
     return ShuffleSpec(
-        strategy, kind="feistel" if strategy == "none" else kind, compat=config.compat, era_length=era_length,
+        strategy, kind="feistel" if strategy == "none" else kind, compat=compat, era_length=era_length,
         io_block_size=config.io_block_size, window_blocks=config.window_blocks,
         reshuffle_each_epoch=config.reshuffle_each_epoch,
     )  # fmt: skip
