@@ -27,12 +27,14 @@ import logging
 import os
 import time
 
+import jax
 from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
 
 from meshbatch.cache.ledger import try_read_ledger
 
+from .build_once import build_once, builds_here, wait_for_finished
 from .observe import CACHE_STATUS
 
 logger = logging.getLogger(__name__)
@@ -80,19 +82,35 @@ def build_split(
             f"tokenizer='passthrough' reads pre-tokenized caches: {path} holds no finished cache (Levanter's "
             "BatchTokenizer cannot tokenize text with the passthrough tokenizer)"
         )
+    if not builds_here():
+        logger.info("meshbatch: process %d waits for process 0 to build cache %s", jax.process_index(), path)
+        wait_for_finished(path)
+        CACHE_STATUS.setdefault(path, "found")
+        return path
     processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
     metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     start = time.monotonic()
     logger.info("meshbatch: building cache %s with Levanter's %s builder", path, builder)
-    if builder == "ray":
-        _ensure_ray()
-        cache = build_lm_dataset_cache(path, shards, fmt, tokenizer, options, enforce_eos, monitors=False)
-        cache.await_finished()
-        rows = len(cache.as_sync_dataset())
+    rows: list[int] = []
+
+    def build(target: str) -> None:
+        if builder == "ray":
+            _ensure_ray()
+            cache = build_lm_dataset_cache(
+                target, shards, fmt, tokenizer, options, enforce_eos, monitors=False
+            )
+            cache.await_finished()
+            rows.append(len(cache.as_sync_dataset()))
+        else:
+            rows.append(_build_in_process(target, shards, processor, metadata, options.batch_size))
+
+    if build_once(path, build):
+        logger.info(
+            "meshbatch: cache %s built: %d documents in %.1f s", path, rows[0], time.monotonic() - start
+        )
+        CACHE_STATUS[path] = "built"
     else:
-        rows = _build_in_process(path, shards, processor, metadata, options.batch_size)
-    logger.info("meshbatch: cache %s built: %d documents in %.1f s", path, rows, time.monotonic() - start)
-    CACHE_STATUS[path] = "built"
+        CACHE_STATUS.setdefault(path, "found")
     return path
 
 

@@ -1,0 +1,54 @@
+"""One process building a Levanter cache (launched by ``test_levanter_build_race.py``).
+
+    python levanter_cache_worker.py MODE PROCESS_ID NUM_PROCESSES PORT ROOT
+
+MODE ``dist``: the processes form one ``jax.distributed`` run (gloo); ``solo``: independent runs
+that start building together (each waits for the others' ``ready-<i>`` files under ROOT). Each
+builds ``ROOT/cache/train`` from ``ROOT/docs.jsonl`` with ``causal_lm``'s ``build_split`` and saves
+what it then reads (every row's tokens, the lengths, the ledger's cache id) to ``ROOT/out-<i>.npz``.
+"""
+
+import os
+import sys
+import time
+
+mode, root = sys.argv[1], sys.argv[5]
+process_id, num_processes, port = (int(a) for a in sys.argv[2:5])
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import logging  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+
+if mode == "dist":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"localhost:{port}", num_processes=num_processes, process_id=process_id)
+    assert jax.process_count() == num_processes
+else:
+    open(os.path.join(root, f"ready-{process_id}"), "w").close()
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(root, f"ready-{i}")) for i in range(num_processes)):
+        assert time.monotonic() < deadline, "the other workers never started"
+        time.sleep(0.01)
+
+from meshbatch.cache import TokenCache  # noqa: E402
+from meshbatch.levanter import CausalLMConfig  # noqa: E402
+
+cache_dir = os.path.join(root, "cache")
+config = CausalLMConfig(
+    tokenizer=os.path.join(root, "tok"), cache_dir=cache_dir, train_urls=[os.path.join(root, "docs.jsonl")]
+)
+path = config.build_split(config, "train", cache_dir)
+cache = TokenCache.open(path)
+rows = cache.read_rows(np.arange(cache.num_rows))
+np.savez(
+    os.path.join(root, f"out-{process_id}.npz"),
+    tokens=np.concatenate(rows),
+    lengths=cache.doc_lengths(),
+    cache_id=np.array(str(cache.ledger.cache_id)),
+)
+if mode == "dist":
+    jax.distributed.shutdown()
