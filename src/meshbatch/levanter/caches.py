@@ -115,30 +115,44 @@ def build_split(
 
 
 def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int:
-    rows = 0
-    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:
-        store = writer._tree_store
+    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:  # its ledger at exit
+        return write_rows(writer._tree_store, path, shards, processor, batch_size)
 
-        def write(batch: list) -> None:
-            # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
-            # rank-1 fields and fails on a supervised cache's per-document sources_len).
-            store.extend_with_batch(store.batch_preparer(_canonicalize_batch(processor(batch))))
 
-        for shard in shards.shard_names:
-            batch: list = []
-            for row in shards.open_shard(shard):
-                batch.append(row)
-                if len(batch) == batch_size:
-                    write(batch)
-                    rows, batch = rows + len(batch), []
-                    if rows % PROGRESS_EVERY < batch_size:
-                        logger.info(
-                            "meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard
-                        )
-            if batch:
+def write_rows(store, path: str, shards, processor, batch_size: int, after_batch=None) -> int:
+    """Levanter's ``processor`` over every shard's documents, ``batch_size`` at a time, appended to
+    Levanter's ``TreeStore`` ``store`` (at ``path``); ``after_batch(rows, tokens)`` runs after each
+    append with the totals so far. Returns the rows written."""
+    rows = tokens = 0
+
+    def write(batch: list) -> None:
+        nonlocal rows, tokens
+        # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
+        # rank-1 fields and fails on a supervised cache's per-document sources_len).
+        out = processor(batch)
+        store.extend_with_batch(store.batch_preparer(_canonicalize_batch(out)))
+        rows, tokens = rows + len(batch), tokens + _num_tokens(out)
+        if after_batch is not None:
+            after_batch(rows, tokens)
+
+    for shard in shards.shard_names:
+        batch: list = []
+        for row in shards.open_shard(shard):
+            batch.append(row)
+            if len(batch) == batch_size:
                 write(batch)
-                rows += len(batch)
+                batch = []
+                if rows % PROGRESS_EVERY < batch_size:
+                    logger.info("meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard)
+        if batch:
+            write(batch)
     return rows
+
+
+def _num_tokens(out) -> int:
+    if isinstance(out, dict):  # a batch of columns
+        return sum(len(ids) for ids in out["input_ids"])
+    return sum(len(row["input_ids"]) for row in out)
 
 
 def _ensure_ray() -> None:
