@@ -122,3 +122,19 @@ def test_a_build_failing_after_its_first_commit_stops_the_consumer(root):
     assert isinstance(error, QuickStartBuildError), repr(raised[0])
     assert try_read_ledger(os.path.join(quick.cache_dir, "train")).total_num_rows >= 128  # it committed
     assert "failing/train failed" in str(error) and "JSONDecodeError" in str(error), str(error)
+
+
+def test_a_cache_of_another_processor_is_named_when_reused(root, caplog):
+    docs = [str(root / "docs.jsonl")]
+    eos = config(root, "meta", docs, enforce_eos=True)
+    eos.build_split(eos, "train", eos.cache_dir)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="meshbatch.levanter.caches"):
+        no_eos = config(root, "meta", docs, enforce_eos=False)
+        no_eos.build_split(no_eos, "train", no_eos.cache_dir)
+        growing_cache(config(root, "meta", docs, enforce_eos=False, quick_start=True), no_eos.cache_dir)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all(
+        "meta/train was built with preprocessor_metadata" in w for w in warnings
+    )
+    assert "'append_eos': True" in warnings[0] and "'append_eos': False" in warnings[0]

@@ -22,7 +22,7 @@ read it. Two builders:
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
 import time
@@ -43,12 +43,30 @@ BUILDERS = ("in_process", "ray")
 
 
 def source_format(source, chat_template: str | None):
-    """The source's format, with the task's ``chat_template`` for a chat format that names none
-    (``LMTaskConfig.chat_template``'s documented meaning)."""
+    """The source's format. The installed Levanter (1.2.dev1644) never reads the task's top-level
+    ``chat_template``: a chat format naming no template tokenizes with the tokenizer's own. Where
+    the top-level one would change that (a chat format naming none), it is refused by name rather
+    than tokenizing differently from Levanter for the same YAML."""
     fmt = source.format
     if chat_template is not None and isinstance(fmt, ChatLmDatasetFormat) and fmt.chat_template is None:
-        fmt = dataclasses.replace(fmt, chat_template=chat_template)
+        where = "single-turn chat takes no template in Levanter; " if fmt.single_turn else ""
+        raise ValueError(
+            f"chat_template={chat_template!r:.80} (top level) is not read by the installed Levanter, "
+            f"which tokenizes format={fmt!r} with the tokenizer's own template: {where}put the "
+            "template in the format (format.chat_template) or drop the top-level chat_template"
+        )
     return fmt
+
+
+def check_metadata(path: str, found, processor_metadata) -> None:
+    """Logs a warning, as Levanter does, when the finished cache at ``path`` was written by another
+    processor (another tokenizer, ``enforce_eos``, format) than this config's."""
+    recorded = found.metadata.get("preprocessor_metadata")
+    if recorded != json.loads(json.dumps(processor_metadata)):
+        logger.warning(
+            "meshbatch: cache %s was built with preprocessor_metadata=%s, not this config's %s: reusing it "
+            "(delete it to rebuild)", path, recorded, processor_metadata,
+        )  # fmt: skip
 
 
 def build_split(
@@ -72,6 +90,9 @@ def build_split(
     found = try_read_ledger(path)
     if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
         logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
+        if not isinstance(tokenizer, PassthroughTokenizer):
+            processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
+            check_metadata(path, found, processor.metadata)
         CACHE_STATUS.setdefault(path, "found")
         return path
     shards = source.get_shard_source(split)

@@ -42,7 +42,7 @@ from meshbatch.cache.files import remove_file
 from meshbatch.cache.ledger import Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 
 from .build_once import builds_here, is_local, quick_start_lock, quick_start_running, wait_seconds
-from .caches import source_format, write_rows
+from .caches import check_metadata, source_format, write_rows
 
 logger = logging.getLogger(__name__)
 QUICK_START_FLUSH_TOKENS = 1 << 20  # a quick-start build commits every 1Mi tokens
@@ -78,8 +78,13 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     if cache_dir is None:
         raise ValueError("quick start needs cache_dir")
     path = os.path.join(cache_dir, "train")
+    fmt, tokenizer = source_format(config, config.chat_template), config.the_tokenizer
+    if isinstance(tokenizer, PassthroughTokenizer):
+        raise ValueError(f"quick_start=true tokenizes text: tokenizer={config.tokenizer!r} cannot")
+    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=config.enforce_eos)
     done = try_read_ledger(path)
     if done is not None and done.is_finished:
+        check_metadata(path, done, processor.metadata)
         return TokenCache.open(path)
     if config.cache_builder != "in_process":
         raise ValueError(
@@ -89,11 +94,6 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     shards = config.get_shard_source("train")
     if shards is None:
         raise ValueError(f"quick start builds the train cache: give train_urls (got {config.train_urls!r})")
-    tokenizer = config.the_tokenizer
-    if isinstance(tokenizer, PassthroughTokenizer):
-        raise ValueError(f"quick_start=true tokenizes text: tokenizer={config.tokenizer!r} cannot")
-    fmt = source_format(config, config.chat_template)
-    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=config.enforce_eos)
     if "input_ids" not in processor.output_exemplar:
         raise ValueError(f"quick_start=true needs a text format (got format={config.format!r})")
     if not builds_here():
