@@ -5,7 +5,8 @@
 MODE ``dist``: the processes form one ``jax.distributed`` run (gloo); ``solo``: independent runs
 that start building together (each waits for the others' ``ready-<i>`` files under ROOT). Each
 builds ``ROOT/cache/train`` from ``ROOT/docs.jsonl`` with ``causal_lm``'s ``build_split`` and saves
-what it then reads (every row's tokens, the lengths, the ledger's cache id) to ``ROOT/out-<i>.npz``.
+what it then reads (every row's tokens, the lengths, the ledger's cache id) to ``ROOT/out-<i>.npz``;
+then the same with ``quick_start`` into ``ROOT/quick/train`` (read while it grows, to the end).
 """
 
 import os
@@ -36,6 +37,7 @@ else:
 
 from meshbatch.cache import TokenCache  # noqa: E402
 from meshbatch.levanter import CausalLMConfig  # noqa: E402
+from meshbatch.levanter.quick_start import growing_cache  # noqa: E402
 
 cache_dir = os.path.join(root, "cache")
 config = CausalLMConfig(
@@ -44,8 +46,19 @@ config = CausalLMConfig(
 path = config.build_split(config, "train", cache_dir)
 cache = TokenCache.open(path)
 rows = cache.read_rows(np.arange(cache.num_rows))
+quick = CausalLMConfig(
+    tokenizer=config.tokenizer, cache_dir=os.path.join(root, "quick"), train_urls=config.train_urls,
+    shuffle="era", era_length=4, quick_start=True,
+)  # fmt: skip
+grown = growing_cache(quick, quick.cache_dir)  # one process (or run) builds, the others read it grow
+deadline = time.monotonic() + 60
+while not grown.is_finished:
+    assert time.monotonic() < deadline, "the quick-start cache never finished"
+    grown.refresh()
+    time.sleep(0.02)
 np.savez(
     os.path.join(root, f"out-{process_id}.npz"),
+    quick_tokens=np.concatenate(grown.read_rows(np.arange(grown.num_rows))),
     tokens=np.concatenate(rows),
     lengths=cache.doc_lengths(),
     cache_id=np.array(str(cache.ledger.cache_id)),

@@ -1,6 +1,8 @@
 """Several processes asking for one cache get one valid cache: in a ``jax.distributed`` run only
 process 0 builds (the others wait for its finished ledger), and independent runs racing on a
-local path each build a hidden copy and rename it into place (the loser uses the winner's)."""
+local path each build a hidden copy and rename it into place (the loser uses the winner's). With
+``quick_start`` one process (process 0, or the run holding the path's lock) grows the cache in
+place and the others read it as it grows."""
 
 import json
 import os
@@ -75,9 +77,12 @@ def test_processes_building_one_cache_get_one_valid_cache(tmp_path, mode):
     for out in outs:  # every process read the same, right, tokens
         np.testing.assert_array_equal(out["lengths"], [len(w) for w in want])
         np.testing.assert_array_equal(out["tokens"], np.concatenate(want))
+        np.testing.assert_array_equal(out["quick_tokens"], np.concatenate(want))
     assert sorted(os.listdir(tmp_path / "cache")) == ["train"]  # no hidden copy left behind
+    assert TokenCache.open(str(tmp_path / "quick" / "train")).num_rows == DOCS
     if mode == "dist":
         assert "waits for process 0 to build" in logs[1]
+        assert "being built in the background" in logs[0] and "being built" not in logs[1]
 
 
 def test_an_unfinished_leftover_is_replaced_and_a_finished_cache_wins(tmp_path):
