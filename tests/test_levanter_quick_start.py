@@ -122,6 +122,7 @@ def test_a_build_failing_after_its_first_commit_stops_the_consumer(root):
     assert isinstance(error, QuickStartBuildError), repr(raised[0])
     assert try_read_ledger(os.path.join(quick.cache_dir, "train")).total_num_rows >= 128  # it committed
     assert "failing/train failed" in str(error) and "JSONDecodeError" in str(error), str(error)
+    assert f"from shard '{root / 'bad.jsonl'}' after 300 documents" in str(error), str(error)
 
 
 def test_a_cache_of_another_processor_is_named_when_reused(root, caplog):

@@ -158,15 +158,20 @@ def write_rows(store, path: str, shards, processor, batch_size: int, after_batch
 
     for shard in shards.shard_names:
         batch: list = []
-        for row in shards.open_shard(shard):
-            batch.append(row)
-            if len(batch) == batch_size:
+        try:
+            for row in shards.open_shard(shard):
+                batch.append(row)
+                if len(batch) == batch_size:
+                    write(batch)
+                    batch = []
+                    if rows % PROGRESS_EVERY < batch_size:
+                        logger.info("meshbatch: building %s: %d documents (shard %s)", path, rows, shard)
+            if batch:
                 write(batch)
-                batch = []
-                if rows % PROGRESS_EVERY < batch_size:
-                    logger.info("meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard)
-        if batch:
-            write(batch)
+        except Exception as error:  # Levanter's readers name no file: the note does
+            url = getattr(shards, "_shard_name_to_url_mapping", {}).get(shard, shard)  # UrlDataSource's
+            error.add_note(f"while building {path} from shard {url!r} after {rows} documents")
+            raise
     return rows
 
 

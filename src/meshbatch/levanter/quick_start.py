@@ -69,7 +69,9 @@ class GrowingCache(TokenCache):
 
 
 def _describe(error: BaseException | str) -> str:
-    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    if isinstance(error, str):
+        return error
+    return "; ".join([f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())])
 
 
 def growing_cache(config, cache_dir: str | None) -> TokenCache:
