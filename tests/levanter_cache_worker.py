@@ -6,9 +6,11 @@ MODE ``dist``: the processes form one ``jax.distributed`` run (gloo); ``solo``: 
 that start building together (each waits for the others' ``ready-<i>`` files under ROOT). Each
 builds ``ROOT/cache/train`` from ``ROOT/docs.jsonl`` with ``causal_lm``'s ``build_split`` and saves
 what it then reads (every row's tokens, the lengths, the ledger's cache id) to ``ROOT/out-<i>.npz``;
-then the same with ``quick_start`` into ``ROOT/quick/train`` (read while it grows, to the end).
+then the same with ``quick_start`` into ``ROOT/quick/train`` (read while it grows, to the end); then
+a build failing in ``ROOT/bad.jsonl`` (the error each process saw, in ``failures``).
 """
 
+import json
 import os
 import sys
 import time
@@ -56,8 +58,16 @@ while not grown.is_finished:
     assert time.monotonic() < deadline, "the quick-start cache never finished"
     grown.refresh()
     time.sleep(0.02)
+failures = {}
+for name, urls in (("bad", [*config.train_urls, os.path.join(root, "bad.jsonl")]),):
+    bad = CausalLMConfig(tokenizer=config.tokenizer, cache_dir=os.path.join(root, name), train_urls=urls)
+    try:
+        bad.build_split(bad, "train", bad.cache_dir)
+    except Exception as error:  # what each process saw
+        failures[name] = f"{type(error).__name__}: {error} {getattr(error, '__notes__', [])}"
 np.savez(
     os.path.join(root, f"out-{process_id}.npz"),
+    failures=np.array(json.dumps(failures)),
     quick_tokens=np.concatenate(grown.read_rows(np.arange(grown.num_rows))),
     tokens=np.concatenate(rows),
     lengths=cache.doc_lengths(),

@@ -34,6 +34,7 @@ def corpus(root):
     texts = [" ".join(rng.choice(words, n)) for n in rng.integers(5, 200, DOCS)]
     with open(root / "docs.jsonl", "w") as f:
         f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    (root / "bad.jsonl").write_text('{"text": not json}\n')
     ByteTokenizer().save_pretrained(str(root / "tok"))
     return texts
 
@@ -83,6 +84,10 @@ def test_processes_building_one_cache_get_one_valid_cache(tmp_path, mode):
     if mode == "dist":
         assert "waits for process 0 to build" in logs[1]
         assert "being built in the background" in logs[0] and "being built" not in logs[1]
+        failures = [json.loads(str(out["failures"]))["bad"] for out in outs]
+        assert failures[0].startswith("JSONDecodeError") and "bad.jsonl" in failures[0], failures[0]
+        assert failures[1].startswith("CacheBuildFailed: process 0 failed to build cache"), failures[1]
+        assert "JSONDecodeError" in failures[1] and "bad.jsonl" in failures[1], failures[1]
 
 
 def test_an_unfinished_leftover_is_replaced_and_a_finished_cache_wins(tmp_path):

@@ -5,8 +5,9 @@ directory tear it (offsets from one, tokens from the other), so:
 
 * with ``jax.process_count() > 1`` only process 0 builds; the others poll the cache's ledger until
   it is finished, logging a line every ``LOG_EVERY_S`` seconds, and raise ``CacheWaitTimeout`` after
-  ``MESHBATCH_CACHE_WAIT_S`` seconds (default 86400: one day). ``cache_dir`` must then be storage
-  every process sees (an object store, or a shared file system);
+  ``MESHBATCH_CACHE_WAIT_S`` seconds (default 86400: one day), or ``CacheBuildFailed`` with process
+  0's error as soon as it reports one (through ``jax.distributed``'s key-value store).
+  ``cache_dir`` must then be storage every process sees (an object store, a shared file system);
 * on a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
   place when it is finished, so an independent run never sees half a cache. Two runs racing both
   build; the first rename wins and the loser deletes its copy and uses the winner's. An unfinished
@@ -41,6 +42,48 @@ LOG_EVERY_S = 60.0
 
 class CacheWaitTimeout(TimeoutError):
     """A process waited ``MESHBATCH_CACHE_WAIT_S`` seconds for another to finish a cache."""
+
+
+class CacheBuildFailed(RuntimeError):
+    """Process 0's build of a cache this process waits for failed (its error, as process 0 reported it)."""
+
+
+def _client():
+    """The ``jax.distributed`` key-value client, or None outside a distributed run."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _failure_key(path: str) -> str:
+    return f"meshbatch/cache_build_failed/{path}"
+
+
+def report_failure(path: str, error: BaseException) -> None:
+    """Process 0: tells the processes waiting for ``path`` that its build failed, and why."""
+    client = _client()
+    if client is None:
+        return
+    notes = "; ".join(getattr(error, "__notes__", ()))
+    try:
+        client.key_value_set(
+            _failure_key(path), f"{type(error).__name__}: {error}"[:4000] + (f"; {notes}" if notes else "")
+        )
+    except Exception as why:  # e.g. already reported by an earlier attempt
+        logger.warning(
+            "meshbatch: could not report the failed build of %s to the other processes: %s", path, why
+        )
+
+
+def reported_failure(path: str) -> str | None:
+    """The failure process 0 reported for ``path``'s build, or None."""
+    client = _client()
+    if client is None:
+        return None
+    try:
+        return client.key_value_try_get(_failure_key(path))
+    except Exception:  # NOT_FOUND: nothing reported
+        return None
 
 
 def wait_seconds() -> float:
@@ -82,6 +125,11 @@ def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "pr
         ledger = try_read_ledger(path)
         if ledger is not None and ledger.is_finished:
             return ledger
+        failure = reported_failure(path)
+        if failure is not None:
+            raise CacheBuildFailed(
+                f"process 0 failed to build cache {path} this process waits for: {failure}"
+            )
         now = time.monotonic()
         if now - start >= timeout:
             rows = "no ledger" if ledger is None else f"{ledger.total_num_rows} rows committed, unfinished"

@@ -34,7 +34,7 @@ from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter,
 
 from meshbatch.cache.ledger import try_read_ledger
 
-from .build_once import build_once, builds_here, wait_for_finished
+from .build_once import build_once, builds_here, report_failure, wait_for_finished
 from .observe import CACHE_STATUS
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,12 @@ def build_split(
         else:
             rows.append(_build_in_process(target, shards, processor, metadata, options.batch_size))
 
-    if build_once(path, build):
+    try:
+        ours = build_once(path, build)
+    except BaseException as error:
+        report_failure(path, error)  # the processes waiting for it raise it too
+        raise
+    if ours:
         logger.info(
             "meshbatch: cache %s built: %d documents in %.1f s", path, rows[0], time.monotonic() - start
         )

@@ -11,8 +11,9 @@ every ``QUICK_START_FLUSH_TOKENS`` tokens (the first after the first batch); a k
 over. ``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
 
 Who builds: process 0 of a ``jax.distributed`` run (the others wait for its first commit, bounded by
-``MESHBATCH_CACHE_WAIT_S``, and read the cache as it grows), and on a local path only the run
-holding the path's lock (``build_once.quick_start_lock``; a second run reads the first one's build).
+``MESHBATCH_CACHE_WAIT_S``, read the cache as it grows and raise process 0's reported failure),
+and on a local path only the run holding the path's lock (``build_once.quick_start_lock``; a
+second run reads the first one's build).
 
 Failures: a build failing before its first commit raises from ``growing_cache``; one failing later
 is kept and raised from the returned ``GrowingCache``'s next ``refresh`` (what the pipeline's wait
@@ -41,7 +42,15 @@ from meshbatch.cache.checksums import sidecar_path
 from meshbatch.cache.files import remove_file
 from meshbatch.cache.ledger import Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 
-from .build_once import builds_here, is_local, quick_start_lock, quick_start_running, wait_seconds
+from .build_once import (
+    builds_here,
+    is_local,
+    quick_start_lock,
+    quick_start_running,
+    report_failure,
+    reported_failure,
+    wait_seconds,
+)
 from .caches import check_metadata, source_format, write_rows
 
 logger = logging.getLogger(__name__)
@@ -99,7 +108,7 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     if "input_ids" not in processor.output_exemplar:
         raise ValueError(f"quick_start=true needs a text format (got format={config.format!r})")
     if not builds_here():
-        return _reader(path, None, why="process 0 builds it")
+        return _reader(path, lambda: reported_failure(path), why="process 0 builds it")
     lock = quick_start_lock(path) if is_local(path) else None
     if is_local(path) and lock is None:
         return _reader(path, _probe(path), why="another run's quick start builds it")
@@ -111,6 +120,7 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
         except BaseException as error:  # raised from the reader's refresh
             failed.append(error)
             logger.exception("quick start: building the train cache %s failed", path)
+            report_failure(path, error)  # the other processes reading it raise it too
         finally:
             if lock is not None:
                 lock.close()
