@@ -75,6 +75,16 @@ def report_failure(path: str, error: BaseException) -> None:
         )
 
 
+def clear_failure(path: str) -> None:
+    """Process 0, starting a build: forgets a failure reported by an earlier attempt in this run."""
+    client = _client()
+    if client is not None:
+        try:
+            client.key_value_delete(_failure_key(path))
+        except Exception:  # nothing to forget
+            pass
+
+
 def reported_failure(path: str) -> str | None:
     """The failure process 0 reported for ``path``'s build, or None."""
     client = _client()

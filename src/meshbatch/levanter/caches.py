@@ -34,7 +34,7 @@ from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter,
 
 from meshbatch.cache.ledger import try_read_ledger
 
-from .build_once import build_once, builds_here, report_failure, wait_for_finished
+from .build_once import build_once, builds_here, clear_failure, report_failure, wait_for_finished
 from .observe import CACHE_STATUS
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ def build_split(
         else:
             rows.append(_build_in_process(target, shards, processor, metadata, options.batch_size))
 
+    clear_failure(path)
     try:
         ours = build_once(path, build)
     except BaseException as error:

@@ -44,6 +44,7 @@ from meshbatch.cache.ledger import Ledger, ledger_metadata, remove_ledger, try_r
 
 from .build_once import (
     builds_here,
+    clear_failure,
     is_local,
     quick_start_lock,
     quick_start_running,
@@ -113,6 +114,7 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     if is_local(path) and lock is None:
         return _reader(path, _probe(path), why="another run's quick start builds it")
     failed: list[BaseException] = []
+    clear_failure(path)
 
     def build() -> None:
         try:
