@@ -22,17 +22,19 @@ read it. Two builders:
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
 import time
 
+import jax
 from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
 
 from meshbatch.cache.ledger import try_read_ledger
 
+from .build_once import build_once, builds_here, clear_failure, report_failure, wait_for_finished
 from .observe import CACHE_STATUS
 
 logger = logging.getLogger(__name__)
@@ -41,12 +43,30 @@ BUILDERS = ("in_process", "ray")
 
 
 def source_format(source, chat_template: str | None):
-    """The source's format, with the task's ``chat_template`` for a chat format that names none
-    (``LMTaskConfig.chat_template``'s documented meaning)."""
+    """The source's format. The installed Levanter (1.2.dev1644) never reads the task's top-level
+    ``chat_template``: a chat format naming no template tokenizes with the tokenizer's own. Where
+    the top-level one would change that (a chat format naming none), it is refused by name rather
+    than tokenizing differently from Levanter for the same YAML."""
     fmt = source.format
     if chat_template is not None and isinstance(fmt, ChatLmDatasetFormat) and fmt.chat_template is None:
-        fmt = dataclasses.replace(fmt, chat_template=chat_template)
+        where = "single-turn chat takes no template in Levanter; " if fmt.single_turn else ""
+        raise ValueError(
+            f"chat_template={chat_template!r:.80} (top level) is not read by the installed Levanter, "
+            f"which tokenizes format={fmt!r} with the tokenizer's own template: {where}put the "
+            "template in the format (format.chat_template) or drop the top-level chat_template"
+        )
     return fmt
+
+
+def check_metadata(path: str, found, processor_metadata) -> None:
+    """Logs a warning, as Levanter does, when the finished cache at ``path`` was written by another
+    processor (another tokenizer, ``enforce_eos``, format) than this config's."""
+    recorded = found.metadata.get("preprocessor_metadata")
+    if recorded != json.loads(json.dumps(processor_metadata)):
+        logger.warning(
+            "meshbatch: cache %s was built with preprocessor_metadata=%s, not this config's %s: reusing it "
+            "(delete it to rebuild)", path, recorded, processor_metadata,
+        )  # fmt: skip
 
 
 def build_split(
@@ -70,6 +90,9 @@ def build_split(
     found = try_read_ledger(path)
     if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
         logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
+        if not isinstance(tokenizer, PassthroughTokenizer):
+            processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
+            check_metadata(path, found, processor.metadata)
         CACHE_STATUS.setdefault(path, "found")
         return path
     shards = source.get_shard_source(split)
@@ -80,47 +103,88 @@ def build_split(
             f"tokenizer='passthrough' reads pre-tokenized caches: {path} holds no finished cache (Levanter's "
             "BatchTokenizer cannot tokenize text with the passthrough tokenizer)"
         )
+    if not builds_here():
+        logger.info("meshbatch: process %d waits for process 0 to build cache %s", jax.process_index(), path)
+        wait_for_finished(path)
+        CACHE_STATUS.setdefault(path, "found")
+        return path
     processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
     metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     start = time.monotonic()
     logger.info("meshbatch: building cache %s with Levanter's %s builder", path, builder)
-    if builder == "ray":
-        _ensure_ray()
-        cache = build_lm_dataset_cache(path, shards, fmt, tokenizer, options, enforce_eos, monitors=False)
-        cache.await_finished()
-        rows = len(cache.as_sync_dataset())
+    rows: list[int] = []
+
+    def build(target: str) -> None:
+        if builder == "ray":
+            _ensure_ray()
+            cache = build_lm_dataset_cache(
+                target, shards, fmt, tokenizer, options, enforce_eos, monitors=False
+            )
+            cache.await_finished()
+            rows.append(len(cache.as_sync_dataset()))
+        else:
+            rows.append(_build_in_process(target, shards, processor, metadata, options.batch_size))
+
+    clear_failure(path)
+    try:
+        ours = build_once(path, build)
+    except BaseException as error:
+        report_failure(path, error)  # the processes waiting for it raise it too
+        raise
+    if ours:
+        logger.info(
+            "meshbatch: cache %s built: %d documents in %.1f s", path, rows[0], time.monotonic() - start
+        )
+        CACHE_STATUS[path] = "built"
     else:
-        rows = _build_in_process(path, shards, processor, metadata, options.batch_size)
-    logger.info("meshbatch: cache %s built: %d documents in %.1f s", path, rows, time.monotonic() - start)
-    CACHE_STATUS[path] = "built"
+        CACHE_STATUS.setdefault(path, "found")
     return path
 
 
 def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int:
-    rows = 0
-    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:
-        store = writer._tree_store
+    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:  # its ledger at exit
+        return write_rows(writer._tree_store, path, shards, processor, batch_size)
 
-        def write(batch: list) -> None:
-            # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
-            # rank-1 fields and fails on a supervised cache's per-document sources_len).
-            store.extend_with_batch(store.batch_preparer(_canonicalize_batch(processor(batch))))
 
-        for shard in shards.shard_names:
-            batch: list = []
+def write_rows(store, path: str, shards, processor, batch_size: int, after_batch=None) -> int:
+    """Levanter's ``processor`` over every shard's documents, ``batch_size`` at a time, appended to
+    Levanter's ``TreeStore`` ``store`` (at ``path``); ``after_batch(rows, tokens)`` runs after each
+    append with the totals so far. Returns the rows written."""
+    rows = tokens = 0
+
+    def write(batch: list) -> None:
+        nonlocal rows, tokens
+        # What Levanter's Ray writer does per batch (its SerialCacheWriter.write_batch assumes
+        # rank-1 fields and fails on a supervised cache's per-document sources_len).
+        out = processor(batch)
+        store.extend_with_batch(store.batch_preparer(_canonicalize_batch(out)))
+        rows, tokens = rows + len(batch), tokens + _num_tokens(out)
+        if after_batch is not None:
+            after_batch(rows, tokens)
+
+    for shard in shards.shard_names:
+        batch: list = []
+        try:
             for row in shards.open_shard(shard):
                 batch.append(row)
                 if len(batch) == batch_size:
                     write(batch)
-                    rows, batch = rows + len(batch), []
+                    batch = []
                     if rows % PROGRESS_EVERY < batch_size:
-                        logger.info(
-                            "meshbatch: building %s: %d documents so far (shard %s)", path, rows, shard
-                        )
+                        logger.info("meshbatch: building %s: %d documents (shard %s)", path, rows, shard)
             if batch:
                 write(batch)
-                rows += len(batch)
+        except Exception as error:  # Levanter's readers name no file: the note does
+            url = getattr(shards, "_shard_name_to_url_mapping", {}).get(shard, shard)  # UrlDataSource's
+            error.add_note(f"while building {path} from shard {url!r} after {rows} documents")
+            raise
     return rows
+
+
+def _num_tokens(out) -> int:
+    if isinstance(out, dict):  # a batch of columns
+        return sum(len(ids) for ids in out["input_ids"])
+    return sum(len(row["input_ids"]) for row in out)
 
 
 def _ensure_ray() -> None:

@@ -1,5 +1,5 @@
 """The seed's ``base:`` of a splice config (Levanter's own single-dataset or mixture config),
-``ConfigError``, and quick start's growing train cache.
+and ``ConfigError`` (quick start's growing train cache: ``quick_start.py``).
 
 ``base: {type: url_single_dataset, ...}`` is Levanter's ``UrlSingleDatasetLMConfig`` and ``base:
 {type: mixture, configs: ..., train_weights: ...}`` its ``LMMixtureDatasetConfig`` (plus the
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,11 +17,7 @@ import draccus
 from draccus.utils import ParsingError
 from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
-from meshbatch.cache import HFTokenizer, TokenCache, build_cache
-from meshbatch.cache.ledger import try_read_ledger
-
 logger = logging.getLogger(__name__)
-QUICK_START_FLUSH_TOKENS = 1 << 20  # a quick-start build commits every 1Mi tokens
 
 
 class ConfigError(ParsingError):
@@ -96,49 +90,8 @@ class MixtureBaseConfig(LMMixtureDatasetConfig, BaseDataConfig):
         return {name: (source, cache_dir(name, source)) for name, source in self.configs.items()}
 
 
-def tokenizer_file(name: str) -> str:
-    """The ``tokenizer.json`` of a local directory or of a hub name in the Hugging Face cache."""
-    if os.path.isfile(os.path.join(name, "tokenizer.json")):
-        return os.path.join(name, "tokenizer.json")
-    from transformers.utils import cached_file
+def growing_cache(config, cache_dir: str | None):
+    """Quick start's train cache, open while Levanter's processor writes it (``quick_start.py``)."""
+    from .quick_start import growing_cache as grow
 
-    return cached_file(name, "tokenizer.json")
-
-
-def growing_cache(config, cache_dir: str | None) -> TokenCache:
-    """Quick start: the train cache as it is written by meshbatch's builder in a background
-    thread committing every ``QUICK_START_FLUSH_TOKENS`` tokens (a finished cache is opened as
-    is). Waits only for the first ledger; a build failing before it raises here, one failing
-    later is logged and leaves the cache unfinished (the next run resumes it)."""
-    if not config.train_urls:
-        raise ValueError("quick start builds the train cache: give train_urls")
-    if cache_dir is None:
-        raise ValueError("quick start needs cache_dir")
-    path = os.path.join(cache_dir, "train")
-    done = try_read_ledger(path)
-    if done is not None and done.is_finished:
-        return TokenCache.open(path)
-    tokenizer = HFTokenizer(tokenizer_file(config.tokenizer))
-    urls = list(config.train_urls)
-    failed: list[BaseException] = []
-
-    def build() -> None:
-        try:
-            build_cache(path, urls, tokenizer=tokenizer, text_key=config.format.text_key, progress=False,
-                        flush_tokens=QUICK_START_FLUSH_TOKENS)  # fmt: skip
-        except BaseException as error:  # raised below, or logged
-            failed.append(error)
-            logger.exception("quick start: building the train cache %s failed", path)
-
-    # Not a daemon: a process that ends first waits for the build (a daemon thread killed inside
-    # TensorStore at exit aborts the process) and leaves a finished cache.
-    thread = threading.Thread(target=build, name="meshbatch-build", daemon=False)
-    thread.start()
-    logger.info("meshbatch: quick start: cache %s being built in the background", path)
-    while try_read_ledger(path) is None:
-        if not thread.is_alive():
-            if failed:
-                raise failed[0]
-            break
-        time.sleep(0.02)
-    return TokenCache.open(path, require_finished=False)
+    return grow(config, cache_dir)

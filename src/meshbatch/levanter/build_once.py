@@ -1,0 +1,240 @@
+"""One build per cache: which process builds it, and how a finished build becomes visible.
+
+Every process of a ``jax.distributed`` run asks for the same caches. Two builders writing one
+directory tear it (offsets from one, tokens from the other), so:
+
+* with ``jax.process_count() > 1`` only process 0 builds; the others poll the cache's ledger until
+  it is finished, logging a line every ``LOG_EVERY_S`` seconds, and raise ``CacheWaitTimeout`` after
+  ``MESHBATCH_CACHE_WAIT_S`` seconds (default 86400: one day), or ``CacheBuildFailed`` with process
+  0's error as soon as it reports one (through ``jax.distributed``'s key-value store).
+  ``cache_dir`` must then be storage every process sees (an object store, a shared file system);
+* on a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
+  place when it is finished, so an independent run never sees half a cache. Two runs racing both
+  build; the first rename wins and the loser deletes its copy and uses the winner's. An unfinished
+  leftover at the path (a build of an older version killed midway) is moved aside and deleted,
+  unless a quick-start build holds the path's lock (``quick_start_lock``): then it is waited for.
+  On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there).
+
+    build_once("cache/owt/train", lambda target: write_cache(target))
+    # process 0, or a lone run: writes cache/owt/.train.building-3f9c..., renames it to
+    # cache/owt/train; returns True (ours), or False (another run's finished cache was there first)
+    wait_for_finished("cache/owt/train")   # every other process: returns the finished ledger
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+
+from meshbatch.cache.ledger import Ledger, try_read_ledger
+
+logger = logging.getLogger(__name__)
+WAIT_ENV = "MESHBATCH_CACHE_WAIT_S"
+DEFAULT_WAIT_S = 86_400.0
+LOG_EVERY_S = 60.0
+
+
+class CacheWaitTimeout(TimeoutError):
+    """A process waited ``MESHBATCH_CACHE_WAIT_S`` seconds for another to finish a cache."""
+
+
+class CacheBuildFailed(RuntimeError):
+    """Process 0's build of a cache this process waits for failed (its error, as process 0 reported it)."""
+
+
+def _client():
+    """The ``jax.distributed`` key-value client, or None outside a distributed run."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _failure_key(path: str) -> str:
+    return f"meshbatch/cache_build_failed/{path}"
+
+
+def report_failure(path: str, error: BaseException) -> None:
+    """Process 0: tells the processes waiting for ``path`` that its build failed, and why."""
+    client = _client()
+    if client is None:
+        return
+    notes = "; ".join(getattr(error, "__notes__", ()))
+    try:
+        client.key_value_set(
+            _failure_key(path), f"{type(error).__name__}: {error}"[:4000] + (f"; {notes}" if notes else "")
+        )
+    except Exception as why:  # e.g. already reported by an earlier attempt
+        logger.warning(
+            "meshbatch: could not report the failed build of %s to the other processes: %s", path, why
+        )
+
+
+def clear_failure(path: str) -> None:
+    """Process 0, starting a build: forgets a failure reported by an earlier attempt in this run."""
+    client = _client()
+    if client is not None:
+        try:
+            client.key_value_delete(_failure_key(path))
+        except Exception:  # nothing to forget
+            pass
+
+
+def reported_failure(path: str) -> str | None:
+    """The failure process 0 reported for ``path``'s build, or None."""
+    client = _client()
+    if client is None:
+        return None
+    try:
+        return client.key_value_try_get(_failure_key(path))
+    except Exception:  # NOT_FOUND: nothing reported
+        return None
+
+
+def wait_seconds() -> float:
+    """The bound on a wait for another process's build (``MESHBATCH_CACHE_WAIT_S``)."""
+    raw = os.environ.get(WAIT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{WAIT_ENV} must be a finite number of seconds > 0 (got {WAIT_ENV}={raw!r})")
+    return value
+
+
+def builds_here() -> bool:
+    """Whether this process builds missing caches (process 0 of a ``jax.distributed`` run, or a
+    lone process)."""
+    import jax
+
+    return jax.process_count() == 1 or jax.process_index() == 0
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "process 0 builds it") -> Ledger:
+    """Polls ``path``'s ledger until it is finished; returns it.
+
+    Raises:
+        CacheWaitTimeout: not finished after ``timeout`` seconds (default ``wait_seconds()``).
+    """
+    timeout = wait_seconds() if timeout is None else timeout
+    start = time.monotonic()
+    logged, delay = start, 0.05
+    while True:
+        ledger = try_read_ledger(path)
+        if ledger is not None and ledger.is_finished:
+            return ledger
+        failure = reported_failure(path)
+        if failure is not None:
+            raise CacheBuildFailed(
+                f"process 0 failed to build cache {path} this process waits for: {failure}"
+            )
+        now = time.monotonic()
+        if now - start >= timeout:
+            rows = "no ledger" if ledger is None else f"{ledger.total_num_rows} rows committed, unfinished"
+            raise CacheWaitTimeout(
+                f"cache {path} is not finished after waiting {now - start:.0f} s ({rows}; {why}); "
+                f"the bound is {WAIT_ENV}={timeout:g}. With several processes, cache_dir must be "
+                "storage every process sees, and process 0 must not have failed (see its log)"
+            )
+        if now - logged >= LOG_EVERY_S:
+            logged = now
+            logger.info(
+                "meshbatch: waiting for cache %s (%s): %.0f s of %g s", path, why, now - start, timeout
+            )
+        time.sleep(min(delay, max(0.0, timeout - (now - start))))
+        delay = min(2 * delay, 1.0)
+
+
+def lock_path(path: str) -> str:
+    parent, name = os.path.split(os.path.abspath(path))
+    return os.path.join(parent, f".{name}.quick-start.lock")
+
+
+def quick_start_lock(path: str):
+    """The open lock file of ``path``'s quick-start build if this process got it, else ``None``
+    (another run is building it in place). The lock goes with the file (``close``) or the process."""
+    lock = lock_path(path)
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    f = open(lock, "a")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def quick_start_running(path: str) -> bool:
+    """Whether another run holds ``path``'s quick-start lock (it is growing the cache in place)."""
+    if not is_local(path) or not os.path.exists(lock_path(path)):
+        return False
+    held = quick_start_lock(path)
+    if held is None:
+        return True
+    held.close()
+    return False
+
+
+def build_once(path: str, build: Callable[[str], object]) -> bool:
+    """Runs ``build(target)`` (it writes a finished cache at ``target``) and makes the result the
+    cache at ``path`` (see the module docstring). Returns whether this build's copy is the one at
+    ``path`` (False: another run's finished cache got there first and this copy was deleted)."""
+    if not is_local(path):
+        build(path)
+        return True
+    path = os.path.abspath(path.removeprefix("file://"))
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.building-{uuid.uuid4().hex[:12]}")
+    try:
+        build(tmp)
+        return _publish(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # still there only when another copy won
+
+
+def _publish(tmp: str, path: str) -> bool:
+    parent, name = os.path.split(path)
+    for _ in range(8):  # each round either publishes, finds a finished cache, or clears a leftover
+        try:
+            os.rename(tmp, path)
+            return True
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        found = try_read_ledger(path)
+        if found is not None and found.is_finished:
+            logger.info(
+                "meshbatch: cache %s was finished by another run first; using it, dropping ours", path
+            )
+            return False
+        if quick_start_running(path):
+            wait_for_finished(path, why="another run's quick start is building it in place")
+            return False
+        aside = os.path.join(parent, f".{name}.stale-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            continue
+        moved = try_read_ledger(aside)
+        if moved is not None and moved.is_finished:  # another run published between our two reads
+            try:
+                os.rename(aside, path)
+                return False
+            except OSError:
+                pass  # a third copy is in place now: any finished copy will do
+        logger.warning("meshbatch: replaced an unfinished leftover cache at %s (a killed build)", path)
+        shutil.rmtree(aside, ignore_errors=True)
+    raise RuntimeError(f"could not move the finished cache {tmp} to {path}: it kept being replaced")

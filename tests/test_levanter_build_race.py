@@ -1,0 +1,118 @@
+"""Several processes asking for one cache get one valid cache: in a ``jax.distributed`` run only
+process 0 builds (the others wait for its finished ledger), and independent runs racing on a
+local path each build a hidden copy and rename it into place (the loser uses the winner's). With
+``quick_start`` one process (process 0, or the run holding the path's lock) grows the cache in
+place and the others read it as it grows."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
+
+from meshbatch.cache import ByteTokenizer, TokenCache
+from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.levanter import CausalLMConfig
+from meshbatch.levanter.build_once import (
+    WAIT_ENV,
+    CacheWaitTimeout,
+    build_once,
+    wait_for_finished,
+    wait_seconds,
+)
+
+WORKER = os.path.join(os.path.dirname(__file__), "levanter_cache_worker.py")
+DOCS = 1000
+
+
+def corpus(root):
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    texts = [" ".join(rng.choice(words, n)) for n in rng.integers(5, 200, DOCS)]
+    with open(root / "docs.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    (root / "bad.jsonl").write_text('{"text": not json}\n')
+    ByteTokenizer().save_pretrained(str(root / "tok"))
+    return texts
+
+
+def expected(root, texts):
+    config = CausalLMConfig(tokenizer=str(root / "tok"), cache_dir=str(root / "cache"))
+    processor = preprocessor_for_format(TextLmDatasetFormat(), config.the_tokenizer, enforce_eos=True)
+    return [np.asarray(row["input_ids"]) for row in processor([{"text": t} for t in texts])]
+
+
+def run_workers(root, mode, processes=2):
+    from mp_harness import free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, mode, str(i), str(processes), port, str(root)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    return [dict(np.load(root / f"out-{i}.npz")) for i in range(processes)], logs
+
+
+@pytest.mark.parametrize("mode", ["dist", "solo"])
+def test_processes_building_one_cache_get_one_valid_cache(tmp_path, mode):
+    texts = corpus(tmp_path)
+    want = expected(tmp_path, texts)
+    outs, logs = run_workers(tmp_path, mode)
+    cache = TokenCache.open(str(tmp_path / "cache" / "train"))
+    assert cache.num_rows == DOCS
+    np.testing.assert_array_equal(cache.doc_lengths(), [len(w) for w in want])
+    for out in outs:  # every process read the same, right, tokens
+        np.testing.assert_array_equal(out["lengths"], [len(w) for w in want])
+        np.testing.assert_array_equal(out["tokens"], np.concatenate(want))
+        np.testing.assert_array_equal(out["quick_tokens"], np.concatenate(want))
+    assert sorted(os.listdir(tmp_path / "cache")) == ["train"]  # no hidden copy left behind
+    assert TokenCache.open(str(tmp_path / "quick" / "train")).num_rows == DOCS
+    if mode == "dist":
+        assert "waits for process 0 to build" in logs[1]
+        assert "being built in the background" in logs[0] and "being built" not in logs[1]
+        failures = [json.loads(str(out["failures"]))["bad"] for out in outs]
+        assert failures[0].startswith("JSONDecodeError") and "bad.jsonl" in failures[0], failures[0]
+        assert failures[1].startswith("CacheBuildFailed: process 0 failed to build cache"), failures[1]
+        assert "JSONDecodeError" in failures[1] and "bad.jsonl" in failures[1], failures[1]
+
+
+def test_an_unfinished_leftover_is_replaced_and_a_finished_cache_wins(tmp_path):
+    texts = corpus(tmp_path)
+    path = tmp_path / "cache" / "train"
+    (path / "input_ids").mkdir(parents=True)  # a killed build: arrays begun, no ledger
+    config = CausalLMConfig(tokenizer=str(tmp_path / "tok"), cache_dir=str(tmp_path / "cache"),
+                            train_urls=[str(tmp_path / "docs.jsonl")])  # fmt: skip
+    assert config.build_split(config, "train", config.cache_dir) == str(path)
+    assert TokenCache.open(str(path)).num_rows == len(texts)
+    finished = try_read_ledger(str(path))
+
+    def loser(target):  # a racing run whose copy arrives second
+        os.makedirs(os.path.join(target, "input_ids"))
+
+    assert build_once(str(path), loser) is False
+    assert try_read_ledger(str(path)) == finished
+    assert sorted(os.listdir(tmp_path / "cache")) == ["train"]
+
+
+def test_a_wait_is_bounded_and_names_the_bound(tmp_path, monkeypatch):
+    with pytest.raises(CacheWaitTimeout, match=rf"{tmp_path}/nothing is not finished.*{WAIT_ENV}=0.2"):
+        wait_for_finished(str(tmp_path / "nothing"), timeout=0.2)
+    monkeypatch.setenv(WAIT_ENV, "soon")
+    with pytest.raises(ValueError, match=f"{WAIT_ENV}='soon'"):
+        wait_seconds()
+    monkeypatch.setenv(WAIT_ENV, "0.3")
+    assert wait_seconds() == 0.3

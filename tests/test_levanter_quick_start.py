@@ -1,0 +1,141 @@
+"""Quick start builds Levanter's cache: the same tokens (BOS/EOS by Levanter's processor, with and
+without ``enforce_eos``), ledger metadata and fields as ``cache_builder: in_process``, from
+Levanter's shard source (brace-expanded ``.gz`` URLs); a build failing after its first commit
+stops the consumer's wait with the cause, instead of hanging."""
+
+import gzip
+import json
+import os
+import threading
+import time
+
+import haliax as hax
+import jax
+import numpy as np
+import pytest
+from levanter.store.cache import TreeCache
+
+from meshbatch.cache import ByteTokenizer, TokenCache
+from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader
+from meshbatch.levanter.quick_start import QuickStartBuildError, growing_cache
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """Documents, and a byte tokenizer that adds no EOS itself and names a BOS (id 256)."""
+    root = tmp_path_factory.mktemp("quick")
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "délta", "epsilon", "zeta"]
+    texts = [" ".join(rng.choice(words, n)) for n in rng.integers(1, 60, 300)]
+    lines = [json.dumps({"text": t}) + "\n" for t in texts]
+    (root / "docs.jsonl").write_text("".join(lines))
+    for part, chunk in ((1, lines[:170]), (2, lines[170:])):
+        with gzip.open(root / f"part.{part}.jsonl.gz", "wt") as f:
+            f.writelines(chunk)
+    tok = ByteTokenizer(add_eos=False).save_pretrained(str(root / "tok"))
+    config = json.loads((root / "tok" / "tokenizer_config.json").read_text())
+    (root / "tok" / "tokenizer_config.json").write_text(json.dumps(config | {"bos_token": "<eos>"}))
+    assert tok
+    return root
+
+
+def config(root, name, urls, **fields):
+    return CausalLMConfig(tokenizer=str(root / "tok"), cache_dir=str(root / name), train_urls=urls,
+                          shuffle="era", era_length=4, **fields)  # fmt: skip
+
+
+def finished(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not getattr(try_read_ledger(path), "is_finished", False):
+        assert time.monotonic() < deadline, f"{path} did not finish"
+        time.sleep(0.05)
+    return TokenCache.open(path)
+
+
+def rows(cache):
+    return cache.read_rows(np.arange(cache.num_rows))
+
+
+@pytest.mark.parametrize("enforce_eos", [True, False])
+def test_quick_start_writes_levanters_cache(root, enforce_eos):
+    docs = [str(root / "docs.jsonl")]
+    levanter = config(root, f"built-{enforce_eos}", docs, enforce_eos=enforce_eos)
+    want_path = levanter.build_split(levanter, "train", levanter.cache_dir)
+    quick = config(root, f"quick-{enforce_eos}", docs, enforce_eos=enforce_eos, quick_start=True)
+    growing_cache(quick, quick.cache_dir)
+    got_path = os.path.join(quick.cache_dir, "train")
+    got, want = rows(finished(got_path)), rows(TokenCache.open(want_path))
+    assert len(got) == len(want) == 300
+    assert all(row[0] == 256 for row in got)  # Levanter's BOS
+    assert all((row[-1] == 256) == enforce_eos for row in got)  # EOS only where Levanter adds it
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert try_read_ledger(got_path).metadata == try_read_ledger(want_path).metadata
+    processor_exemplar = {"input_ids": np.zeros(0, np.int32), "token_type_ids": np.zeros(0, np.int32)}
+    levanters = TreeCache.load(got_path, processor_exemplar)  # Levanter reads it, every field
+    assert len(levanters.as_sync_dataset()) == 300
+
+
+def test_quick_start_reads_brace_expanded_gzip_urls(root):
+    quick = config(root, "braces", [str(root / "part.{1..2}.jsonl.gz")], quick_start=True)
+    growing_cache(quick, quick.cache_dir)
+    plain = config(root, "plain", [str(root / "docs.jsonl")])
+    got = rows(finished(os.path.join(quick.cache_dir, "train")))
+    want = rows(TokenCache.open(plain.build_split(plain, "train", plain.cache_dir)))
+    assert len(got) == 300
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_quick_start_refuses_the_ray_builder(root):
+    quick = config(root, "ray", [str(root / "docs.jsonl")], quick_start=True, cache_builder="ray")
+    with pytest.raises(ValueError, match="cache_builder='ray'"):
+        growing_cache(quick, quick.cache_dir)
+
+
+def test_a_build_failing_after_its_first_commit_stops_the_consumer(root):
+    """300 good documents (3 batches of 128, the first one committed), then a line that is not JSON."""
+    (root / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    quick = config(root, "failing", [str(root / "docs.jsonl"), str(root / "bad.jsonl")], quick_start=True)
+    Pos = hax.Axis("position", 16)
+    dataset = MeshbatchDataset(quick.dataset(Pos.size), Pos=Pos, key=jax.random.key(0), epochs=None)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    raised: list[BaseException] = []
+
+    def consume():
+        try:
+            loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=8)
+            for _ in loader.iter_from_step(0):
+                pass
+        except BaseException as error:
+            raised.append(error)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(timeout=60)
+    assert not consumer.is_alive(), "the consumer still waits for rows the failed build never writes"
+    assert raised, "the consumer ended without the build's error"
+    error = raised[0]
+    while not isinstance(error, QuickStartBuildError) and error.__cause__ is not None:
+        error = error.__cause__
+    assert isinstance(error, QuickStartBuildError), repr(raised[0])
+    assert try_read_ledger(os.path.join(quick.cache_dir, "train")).total_num_rows >= 128  # it committed
+    assert "failing/train failed" in str(error) and "JSONDecodeError" in str(error), str(error)
+    assert f"from shard '{root / 'bad.jsonl'}' after 300 documents" in str(error), str(error)
+
+
+def test_a_cache_of_another_processor_is_named_when_reused(root, caplog):
+    docs = [str(root / "docs.jsonl")]
+    eos = config(root, "meta", docs, enforce_eos=True)
+    eos.build_split(eos, "train", eos.cache_dir)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="meshbatch.levanter.caches"):
+        no_eos = config(root, "meta", docs, enforce_eos=False)
+        no_eos.build_split(no_eos, "train", no_eos.cache_dir)
+        growing_cache(config(root, "meta", docs, enforce_eos=False, quick_start=True), no_eos.cache_dir)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all(
+        "meta/train was built with preprocessor_metadata" in w for w in warnings
+    )
+    assert "'append_eos': True" in warnings[0] and "'append_eos': False" in warnings[0]
