@@ -1,32 +1,39 @@
-"""The top-level ``chat_template``: the installed Levanter never reads it, so where meshbatch would
-have used it (a chat format naming no template) it is refused by name instead of tokenizing the
-same YAML differently from Levanter (single-turn chat crashed in Levanter's processor)."""
-
-import json
+"""The top-level ``chat_template``: the installed Levanter never reads it, so it is refused by name
+at parse time (nothing silently ignored), and the build refuses it again where it would have
+changed a chat format's tokens (single-turn chat crashed in Levanter's processor)."""
 
 import pytest
 from levanter.data.text import ChatLmDatasetFormat, TextLmDatasetFormat
 
-from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter import CausalLMConfig
 from meshbatch.levanter.caches import source_format
+from meshbatch.levanter.sources import ConfigError
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
-@pytest.mark.parametrize("single_turn", [False, True])
-def test_a_top_level_chat_template_levanter_ignores_is_refused_by_name(tmp_path, single_turn):
-    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
-    config = CausalLMConfig(
-        tokenizer=str(tmp_path / "tok"), cache_dir=str(tmp_path / "cache"),
-        train_urls=[str(tmp_path / "chat.jsonl")], chat_template=TEMPLATE,
-        format=ChatLmDatasetFormat(single_turn=single_turn),
-    )  # fmt: skip
-    named = "single-turn chat takes no template" if single_turn else "format.chat_template"
-    with pytest.raises(ValueError, match=rf"chat_template=.*not read by the installed Levanter.*{named}"):
-        config.build_split(config, "train", config.cache_dir)
-    assert not (tmp_path / "cache" / "train").exists()
+@pytest.mark.parametrize(
+    "fmt", [ChatLmDatasetFormat(), ChatLmDatasetFormat(single_turn=True), TextLmDatasetFormat()]
+)
+def test_a_top_level_chat_template_levanter_ignores_is_refused_by_name(tmp_path, fmt):
+    """Whatever the format, at construction (parse time), before any cache is built."""
+    with pytest.raises(
+        ConfigError, match=r"chat_template=.* refused by causal_lm: the installed Levanter never"
+    ):
+        CausalLMConfig(
+            tokenizer=str(tmp_path / "tok"), cache_dir=str(tmp_path / "cache"),
+            train_urls=[str(tmp_path / "chat.jsonl")], chat_template=TEMPLATE, format=fmt,
+        )  # fmt: skip
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_build_guard_names_a_template_levanter_would_not_read(tmp_path):
+    """``source_format`` itself refuses the template where it would change a chat format's
+    tokens (a second guard: the config refuses it first)."""
+    for single_turn, named in ((False, "format.chat_template"), (True, "single-turn chat takes no template")):
+        config = CausalLMConfig(format=ChatLmDatasetFormat(single_turn=single_turn))
+        with pytest.raises(ValueError, match=rf"chat_template=.*not read by the installed Levanter.*{named}"):
+            source_format(config, TEMPLATE)
 
 
 def test_a_format_naming_its_template_or_a_text_format_is_levanters():

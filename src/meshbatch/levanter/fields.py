@@ -36,8 +36,9 @@ _TASK = {
     ),
     "enforce_eos": (HONOURED, "Levanter's processor appends EOS when the tokenizer does not"),
     "chat_template": (
-        HONOURED,
-        "the template of chat sources whose format names none (Levanter's documented meaning)",
+        REFUSED,
+        "the installed Levanter never reads the top-level chat_template (a chat format naming none "
+        "uses the tokenizer's own): name the template in format.chat_template",
     ),
     "ignore_token_id": (
         HONOURED,
