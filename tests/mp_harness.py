@@ -28,6 +28,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_workers(script: str, argvs: list[list[str]], *, timeout: float) -> list[str]:
+    """Runs ``script`` once per argument list, all at once, to completion; returns their logs.
+
+    The workers see tests/ on ``PYTHONPATH`` and not the tests' ``XLA_FLAGS`` / ``JAX_PLATFORMS``
+    (each sets its own devices). A worker still running at ``timeout`` seconds, and then every
+    other, is killed (a test stops what it starts); a worker that exits non-zero fails the test
+    with its log's tail.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, *argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    return logs
+
+
 def run_processes(
     tmp_path, *, processes: int, local_devices: int, mesh_shape: str, factory: str, kwargs: dict, steps: int
 ) -> list[dict[str, np.ndarray]]:
@@ -43,23 +75,8 @@ def run_jobs(
 ) -> list[list[dict[str, np.ndarray]]]:
     """Runs ``processes`` workers to completion, each running every ``(factory, kwargs, steps)``
     of ``jobs`` in turn on one mesh; returns, per job, each process's saved arrays."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
-    args = [str(port), str(local_devices), str(tmp_path), mesh_shape, json.dumps(jobs)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, str(i), str(processes), *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(processes)
-    ]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for i, p in enumerate(procs):
-        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    args = [str(free_port()), str(local_devices), str(tmp_path), mesh_shape, json.dumps(jobs)]
+    run_workers(WORKER, [[str(i), str(processes), *args] for i in range(processes)], timeout=600)
     return [
         [dict(np.load(tmp_path / f"job{j}" / f"process{i}.npz")) for i in range(processes)]
         for j in range(len(jobs))

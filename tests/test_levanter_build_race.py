@@ -6,12 +6,11 @@ place and the others read it as it grows."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
+from mp_harness import free_port, run_workers
 
 from meshbatch.cache import ByteTokenizer, TokenCache
 from meshbatch.cache.ledger import try_read_ledger
@@ -45,25 +44,10 @@ def expected(root, texts):
     return [np.asarray(row["input_ids"]) for row in processor([{"text": t} for t in texts])]
 
 
-def run_workers(root, mode, processes=2):
-    from mp_harness import free_port
-
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
+def build_in_processes(root, mode, processes=2):
     port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, mode, str(i), str(processes), port, str(root)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(processes)
-    ]
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-    for i, p in enumerate(procs):
-        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    argvs = [[mode, str(i), str(processes), port, str(root)] for i in range(processes)]
+    logs = run_workers(WORKER, argvs, timeout=120)
     return [dict(np.load(root / f"out-{i}.npz")) for i in range(processes)], logs
 
 
@@ -71,7 +55,7 @@ def run_workers(root, mode, processes=2):
 def test_processes_building_one_cache_get_one_valid_cache(tmp_path, mode):
     texts = corpus(tmp_path)
     want = expected(tmp_path, texts)
-    outs, logs = run_workers(tmp_path, mode)
+    outs, logs = build_in_processes(tmp_path, mode)
     cache = TokenCache.open(str(tmp_path / "cache" / "train"))
     assert cache.num_rows == DOCS
     np.testing.assert_array_equal(cache.doc_lengths(), [len(w) for w in want])
