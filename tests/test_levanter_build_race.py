@@ -13,12 +13,15 @@ from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
 from mp_harness import free_port, run_workers
 
 from meshbatch.cache import ByteTokenizer, TokenCache
-from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.cache.ledger import Ledger, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig
 from meshbatch.levanter.build_once import (
     WAIT_ENV,
     CacheWaitTimeout,
     build_once,
+    lock_path,
+    quick_start_lock,
+    quick_start_running,
     wait_for_finished,
     wait_seconds,
 )
@@ -90,6 +93,36 @@ def test_an_unfinished_leftover_is_replaced_and_a_finished_cache_wins(tmp_path):
     assert build_once(str(path), loser) is False
     assert try_read_ledger(str(path)) == finished
     assert sorted(os.listdir(tmp_path / "cache")) == ["train"]
+
+
+def test_what_is_not_a_cache_is_never_deleted(tmp_path):
+    """A user's directory at the cache's path is refused by name and left as it was; nothing of
+    the build stays behind."""
+    path = tmp_path / "data" / "train"
+    path.mkdir(parents=True)
+    (path / "my_corpus.jsonl").write_text('{"text": "precious"}\n')
+    (path / "input_ids").mkdir()
+
+    def build(target):
+        os.makedirs(os.path.join(target, "input_ids"))
+        write_ledger(target, Ledger(1, {"": 1}, True, ("",)))
+
+    with pytest.raises(FileExistsError, match=rf"{path}: it exists and is not a cache.*my_corpus.jsonl"):
+        build_once(str(path), build)
+    assert sorted(os.listdir(path)) == ["input_ids", "my_corpus.jsonl"]
+    assert sorted(os.listdir(path.parent)) == ["train"]
+
+
+def test_a_file_url_locks_beside_the_cache(tmp_path, monkeypatch):
+    """``file://`` paths are local paths: the quick-start lock is the cache's hidden sibling, not a
+    ``file:`` folder under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    url = f"file://{tmp_path}/cache/train"
+    assert lock_path(url) == str(tmp_path / "cache" / ".train.quick-start.lock")
+    held = quick_start_lock(url)
+    assert held is not None and quick_start_running(str(tmp_path / "cache" / "train"))  # one lock
+    held.close()
+    assert not quick_start_running(url) and not (tmp_path / "file:").exists()
 
 
 def test_a_wait_is_bounded_and_names_the_bound(tmp_path, monkeypatch):

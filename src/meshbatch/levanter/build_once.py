@@ -11,8 +11,10 @@ directory tear it (offsets from one, tokens from the other), so:
 * on a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
   place when it is finished, so an independent run never sees half a cache. Two runs racing both
   build; the first rename wins and the loser deletes its copy and uses the winner's. An unfinished
-  leftover at the path (a build of an older version killed midway) is moved aside and deleted,
-  unless a quick-start build holds the path's lock (``quick_start_lock``): then it is waited for.
+  leftover at the path (a cache whose ledger is unfinished, or a build killed before its ledger:
+  only field directories of ``offsets``/``data`` arrays) is moved aside and deleted, unless a
+  quick-start build holds the path's lock (``quick_start_lock``): then it is waited for. Anything
+  else there (not a cache) is refused by name, never deleted.
   On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there).
 
     build_once("cache/owt/train", lambda target: write_cache(target))
@@ -32,7 +34,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from meshbatch.cache.ledger import Ledger, try_read_ledger
+from meshbatch.cache.checksums import SIDECAR_FILE_NAME
+from meshbatch.cache.ledger import LEDGER_FILE_NAME, Ledger, try_read_ledger
 
 logger = logging.getLogger(__name__)
 WAIT_ENV = "MESHBATCH_CACHE_WAIT_S"
@@ -158,7 +161,8 @@ def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "pr
 
 
 def lock_path(path: str) -> str:
-    parent, name = os.path.split(os.path.abspath(path))
+    """``path``'s quick-start lock file: a hidden sibling (``file://`` paths are local paths)."""
+    parent, name = os.path.split(os.path.abspath(path.removeprefix("file://")))
     return os.path.join(parent, f".{name}.quick-start.lock")
 
 
@@ -205,6 +209,20 @@ def build_once(path: str, build: Callable[[str], object]) -> bool:
         shutil.rmtree(tmp, ignore_errors=True)  # still there only when another copy won
 
 
+def _cache_layout(path: str) -> bool:
+    """Whether ``path`` holds only what a cache build writes (a build killed before its ledger):
+    field directories of ``offsets``/``data`` arrays, the ledger and the checksum sidecar."""
+    if not os.path.isdir(path):
+        return False
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            if not set(os.listdir(entry.path)) <= {"offsets", "data"}:
+                return False
+        elif entry.name not in (LEDGER_FILE_NAME, SIDECAR_FILE_NAME):
+            return False
+    return True
+
+
 def _publish(tmp: str, path: str) -> bool:
     parent, name = os.path.split(path)
     for _ in range(8):  # each round either publishes, finds a finished cache, or clears a leftover
@@ -223,6 +241,12 @@ def _publish(tmp: str, path: str) -> bool:
         if quick_start_running(path):
             wait_for_finished(path, why="another run's quick start is building it in place")
             return False
+        if found is None and not _cache_layout(path):  # not a cache: never delete it
+            entries = sorted(os.listdir(path))[:5] if os.path.isdir(path) else "a file"
+            raise FileExistsError(
+                f"cannot build the cache at {path}: it exists and is not a cache (no shard_ledger.json; "
+                f"it holds {entries}); move it away or choose another cache_dir"
+            )
         aside = os.path.join(parent, f".{name}.stale-{uuid.uuid4().hex[:12]}")
         try:
             os.rename(path, aside)
@@ -233,8 +257,9 @@ def _publish(tmp: str, path: str) -> bool:
             try:
                 os.rename(aside, path)
                 return False
-            except OSError:
-                pass  # a third copy is in place now: any finished copy will do
+            except OSError:  # a third copy is in place now: keep this finished one (a reader may use it)
+                logger.warning("meshbatch: left a finished copy of cache %s at %s (delete it)", path, aside)
+                continue
         logger.warning("meshbatch: replaced an unfinished leftover cache at %s (a killed build)", path)
         shutil.rmtree(aside, ignore_errors=True)
     raise RuntimeError(f"could not move the finished cache {tmp} to {path}: it kept being replaced")
