@@ -70,6 +70,8 @@ def test_the_final_partial_step_is_dropped_or_padded(cache_path):
         got = [np.asarray(b.tokens) for b in stream]
     assert len(got) == 2
     np.testing.assert_array_equal(got[1], np.asarray(batch.tokens))
+    # the padded step's zero rows are no examples
+    assert pad.stats()["examples_made"] == SCHEDULE.batch_size(last - 1) + real
 
 
 def test_pad_final_batch_is_a_bool(cache_path):

@@ -122,10 +122,12 @@ def pipeline_stats(pipeline, stream, since: dict[str, int]) -> dict[str, float]:
     """A ``Pipeline`` stream's ``stats()`` plus reads per example over the steps it made.
 
     ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
-    ``bytes_per_example`` the bytes they decoded, per example made since the stream began.
+    ``bytes_per_example`` the bytes they decoded, per example made since the stream began (the
+    zero rows of a padded final step are no examples).
     """
     out = stream.stats()
-    examples = sum(pipeline.schedule.batch_size(step) for step, _ in list(stream.log.made))
+    # a padded final step (pad_final_batch) made only its real rows' examples
+    examples = sum(pipeline._real_rows(step) for step, _ in list(stream.log.made))
     now = read_counters(pipeline.dataset)
     out["examples_made"] = examples
     for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
