@@ -125,6 +125,27 @@ def test_a_file_url_locks_beside_the_cache(tmp_path, monkeypatch):
     assert not quick_start_running(url) and not (tmp_path / "file:").exists()
 
 
+def test_the_copies_of_killed_builds_are_removed_and_live_ones_kept(tmp_path):
+    """A killed build leaves its hidden copy and a free lock; the next build removes both. A live
+    build's copy (its lock held) stays."""
+    import fcntl
+
+    parent = tmp_path / "cache"
+    (parent / ".train.building-dead" / "input_ids").mkdir(parents=True)
+    (parent / ".train.building-dead.lock").write_text("")
+    (parent / ".train.building-live" / "input_ids").mkdir(parents=True)
+    live = open(parent / ".train.building-live.lock", "w")
+    fcntl.flock(live.fileno(), fcntl.LOCK_EX)
+
+    def build(target):
+        os.makedirs(os.path.join(target, "input_ids"))
+        write_ledger(target, Ledger(1, {"": 1}, True, ("",)))
+
+    assert build_once(str(parent / "train"), build) is True
+    live.close()
+    assert sorted(os.listdir(parent)) == [".train.building-live", ".train.building-live.lock", "train"]
+
+
 def test_a_wait_is_bounded_and_names_the_bound(tmp_path, monkeypatch):
     with pytest.raises(CacheWaitTimeout, match=rf"{tmp_path}/nothing is not finished.*{WAIT_ENV}=0.2"):
         wait_for_finished(str(tmp_path / "nothing"), timeout=0.2)

@@ -10,7 +10,8 @@ directory tear it (offsets from one, tokens from the other), so:
   ``cache_dir`` must then be storage every process sees (an object store, a shared file system);
 * on a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
   place when it is finished, so an independent run never sees half a cache. Two runs racing both
-  build; the first rename wins and the loser deletes its copy and uses the winner's. An unfinished
+  build; the first rename wins and the loser deletes its copy and uses the winner's. A build holds
+  a lock beside its copy while it lives; the next build removes the copies of killed ones. An unfinished
   leftover at the path (a cache whose ledger is unfinished, or a build killed before its ledger:
   only field directories of ``offsets``/``data`` arrays) is moved aside and deleted, unless a
   quick-start build holds the path's lock (``quick_start_lock``): then it is waited for. Anything
@@ -25,6 +26,7 @@ directory tear it (offsets from one, tokens from the other), so:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -201,12 +203,42 @@ def build_once(path: str, build: Callable[[str], object]) -> bool:
     path = os.path.abspath(path.removeprefix("file://"))
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
+    _remove_dead_builds(parent, name)
     tmp = os.path.join(parent, f".{name}.building-{uuid.uuid4().hex[:12]}")
+    alive = open(f"{tmp}.lock", "w")  # held while this build lives (the process's death frees it)
+    fcntl.flock(alive.fileno(), fcntl.LOCK_EX)
     try:
         build(tmp)
         return _publish(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # still there only when another copy won
+        with contextlib.suppress(FileNotFoundError):  # removed as dead just before our flock
+            os.remove(f"{tmp}.lock")
+        alive.close()
+
+
+def _remove_dead_builds(parent: str, name: str) -> None:
+    """Deletes the hidden copies of builds of ``name`` that were killed (their lock is free): a
+    pre-empted build leaves its whole copy behind, and nothing else would ever remove it."""
+    prefix = f".{name}.building-"
+    for entry in os.listdir(parent):
+        if not (entry.startswith(prefix) and entry.endswith(".lock")):
+            continue
+        lock = os.path.join(parent, entry)
+        try:
+            f = open(lock)
+        except FileNotFoundError:  # its build just finished
+            continue
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a live build
+                continue
+            copy = lock.removesuffix(".lock")
+            logger.warning("meshbatch: removing %s, the copy of a build that was killed", copy)
+            shutil.rmtree(copy, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lock)
 
 
 def _cache_layout(path: str) -> bool:
