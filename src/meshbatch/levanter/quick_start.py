@@ -160,7 +160,9 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     logger.info("meshbatch: quick start: cache %s being built in the background", path)
     try:
         cache = _reader(
-            path, lambda: failed[0] if failed else None, why="the background build writes it",
+            path,
+            lambda: failed[0] if failed else None,
+            why="the background build writes it",
             accept=lambda ledger: ledger.cache_id == cache_id,
         )
     except BaseException:
