@@ -8,7 +8,9 @@ the code ``cache_builder: in_process`` runs), with Levanter's ledger metadata (t
 a finished quick-start cache holds exactly what ``in_process`` writes (every field, the same
 tokens) and a later run, with or without quick start, reuses it. An unfinished ledger is committed
 every ``QUICK_START_FLUSH_TOKENS`` tokens (the first after the first batch); a killed build starts
-over. ``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
+over (its ledger removed before the builder starts; the wait takes only this build's ``cache_id``).
+The builder stops between batches, unfinished, on ``GrowingCache.close`` or as the process ends.
+``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
 
 Who builds: process 0 of a ``jax.distributed`` run (the others wait for its first commit, bounded by
 ``MESHBATCH_CACHE_WAIT_S``, read the cache as it grows and raise process 0's reported failure),
