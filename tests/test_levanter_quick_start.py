@@ -6,6 +6,9 @@ stops the consumer's wait with the cause, instead of hanging."""
 import gzip
 import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -13,11 +16,11 @@ import haliax as hax
 import jax
 import numpy as np
 import pytest
-from levanter.store.cache import TreeCache
+from levanter.store.cache import CacheOptions, TreeCache
 
 from meshbatch.cache import ByteTokenizer, TokenCache
-from meshbatch.cache.ledger import try_read_ledger
-from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader
+from meshbatch.cache.ledger import Ledger, try_read_ledger, write_ledger
+from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader, quick_start
 from meshbatch.levanter.quick_start import QuickStartBuildError, growing_cache
 
 
@@ -139,3 +142,99 @@ def test_a_cache_of_another_processor_is_named_when_reused(root, caplog):
         "meta/train was built with preprocessor_metadata" in w for w in warnings
     )
     assert "'append_eos': True" in warnings[0] and "'append_eos': False" in warnings[0]
+
+
+def builders():
+    return [t for t in threading.enumerate() if t.name == "meshbatch-build"]
+
+
+def unfinish(path):
+    """What a build killed after a commit leaves: an unfinished ledger over the arrays."""
+    ledger = try_read_ledger(path)
+    write_ledger(path, Ledger(ledger.total_num_rows, ledger.shard_rows, False, (),
+                              metadata=ledger.metadata, cache_id=ledger.cache_id))  # fmt: skip
+
+
+def test_a_restart_over_a_killed_builds_leftover_reads_only_its_own_build(root):
+    """The stale unfinished ledger is gone before the builder starts, and the wait takes only the
+    new build's ledger: never the leftover's arrays while the builder recreates them (this raced)."""
+    quick = config(root, "restart", [str(root / "docs.jsonl")], quick_start=True)
+    path = os.path.join(quick.cache_dir, "train")
+    growing_cache(quick, quick.cache_dir)
+    want = rows(finished(path))
+    for _ in range(4):  # the race hit about half the restarts
+        unfinish(path)
+        stale = try_read_ledger(path).cache_id
+        cache = growing_cache(quick, quick.cache_dir)
+        assert cache.num_rows >= 128
+        finished(path)
+        assert cache.refresh() == 300 and try_read_ledger(path).cache_id != stale
+        for a, b in zip(rows(cache), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for thread in builders():
+            thread.join(timeout=30)
+
+
+def test_a_cache_published_while_taking_the_lock_is_opened_not_rebuilt(root, monkeypatch):
+    """Another run publishes its finished cache between quick start's first look and its lock."""
+    docs = [str(root / "docs.jsonl")]
+    other = config(root, "recheck", docs)
+    path = os.path.join(other.cache_dir, "train")
+    opened: list[TokenCache] = []
+    real_lock = quick_start.quick_start_lock
+
+    def lock_after_another_run_published(p):
+        other.build_split(other, "train", other.cache_dir)
+        opened.append(TokenCache.open(path))  # that run trains from it
+        return real_lock(p)
+
+    monkeypatch.setattr(quick_start, "quick_start_lock", lock_after_another_run_published)
+    cache = growing_cache(config(root, "recheck", docs, quick_start=True), other.cache_dir)
+    published = try_read_ledger(path)
+    assert published.is_finished and cache.is_finished and not builders()
+    time.sleep(0.3)  # a rebuild would have rewritten the ledger by now
+    assert try_read_ledger(path) == published
+    assert opened[0].refresh() == 300 and not quick_start.quick_start_running(path)
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory):
+    """Enough documents, written one per batch, that a whole build takes far longer than a test."""
+    root = tmp_path_factory.mktemp("long")
+    (root / "docs.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20_000)))
+    return root
+
+
+def test_closing_the_cache_stops_the_background_build_unfinished(root, long_corpus):
+    quick = config(root, "closed", [str(long_corpus / "docs.jsonl")], quick_start=True,
+                   cache_options=CacheOptions(batch_size=1))  # fmt: skip
+    path = os.path.join(quick.cache_dir, "train")
+    cache = growing_cache(quick, quick.cache_dir)
+    start = time.monotonic()
+    cache.close()
+    assert not builders() and time.monotonic() - start < 10
+    ledger = try_read_ledger(path)
+    assert not ledger.is_finished and ledger.total_num_rows < 20_000
+    with pytest.raises(QuickStartBuildError, match="stopped"):
+        cache.refresh()
+    assert not quick_start.quick_start_running(path)  # the lock went with the builder
+
+
+def test_a_process_whose_consumer_fails_ends_without_finishing_the_build(root, long_corpus, tmp_path):
+    """The builder is stopped between batches as the interpreter ends (it used to tokenize the
+    whole corpus first); the cache stays unfinished for a later run to build again."""
+    cache_dir = tmp_path / "cache"
+    script = textwrap.dedent(f"""
+        from levanter.store.cache import CacheOptions
+        from meshbatch.levanter import CausalLMConfig
+        from meshbatch.levanter.quick_start import growing_cache
+        cfg = CausalLMConfig(tokenizer={str(root / "tok")!r}, cache_dir={str(cache_dir)!r},
+                             train_urls=[{str(long_corpus / "docs.jsonl")!r}], shuffle="era",
+                             era_length=4, quick_start=True, cache_options=CacheOptions(batch_size=1))
+        growing_cache(cfg, cfg.cache_dir)
+        raise RuntimeError("training step failed")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "training step failed" in done.stderr, done.stderr[-2000:]
+    ledger = try_read_ledger(str(cache_dir / "train"))
+    assert not ledger.is_finished and ledger.total_num_rows < 20_000

@@ -8,7 +8,9 @@ the code ``cache_builder: in_process`` runs), with Levanter's ledger metadata (t
 a finished quick-start cache holds exactly what ``in_process`` writes (every field, the same
 tokens) and a later run, with or without quick start, reuses it. An unfinished ledger is committed
 every ``QUICK_START_FLUSH_TOKENS`` tokens (the first after the first batch); a killed build starts
-over. ``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
+over (its ledger removed before the builder starts; the wait takes only this build's ``cache_id``).
+The builder stops between batches, unfinished, on ``GrowingCache.close`` or as the process ends.
+``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
 
 Who builds: process 0 of a ``jax.distributed`` run (the others wait for its first commit, bounded by
 ``MESHBATCH_CACHE_WAIT_S``, read the cache as it grows and raise process 0's reported failure),
@@ -67,6 +69,12 @@ class GrowingCache(TokenCache):
     """A ``TokenCache`` of a cache still being written whose ``refresh`` raises the build's failure."""
 
     failure = None  # () -> BaseException | str | None: why the build stopped unfinished, else None
+    stop = None  # () -> None: stops this process's background build (between batches), if any
+
+    def close(self) -> None:
+        """Stops this process's background build, unfinished (a later run builds it again)."""
+        if self.stop is not None:
+            self.stop()
 
     def refresh(self) -> int:
         error = None if self.failure is None else self.failure()
@@ -113,12 +121,25 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     lock = quick_start_lock(path) if is_local(path) else None
     if is_local(path) and lock is None:
         return _reader(path, _probe(path), why="another run's quick start builds it")
+    done = try_read_ledger(path)  # another run may have published it before we got the lock
+    if done is not None and done.is_finished:
+        if lock is not None:
+            lock.close()
+        check_metadata(path, done, processor.metadata)
+        return TokenCache.open(path)
     failed: list[BaseException] = []
     clear_failure(path)
+    # A killed build's leftover goes before the thread starts, and the wait accepts only this
+    # build's ledger (its cache_id): a reader never opens arrays the builder is recreating.
+    _remove_leftover(path, processor.output_exemplar)
+    cache_id, stop = uuid.uuid4().hex, threading.Event()
 
     def build() -> None:
         try:
-            _grow(path, shards, processor, config.cache_options.batch_size)
+            _grow(path, shards, processor, config.cache_options.batch_size, cache_id, stop)
+        except _Stopped:
+            failed.append(QuickStartBuildError("the build was stopped (the process is ending)"))
+            logger.info("meshbatch: quick start: build of %s stopped unfinished", path)
         except BaseException as error:  # raised from the reader's refresh
             failed.append(error)
             logger.exception("quick start: building the train cache %s failed", path)
@@ -127,18 +148,67 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
             if lock is not None:
                 lock.close()
 
-    # Not a daemon: a process that ends first waits for the build (a daemon thread killed inside
-    # TensorStore at exit aborts the process) and leaves a finished cache.
+    # Not a daemon (a daemon thread killed inside TensorStore at exit aborts the process); a
+    # process that ends (or a consumer that ``close``s) stops it between batches, unfinished.
     thread = threading.Thread(target=build, name="meshbatch-build", daemon=False)
+
+    def halt() -> None:
+        stop.set()
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=STOP_WAIT_S)
+
     thread.start()
+    _at_exit(halt)
     logger.info("meshbatch: quick start: cache %s being built in the background", path)
-    return _reader(path, lambda: failed[0] if failed else None, why="the background build writes it")
+    try:
+        cache = _reader(
+            path,
+            lambda: failed[0] if failed else None,
+            why="the background build writes it",
+            accept=lambda ledger: ledger.cache_id == cache_id,
+        )
+    except BaseException:
+        halt()
+        raise
+    cache.stop = halt
+    return cache
 
 
-def _reader(path: str, failure, *, why: str) -> GrowingCache:
-    """Waits (bounded by ``MESHBATCH_CACHE_WAIT_S``, logging) for ``path``'s first commit; opens it."""
+class _Stopped(Exception):
+    """The build was asked to stop (``GrowingCache.close`` or the process ending)."""
+
+
+STOP_WAIT_S = 60.0  # how long stopping waits for the batch being written
+
+
+def _at_exit(hook) -> None:
+    """Runs ``hook`` as the interpreter ends, before it joins non-daemon threads (as
+    ``concurrent.futures`` does); a plain ``atexit`` hook would run only after the build ended."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - Python < 3.9
+        import atexit
+
+        atexit.register(hook)
+    else:
+        register(hook)
+
+
+def _remove_leftover(path: str, exemplar) -> None:
+    remove_ledger(path)
+    for field in exemplar:  # a checksum sidecar of an older meshbatch build no longer applies
+        remove_file(sidecar_path(posixpath.join(path, field)))
+
+
+def _reader(path: str, failure, *, why: str, accept=None) -> GrowingCache:
+    """Waits (bounded by ``MESHBATCH_CACHE_WAIT_S``, logging) for ``path``'s first commit (a ledger
+    ``accept`` takes, when given); opens it."""
     timeout, start, logged = wait_seconds(), time.monotonic(), time.monotonic()
-    while try_read_ledger(path) is None:
+
+    def committed() -> bool:
+        ledger = try_read_ledger(path)
+        return ledger is not None and (accept is None or accept(ledger))
+
+    while not committed():
         error = None if failure is None else failure()
         if error is not None:  # failed before its first commit
             raise QuickStartBuildError(
@@ -177,16 +247,14 @@ def _probe(path: str):
     return failure
 
 
-def _grow(path: str, shards, processor, batch_size: int) -> None:
+def _grow(path: str, shards, processor, batch_size: int, cache_id: str, stop: threading.Event) -> None:
     """``in_process``'s build (``caches.write_rows``: same store, same rows), with an unfinished
-    ledger committed every ``QUICK_START_FLUSH_TOKENS`` tokens and a finished one at the end. A
-    killed build starts over: its ledger goes first, then its arrays are recreated."""
+    ledger (``cache_id``) committed every ``QUICK_START_FLUSH_TOKENS`` tokens and a finished one at
+    the end; raises ``_Stopped`` between batches once ``stop`` is set. A killed build starts over:
+    ``growing_cache`` removed its ledger, here its arrays are recreated."""
     exemplar = processor.output_exemplar
-    remove_ledger(path)
-    for field in exemplar:  # a checksum sidecar of an older meshbatch build no longer applies
-        remove_file(sidecar_path(posixpath.join(path, field)))
     store = TreeStore.open(exemplar, path, mode="w", cache_metadata=True)
-    cache_id, metadata = uuid.uuid4().hex, ledger_metadata(processor.metadata)
+    metadata = ledger_metadata(processor.metadata)
     committed = [-QUICK_START_FLUSH_TOKENS]  # the first batch commits (TokenCache needs a row)
 
     def commit(rows: int, tokens: int, finished: bool = False) -> None:
@@ -196,6 +264,8 @@ def _grow(path: str, shards, processor, batch_size: int) -> None:
         committed[0] = tokens
 
     def after_batch(rows: int, tokens: int) -> None:
+        if stop.is_set():
+            raise _Stopped(f"stopped after {rows} documents")
         if tokens - committed[0] >= QUICK_START_FLUSH_TOKENS:
             commit(rows, tokens)
 
