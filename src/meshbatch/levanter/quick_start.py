@@ -102,10 +102,17 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     if isinstance(tokenizer, PassthroughTokenizer):
         raise ValueError(f"quick_start=true tokenizes text: tokenizer={config.tokenizer!r} cannot")
     processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=config.enforce_eos)
-    done = try_read_ledger(path)
-    if done is not None and done.is_finished:
+
+    def finished() -> TokenCache | None:
+        """The cache at ``path`` if it is finished (checked against this config's processor)."""
+        done = try_read_ledger(path)
+        if done is None or not done.is_finished:
+            return None
         check_metadata(path, done, processor.metadata)
         return TokenCache.open(path)
+
+    if (cache := finished()) is not None:
+        return cache
     if config.cache_builder != "in_process":
         raise ValueError(
             f"quick_start=true grows the cache in this process: cache_builder={config.cache_builder!r} "
@@ -121,12 +128,16 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     lock = quick_start_lock(path) if is_local(path) else None
     if is_local(path) and lock is None:
         return _reader(path, _probe(path), why="another run's quick start builds it")
-    done = try_read_ledger(path)  # another run may have published it before we got the lock
-    if done is not None and done.is_finished:
+    try:
+        cache = finished()  # another run may have published it before we got the lock
+    except BaseException:
         if lock is not None:
             lock.close()
-        check_metadata(path, done, processor.metadata)
-        return TokenCache.open(path)
+        raise
+    if cache is not None:
+        if lock is not None:
+            lock.close()
+        return cache
     failed: list[BaseException] = []
     clear_failure(path)
     # A killed build's leftover goes before the thread starts, and the wait accepts only this
