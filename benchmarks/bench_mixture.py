@@ -48,6 +48,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import functools
 import gc
 import heapq
 import random
@@ -184,6 +185,17 @@ def floor_runs(rows: int, sources: int) -> dict:
     words = jnp.asarray(rng.integers(0, 2**32, rows, dtype=np.uint64).astype(np.uint32))
     lists = table.tolist()
     empty, sort = jax.jit(lambda x: x[0]), jax.jit(jax.lax.sort)
+    unstable = jax.jit(functools.partial(jax.lax.sort, is_stable=False))
+    place = jnp.arange(rows, dtype=jnp.uint32)
+    bits = (rows - 1).bit_length()
+
+    def two(words, stable):
+        # two dependent sorts of unique words, as ``merge_order.two_pass_order`` runs them
+        first = jax.lax.sort(((words >> bits) << bits) | place, is_stable=stable) & ((1 << bits) - 1)
+        return jax.lax.sort((words[first] << bits) | place, is_stable=stable)
+
+    two_stable = jax.jit(functools.partial(two, stable=True))
+    two_unstable = jax.jit(functools.partial(two, stable=False))
 
     def heap():
         generator = heap_generator(lists, [0] * sources, seed=0)
@@ -194,6 +206,9 @@ def floor_runs(rows: int, sources: int) -> dict:
         "heap": heap,
         "merge": lambda: jax.block_until_ready(select_merge(zero, device_table, salts)),
         "sort": lambda: jax.block_until_ready(sort(words)),
+        "sort_unstable": lambda: jax.block_until_ready(unstable(words)),
+        "two_sorts": lambda: jax.block_until_ready(two_stable(words)),
+        "two_sorts_unstable": lambda: jax.block_until_ready(two_unstable(words)),
         "call": lambda: jax.block_until_ready(empty(words)),
     }
 
@@ -210,10 +225,14 @@ def bench_floor(configs, *, rounds: int, repeats: int) -> list[dict]:
         budget = median["heap"] / 10
         row = {"rows": rows, "sources": sources, "seconds": times, "budget": budget}
         row["floor_share"] = (median["sort"] + median["call"]) / budget
+        row["floor_share_unstable"] = (median["sort_unstable"] + median["call"]) / budget
         us = {name: f"{value * 1e6:.0f}" for name, value in median.items()}
+        low = {name: f"{min(values) * 1e6:.0f}" for name, values in times.items()}
         print(
             f"| {rows} | {sources} | {us['heap']} | {budget * 1e6:.0f} | {us['merge']} | "
-            f"{us['sort']} (min {min(times['sort']) * 1e6:.0f}) | {us['call']} | {row['floor_share']:.0%} |"
+            f"{us['sort']} (min {low['sort']}) | {us['sort_unstable']} (min {low['sort_unstable']}) | "
+            f"{us['two_sorts']} / {us['two_sorts_unstable']} | {us['call']} | "
+            f"{row['floor_share']:.0%} / {row['floor_share_unstable']:.0%} |"
         )
         results.append(row)
     return results
@@ -392,8 +411,9 @@ def main():
         rounds, repeats = (2, 5) if args.quick else (7, 10)
         print("\n## floor: microseconds, medians of all runs (sort: also its minimum)\n")
         print(
-            "| rows | sources | heap | 10x budget | merge | one sort of `rows` words | empty call "
-            "| sort + call / budget |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "| rows | sources | heap | 10x budget | merge | one sort of `rows` words (stable) | unstable "
+            "| two dependent sorts, stable / unstable | empty call | sort + call / budget (stable / unstable) "
+            "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         out["floor"] = bench_floor(configs, rounds=rounds, repeats=repeats)
     if args.part in ("pipeline", "all"):
