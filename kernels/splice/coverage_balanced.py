@@ -61,7 +61,8 @@ class BalancedPlacement(eqx.Module):
 
     def _edge_mass(self, scale, content, gap, n):
         """Weight of the ``n`` starts nearest one edge, whose distances are ``1 + gap + m * k_t``."""
-        edge = jnp.maximum(content - 1 - gap + self.t_stride - 1, 0) // self.t_stride  # d < K_i
+        reach = content - 1 - gap  # distances 1 + gap + m * k_t below K_i: ceil(reach / k_t)
+        edge = jnp.where(reach > 0, (reach - 1) // self.t_stride + 1, 0)  # (never past 2^31)
         m = jnp.minimum(n, edge)
         idx = jnp.clip(1 + gap + (m - 1) * self.t_stride, 0, self.edge_table.shape[0] - 1)
         weighted = jnp.where(m > 0, scale * self.edge_table[idx], jnp.float32(0))
@@ -72,7 +73,7 @@ class BalancedPlacement(eqx.Module):
         doc_len, content, scale = self.doc_len[doc], self.content[doc], self.edge_scale[doc]
         span = doc_len - content  # L - K_i >= 0
         starts = span // self.t_stride + 1
-        left = span // (2 * self.t_stride) + 1  # starts nearer the left edge (ties go left)
+        left = (span // self.t_stride) // 2 + 1  # starts nearer the left edge (ties go left)
         gap = span - (starts - 1) * self.t_stride
         right_total = self._edge_mass(scale, content, gap, starts - left)
         in_left = self._edge_mass(scale, content, jnp.zeros_like(gap), jnp.minimum(k, left))

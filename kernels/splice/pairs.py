@@ -80,8 +80,12 @@ class PairPlacement(eqx.Module):
     def _table(self, v: Int[Array, "..."]) -> UInt32[Array, "..."]:
         """``D(v)``: the table below ``min(K, S)``, extended by the constant count above it."""
         top = self.prefix.shape[0]  # min(K, S); count(u) is constant for u >= top
-        steps = jnp.maximum(v - (top - 1) + self.t_stride - 1, 0) // self.t_stride
-        base = v - steps * self.t_stride
+        # ``steps`` terms u = v, v - k_t, ... are >= top, and ``base`` is the first below it. Written
+        # so that no int32 intermediate passes 2^31 (v near 2^31 with k_t near 2^30 would wrap).
+        above = v >= top
+        over = jnp.where(above, v - top, 0)
+        steps = jnp.where(above, over // self.t_stride + 1, 0)
+        base = jnp.where(above, (top - self.t_stride) + over % self.t_stride, v)
         below = jnp.where(base >= 0, self.prefix[jnp.clip(base, 0, top - 1)], U32(0))
         return below + steps.astype(U32) * self.count(jnp.int32(top))
 
@@ -94,8 +98,11 @@ class PairPlacement(eqx.Module):
         i = i.astype(jnp.int32)
         cap = self.count(jnp.int32(self.prefix.shape[0])).astype(jnp.int32)
         threshold = self.seq_len - i * self.s_stride  # count(v) <= i  <=>  v > threshold
-        above = jnp.maximum(doc_len - threshold + self.t_stride - 1, 0) // self.t_stride
-        return jnp.where(i < cap, 0, jnp.minimum(above, slots.astype(jnp.int32)))
+        # starts t = k * k_t with L - t > threshold: ceil((L - threshold) / k_t) of them; the
+        # difference is in (0, 2^32) where it counts, so it is taken in uint32 (int32 could wrap)
+        gap = doc_len.astype(U32) - threshold.astype(U32)
+        above = jnp.where(doc_len > threshold, (gap - U32(1)) // U32(self.t_stride) + U32(1), U32(0))
+        return jnp.where(i < cap, 0, jnp.minimum(above, slots).astype(jnp.int32))
 
     # the map -------------------------------------------------------------------------------------
     def place(
