@@ -170,3 +170,12 @@ def test_one_compilation_serves_every_store_and_option_set():
             found([block for block, _ in DAMAGED.values()], **options)
         validate_array(np.array([CLEAN]), doc_id=10, eod_id=11, pad_id=12, vocab_size=9)
     assert compiles == []
+
+
+@pytest.mark.parametrize("bad", [2**32 + 5, 2**32 + D, 2**32 + P, -(2**32) + 7, 2**31])
+def test_an_id_past_int32_is_refused_never_wrapped(bad):
+    """The seed's chunks are int64: an id past int32 wrapped to a plausible one (2^32 + 5 -> 5:
+    reported ok; 2^32 + [DOC] -> a nested [DOC]) before the checks. Now refused by position."""
+    blocks = np.array([[D, 1, 2, E, P, P, P, P], [D, 1, bad, E, P, P, P, P]], np.int64)
+    with pytest.raises(ValueError, match=rf"blocks\[1, 2\] = {bad}\)"):
+        validate_array(blocks, doc_id=D, eod_id=E, pad_id=P, vocab_size=V)

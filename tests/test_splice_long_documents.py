@@ -14,7 +14,7 @@ LONG = 2**31 - 1  # the longest document check_lengths accepts
 
 
 def rows_of(schedule):
-    doc, t, s, copy = (np.asarray(a) for a in schedule.lookup(np.arange(len(schedule))))
+    _, t, s, copy = (np.asarray(a) for a in schedule.lookup(np.arange(len(schedule))))
     return list(zip(t.tolist(), s.tolist(), copy.tolist(), strict=True))
 
 
@@ -44,7 +44,12 @@ def test_coverage_balanced_weighted_with_a_stride_past_2_30(stride):
     """``alpha > 0`` with ``content_stride >= 2^30`` raised an OverflowError from jit; every row
     is a valid start ``t = k * stride <= L - K`` copying ``K`` tokens."""
     schedule = meshbatch.splice_schedule(
-        [LONG], seq_len=8, content_length=4, alpha=0.5, content_start_mode="coverage_balanced", content_stride=stride
+        [LONG],
+        seq_len=8,
+        content_length=4,
+        alpha=0.5,
+        content_start_mode="coverage_balanced",
+        content_stride=stride,
     )
     rows = rows_of(schedule)
     starts = set(range(0, LONG - 4 + 1, stride))

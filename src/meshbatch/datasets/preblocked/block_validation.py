@@ -159,6 +159,13 @@ class _ArrayBlocks:
             raise ValueError(
                 f"blocks must be a [N, block_size] integer array (got {blocks.dtype} {blocks.shape})"
             )
+        if blocks.size and (blocks.min() < -(2**31) or blocks.max() > 2**31 - 1):
+            # the checks run on int32 ids: a wider id would wrap to a plausible one (2^32 + 5 -> 5)
+            bad = np.argwhere((blocks < -(2**31)) | (blocks > 2**31 - 1))[0]
+            raise ValueError(
+                f"blocks holds ids that do not fit int32 (blocks[{bad[0]}, {bad[1]}] = "
+                f"{blocks[bad[0], bad[1]]})"
+            )
         self.array, self.header = blocks, None
         self.num_blocks, self.block_size = blocks.shape
 
