@@ -55,3 +55,17 @@ def test_coverage_balanced_weighted_with_a_stride_past_2_30(stride):
     starts = set(range(0, LONG - 4 + 1, stride))
     assert rows and all(t in starts and copy == 4 and s + copy <= 8 for t, s, copy in rows)
     assert {t for t, _, _ in rows} == starts  # both edges drawn: one start each side
+
+
+def test_coverage_balanced_weighted_warns_past_float32_starts(caplog):
+    """``alpha > 0`` over a document of more than 2^24 starts: the float32 CDF cannot tell its
+    middle starts apart, which is logged naming the document (``alpha = 0`` is exact: no warning)."""
+    lengths = [1000, 2**24 + 100]
+    spec = dict(seq_len=8, content_length=4, content_start_mode="coverage_balanced", content_stride=1)
+    with caplog.at_level("WARNING", logger="meshbatch.datasets.splice.tables"):
+        meshbatch.splice_schedule(lengths, alpha=0.5, **spec)
+    assert "document 1 has 16777313 starts" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="meshbatch.datasets.splice.tables"):
+        meshbatch.splice_schedule(lengths, alpha=0.0, **spec)
+    assert "starts" not in caplog.text

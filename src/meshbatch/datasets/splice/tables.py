@@ -9,6 +9,7 @@ Each builder is O(num_docs + seq_len) numpy work; nothing here loops over stride
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -20,6 +21,8 @@ from meshbatch.kernels import UNBOUNDED, BalancedPlacement, DocumentPool, PairPl
 
 U32 = jnp.uint32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_STARTS = 2**24  # starts a float32 CDF tells apart (integers exact up to 2^24)
+logger = logging.getLogger(__name__)
 
 
 def bit_length(n: int) -> int:
@@ -181,6 +184,16 @@ def balanced_placement(
             raise ValueError(
                 f"alpha={alpha} makes the edge weights of a {int(content.max())}-token copy overflow "
                 f"float32 ({int(content.max())} ** {alpha}); use a smaller alpha"
+            )
+        if items.max(initial=0) > FLOAT32_STARTS:
+            doc = int(np.argmax(items))
+            logger.warning(
+                "coverage_balanced with alpha=%s: document %d has %d starts, more than the float32 "
+                "start CDF resolves (2^24): some of its middle starts are drawn twice and others never "
+                "(use alpha=0 or a larger content_stride for it)",
+                alpha,
+                doc,
+                int(items[doc]),
             )
     else:
         table, scale = np.zeros(0), np.zeros_like(lengths, dtype=np.float64)
