@@ -47,7 +47,7 @@ def verify_default() -> bool:
     return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
+def mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
     return (
         f"{where}: chunk {k} (elements [{lo}, {hi})) fails its checksum: the writer recorded crc32 "
         f"{recorded:#010x}, the chunk now sums to {found:#010x}"
@@ -123,7 +123,7 @@ class ChunkVerifier:
                 "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
             )
             raise CacheIntegrityError(
-                f"cache {cache}: " + _mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
+                f"cache {cache}: " + mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
             )
         with self._lock:
             self._verified.add((k, values.shape[0]))
@@ -136,6 +136,12 @@ class ChunkVerifier:
 
 def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) -> None:
     """Checks the offsets chunks that hold elements ``first`` and after against the sidecar.
+
+    Chunk 0 is summed with ``sums.rows`` as element 0, the count its writer summed: ``offsets[0]``
+    is ahead of the sidecar while a writer is between steps 2 and 3 of a commit (or was killed
+    there), and the rest of chunk 0 must still be what it recorded::
+
+        sidecar rows 2, offsets[0:3] on disk [3, 7, 20]  ->  crc32 of [2, 7, 20] vs the recorded one
 
     Args:
         raw: int64 ``[rows + 1]`` offsets as on disk (``raw[0]`` the row count written).
@@ -150,11 +156,14 @@ def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) 
     size, n = sums.chunk_elements, raw.shape[0]
     for k in sorted({0, *range(first // size, -(-n // size))}):
         lo, hi = k * size, min((k + 1) * size, sums.rows + 1)
-        if hi > n or hi <= lo or (k == 0 and int(raw[0]) != sums.rows):
-            continue  # elements past the rows loaded, or a count ahead of the sidecar: not final
-        found = chunk_crc(raw[lo:hi])
+        if hi > n or hi <= lo:
+            continue  # elements past the rows loaded (the sidecar is ahead): not final
+        values = raw[lo:hi]
+        if k == 0:
+            values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
+        found = chunk_crc(values)
         if found != sums.offsets[k]:
-            raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
+            raise CacheIntegrityError(mismatch(where, k, lo, hi, sums.offsets[k], found))
 
 
 def check_last_chunk(verifier: ChunkVerifier, data, end: int, *, cache: str) -> None:
