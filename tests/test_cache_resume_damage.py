@@ -194,10 +194,11 @@ def test_a_sidecar_ahead_of_the_ledger_still_names_a_damaged_tail(tmp_path, monk
         CacheWriter(path, if_exists="resume")
 
 
-@pytest.mark.parametrize("victim", ["offsets", "data"])
-def test_resume_over_a_deleted_shard_is_named(tmp_path, victim):
+@pytest.mark.parametrize("victim, rows", [("offsets", _rows()), ("data", _rows()), ("data", [np.arange(C)])])
+def test_resume_over_a_deleted_shard_is_named(tmp_path, victim, rows):
+    """The last row ending mid-chunk, or at a chunk boundary (the last data chunk is then full)."""
     path = str(tmp_path / "c")
-    _killed(path, _rows())
+    _killed(path, rows)
     shard = os.path.join(path, "input_ids", victim, "c", "0")
     os.remove(shard)
     with pytest.raises(

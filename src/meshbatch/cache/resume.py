@@ -123,9 +123,9 @@ def resume_checksums(
 ) -> tuple[RunningChecksums, OffsetsChecksums]:
     """The checksum trackers at the committed ``rows``/``tokens``, before anything is written.
 
-    Full chunks below the commit keep the sidecar's sums (not read). The partial last data chunk,
-    offsets chunk 0 (summed with ``sums.rows`` as element 0, what its writer summed) and the partial
-    last offsets chunk are read to the sidecar's extent and must match it. Without a sidecar
+    Full chunks below the commit keep the sidecar's sums (not read). The last data chunk (partial or
+    not), offsets chunk 0 (summed with ``sums.rows`` as element 0, what its writer summed) and the
+    partial last offsets chunk are read to the sidecar's extent and must match it. Without a sidecar
     (``sums`` None: a Levanter cache) every chunk is summed from disk.
 
     Raises:
@@ -168,6 +168,8 @@ def resume_checksums(
     if tokens % size:
         end = min((full_data + 1) * size, extent_data)
         data_tail = chunks(arrays.data, full_data, tokens, end, data_sums, where=data_where)
+    elif tokens:  # the last chunk is full: checked all the same (a deleted shard is named here)
+        chunks(arrays.data, full_data - 1, tokens, tokens, data_sums, where=data_where)
     data_done = done(arrays.data, 0, full_data, data_sums, where=data_where)
 
     head_rows = sums.rows if sums is not None else rows
