@@ -7,7 +7,8 @@
     writer.finish()                        # /c/shard_ledger.json {"is_finished": true, ...}
 
 The top-level ledger lists shards as they finish (so readers can start early), in write order, which
-is the global row order. Resuming skips finished shards and resumes the interrupted one.
+is the global row order. Resuming skips finished shards and resumes the interrupted one; a resume
+with another ``field`` or ``dtype`` than the finished shards is refused before anything is written.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ A commit makes buffered rows visible, in an order that keeps every reader consis
 A writer killed at any point leaves a ledger that commits only complete rows (or no ledger yet).
 Opening a writer first deletes what killed writers left: ``*.json.tmp-*`` files and TensorStore's
 ``*.__lock`` files (``files.py``: reused, the latter tore shards). ``if_exists="resume"`` reopens the
-cache at the ledger's row count, zeroes every offset and token written past it (``resume.py``: a
-resumed cache equals a clean build), and continues; ``build_cache`` and
+cache at the ledger's row count, checks the chunks it sums again against the sidecar before writing
+anything (``resume.py``: damage is refused by name, never re-summed), zeroes every offset and token
+written past the commit (a resumed cache equals a clean build), and continues; ``build_cache`` and
 ``ShardedCacheWriter.write_shard`` skip the inputs already committed. Every ledger carries the
 ``cache_id`` the cache was created with (a resume keeps it, an overwrite draws a new one), which is
 how an open ``TokenCache`` tells a grown cache from a replaced one.
