@@ -33,7 +33,7 @@ from .checksums import (
     chunk_crc,
     sidecar_path,
 )
-from .verify import mismatch
+from .verify import _mismatch as mismatch  # one wording for every checksum mismatch
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def verify_default() -> bool:
     return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
+def _mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
     return (
         f"{where}: chunk {k} (elements [{lo}, {hi})) fails its checksum: the writer recorded crc32 "
         f"{recorded:#010x}, the chunk now sums to {found:#010x}"
@@ -123,7 +123,7 @@ class ChunkVerifier:
                 "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
             )
             raise CacheIntegrityError(
-                f"cache {cache}: " + mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
+                f"cache {cache}: " + _mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
             )
         with self._lock:
             self._verified.add((k, values.shape[0]))
@@ -163,7 +163,7 @@ def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) 
             values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
         found = chunk_crc(values)
         if found != sums.offsets[k]:
-            raise CacheIntegrityError(mismatch(where, k, lo, hi, sums.offsets[k], found))
+            raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
 
 
 def check_last_chunk(verifier: ChunkVerifier, data, end: int, *, cache: str) -> None:
