@@ -7,7 +7,8 @@
     writer.finish()                        # /c/shard_ledger.json {"is_finished": true, ...}
 
 The top-level ledger lists shards as they finish (so readers can start early), in write order, which
-is the global row order. Resuming skips finished shards and resumes the interrupted one.
+is the global row order. Resuming skips finished shards and resumes the interrupted one; a resume
+with another ``field`` or ``dtype`` than the finished shards is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from meshbatch.arguments import check_choice, check_int
 
+from .arrays import open_field
 from .checks import as_token_dtype, check_component, check_path, check_relative_path
 from .files import remove_stale_temp_files
 from .ledger import (
@@ -80,6 +82,7 @@ class ShardedCacheWriter:
                     f"cannot resume {root}: its ledger metadata {dict(existing.metadata)} "
                     f"differs from {self._metadata}"
                 )
+            self._check_resumable(existing)
             self._ledger = dataclasses.replace(existing, cache_id=existing.cache_id or uuid.uuid4().hex)
         else:
             remove_ledger(root)
@@ -87,6 +90,28 @@ class ShardedCacheWriter:
             write_ledger(root, self._ledger)
         self._shard_if_exists: IfExists = "resume" if self._resumed else if_exists
         self._written: set[str] = set()  # shard names passed to write_shard by this writer
+
+    def _check_resumable(self, ledger: Ledger) -> None:
+        """Refuses, before anything is written, a resume whose ``field`` or ``dtype`` differs from the
+        shards already finished (the cache it would finish could not be read): the ledger's fields, and
+        the dtype of the first finished shard (each resumed or adopted shard is checked again)."""
+        fields = {
+            *ledger.field_counts,
+            *(f for counts in ledger.field_counts_by_shard.values() for f in counts),
+        }
+        if fields and self.field not in fields:
+            raise ValueError(
+                f"cannot resume {self.root} with field={self.field!r}: it holds field(s) {sorted(fields)}"
+            )
+        if ledger.finished_shards:
+            name = ledger.finished_shards[0]
+            arrays = open_field(posixpath.join(self.root, name), self.field)
+            found = np.dtype(arrays.data.dtype.numpy_dtype)
+            if found != self.dtype:
+                raise ValueError(
+                    f"cannot resume {self.root} with dtype={self.dtype}: shard {name!r} holds {found} tokens "
+                    f"({arrays.data_path})"
+                )
 
     @property
     def finished_shards(self) -> tuple[str, ...]:
@@ -121,6 +146,13 @@ class ShardedCacheWriter:
         if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
             if dict(done.metadata) != self._metadata or self.field not in done.field_counts:
                 raise ValueError(f"cannot adopt finished shard {shard_root}: ledger {done.to_dict()}")
+            arrays = open_field(shard_root, self.field)
+            found = np.dtype(arrays.data.dtype.numpy_dtype)
+            if found != self.dtype:
+                raise ValueError(
+                    f"cannot adopt finished shard {shard_root}: {arrays.data_path} has dtype {found}, "
+                    f"expected {self.dtype}"
+                )
             rows, tokens = done.total_num_rows, done.field_counts[self.field]
         else:
             with CacheWriter(

@@ -137,6 +137,12 @@ class ChunkVerifier:
 def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) -> None:
     """Checks the offsets chunks that hold elements ``first`` and after against the sidecar.
 
+    Chunk 0 is summed with ``sums.rows`` as element 0, the count its writer summed: ``offsets[0]``
+    is ahead of the sidecar while a writer is between steps 2 and 3 of a commit (or was killed
+    there), and the rest of chunk 0 must still be what it recorded::
+
+        sidecar rows 2, offsets[0:3] on disk [3, 7, 20]  ->  crc32 of [2, 7, 20] vs the recorded one
+
     Args:
         raw: int64 ``[rows + 1]`` offsets as on disk (``raw[0]`` the row count written).
         sums: the part's checked sidecar (it may record more rows than ``raw`` holds).
@@ -150,9 +156,12 @@ def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) 
     size, n = sums.chunk_elements, raw.shape[0]
     for k in sorted({0, *range(first // size, -(-n // size))}):
         lo, hi = k * size, min((k + 1) * size, sums.rows + 1)
-        if hi > n or hi <= lo or (k == 0 and int(raw[0]) != sums.rows):
-            continue  # elements past the rows loaded, or a count ahead of the sidecar: not final
-        found = chunk_crc(raw[lo:hi])
+        if hi > n or hi <= lo:
+            continue  # elements past the rows loaded (the sidecar is ahead): not final
+        values = raw[lo:hi]
+        if k == 0:
+            values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
+        found = chunk_crc(values)
         if found != sums.offsets[k]:
             raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
 

@@ -12,8 +12,9 @@ A commit makes buffered rows visible, in an order that keeps every reader consis
 A writer killed at any point leaves a ledger that commits only complete rows (or no ledger yet).
 Opening a writer first deletes what killed writers left: ``*.json.tmp-*`` files and TensorStore's
 ``*.__lock`` files (``files.py``: reused, the latter tore shards). ``if_exists="resume"`` reopens the
-cache at the ledger's row count, zeroes every offset and token written past it (``resume.py``: a
-resumed cache equals a clean build), and continues; ``build_cache`` and
+cache at the ledger's row count, checks the chunks it sums again against the sidecar before writing
+anything (``resume.py``: damage is refused by name, never re-summed), zeroes every offset and token
+written past the commit (a resumed cache equals a clean build), and continues; ``build_cache`` and
 ``ShardedCacheWriter.write_shard`` skip the inputs already committed. Every ledger carries the
 ``cache_id`` the cache was created with (a resume keeps it, an overwrite draws a new one), which is
 how an open ``TokenCache`` tells a grown cache from a replaced one.
@@ -43,7 +44,7 @@ from .files import (
     write_json_atomic,
 )
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
-from .resume import resume_checksums, zero_past
+from .resume import committed_sidecar, read_range, resume_checksums, zero_past
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ class CacheWriter:
         if exc_type is None and not self._finished:
             self.finish()
 
-    def _commit(self, *, finished: bool) -> Ledger:
+    def _write_sidecar(self) -> None:
         sums = Checksums(
             DEFAULT_CHUNK_SIZE,
             self.dtype,
@@ -206,6 +207,9 @@ class CacheWriter:
             tuple(self._offsets_sums.digests(self.rows)),
         )
         write_json_atomic(sidecar_path(self._field_root), sums.to_dict())
+
+    def _commit(self, *, finished: bool) -> Ledger:
+        self._write_sidecar()
         ledger = Ledger(
             total_num_rows=self.rows,
             shard_rows={"": self.rows},
@@ -228,37 +232,56 @@ class CacheWriter:
                 f"cannot resume {self.path}: its ledger metadata {dict(ledger.metadata)} "
                 f"differs from {self._metadata}"
             )
+        if ledger.field_counts and self.field not in ledger.field_counts:
+            raise ValueError(
+                f"cannot resume {self.path} with field={self.field!r}: it holds field(s) "
+                f"{sorted(ledger.field_counts)}"
+            )
         self._arrays = open_field(self.path, self.field, writable=True)
-        check_dtype(
-            self._arrays.data.dtype.numpy_dtype,
-            self.dtype,
-            where=posixpath.join(self.path, self.field, "data"),
-        )
+        offsets, data = self._arrays.offsets, self._arrays.data
+        offsets_where, data_where = posixpath.join(self._field_root, "offsets"), self._arrays.data_path
+        check_dtype(data.dtype.numpy_dtype, self.dtype, where=data_where)
         self.cache_id = ledger.cache_id or uuid.uuid4().hex
         self.rows = ledger.total_num_rows
-        on_disk = int(self._arrays.offsets[0].read().result())
+        on_disk = int(read_range(offsets, 0, 1, where=offsets_where, path=self.path)[0])
         if on_disk < self.rows:
             raise CacheIntegrityError(
                 f"cannot resume {self.path}: offsets[0]={on_disk} < {self.rows} rows the ledger commits"
             )
-        self.tokens = int(self._arrays.offsets[self.rows].read().result()) if self.rows else 0
+        rows = self.rows
+        self.tokens = (
+            int(read_range(offsets, rows, rows + 1, where=offsets_where, path=self.path)[0]) if rows else 0
+        )
         if ledger.field_counts.get(self.field, self.tokens) != self.tokens:
             raise CacheIntegrityError(
                 f"cannot resume {self.path}: offsets[{self.rows}]={self.tokens} but the ledger records "
                 f"{ledger.field_counts[self.field]} tokens"
             )
-        self._arrays.offsets[0].write(self.rows).result()
+        # nothing is written before what is summed again is checked against the sidecar (resume.py)
+        sums = committed_sidecar(
+            self._field_root,
+            path=self.path,
+            rows=rows,
+            tokens=self.tokens,
+            dtype=self.dtype,
+            cache_id=ledger.cache_id,
+        )
+        self._data_sums, self._offsets_sums = resume_checksums(
+            self._arrays, sums, path=self.path, rows=rows, tokens=self.tokens, dtype=self.dtype
+        )
+        if sums is not None and (sums.rows, sums.tokens) != (rows, self.tokens):
+            self._write_sidecar()  # cut back to the commit before anything past it is zeroed
+        offsets[0].write(rows).result()
         # rows and tokens a killed flush wrote past the commit (offsets[0] may or may not count them)
-        stale = zero_past(self._arrays.offsets, self.rows + 1) + zero_past(self._arrays.data, self.tokens)
-        if stale or on_disk > self.rows:
+        stale = zero_past(offsets, rows + 1, where=offsets_where, path=self.path) + zero_past(
+            data, self.tokens, where=data_where, path=self.path
+        )
+        if stale or on_disk > rows:
             logger.info(
                 "truncated %s back to its %d committed rows (offsets[0] was %d; %d stale values zeroed)",
                 self.path,
-                self.rows,
+                rows,
                 on_disk,
                 stale,
             )
-        self._data_sums, self._offsets_sums = resume_checksums(
-            self._arrays, self._field_root, rows=self.rows, tokens=self.tokens, dtype=self.dtype
-        )
-        logger.info("resuming %s at row %d (token %d)", self.path, self.rows, self.tokens)
+        logger.info("resuming %s at row %d (token %d)", self.path, rows, self.tokens)
