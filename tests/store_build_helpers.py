@@ -1,7 +1,9 @@
-"""The cache the object-store build tests build: 120 documents written in 6 commits.
+"""The cache the object-store build tests build: 120 documents written in 6 commits::
 
     built = []
     build = slow_build(docs(), built, pause=0.15)   # build(target): ~1 s, appends target to built
+
+(``gate``: the build stops after its first commit until the test sets the event.)
 """
 
 import time

@@ -120,13 +120,9 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
     env[LEASE_ENV] = "2"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, path, str(tmp_path), str(i)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
+    out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    argv = [sys.executable, WORKER, path, str(tmp_path)]
+    procs = [subprocess.Popen([*argv, str(i)], env=env, **out) for i in range(2)]
     try:
         until(lambda: all((tmp_path / f"ready-{i}").exists() for i in range(2)), "both runs start", 120)
         (tmp_path / "go").touch()
@@ -136,7 +132,7 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for p, log in zip(procs, logs):
+    for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
     outs = [json.loads((tmp_path / f"out-{i}.json").read_text()) for i in range(2)]
     assert sorted(o["built"] for o in outs) == [False, True], logs  # exactly one build

@@ -129,4 +129,3 @@ def _cache_object(key: str) -> bool:
     if len(parts) == 2:
         return parts[1] == SIDECAR_FILE_NAME
     return parts[1] in ("offsets", "data")
-
