@@ -119,7 +119,7 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
     path = url()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
-    env[LEASE_ENV] = "2"
+    env[LEASE_ENV] = "5"  # longer than any pause of a loaded machine; the loser waits for the ledger
     out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     argv = [sys.executable, WORKER, path, str(tmp_path)]
     procs = [subprocess.Popen([*argv, str(i)], env=env, **out) for i in range(2)]
@@ -142,12 +142,12 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
 
 
 def test_a_live_lock_makes_the_second_run_wait_then_open_the_finished_cache(object_stores, monkeypatch):
-    monkeypatch.setenv(LEASE_ENV, "0.4")
+    monkeypatch.setenv(LEASE_ENV, "0.8")
     path, gate, first, second = url(), threading.Event(), [], []
     a = Run(path, slow_build(docs(), first, pause=0.05, gate=gate))
     until(lambda: first and lock_exists(path), "the first run takes the lock")
     b = Run(path, slow_build(docs(), second, pause=0.05))
-    time.sleep(1.6)  # four leases: the first run's renewals keep its lock live
+    time.sleep(2.0)  # 2.5 leases: the first run's renewals keep its lock live
     assert not second and b.is_alive()
     gate.set()
     assert a.outcome() is True and b.outcome() is False
@@ -172,7 +172,7 @@ def test_an_expired_lock_is_taken_over_and_the_dead_builds_objects_removed(objec
 
 
 def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores, monkeypatch):
-    monkeypatch.setenv(LEASE_ENV, "0.4")
+    monkeypatch.setenv(LEASE_ENV, "1")
     path, gate, second = url(), threading.Event(), []
 
     def failing(target):
@@ -194,7 +194,7 @@ def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores
 
 
 def test_a_waiting_run_times_out_naming_the_holder(object_stores, monkeypatch):
-    monkeypatch.setenv(LEASE_ENV, "0.4")
+    monkeypatch.setenv(LEASE_ENV, "1")
     path, gate, first = url(), threading.Event(), []
     a = Run(path, slow_build(docs(), first, pause=0, gate=gate))
     until(lambda: first and lock_exists(path), "the first run takes the lock")
