@@ -80,6 +80,25 @@ class Run(threading.Thread):
         return self.result
 
 
+@pytest.fixture
+def runs():
+    """``runs(path, build)`` starts a ``Run``; at the end (passed or failed) ``runs.gate`` opens
+    and every run is joined (bounded), so no build outlives its test."""
+    started: list[Run] = []
+
+    class Runs:
+        gate = threading.Event()
+
+        def __call__(self, path, build) -> Run:
+            started.append(Run(path, build))
+            return started[-1]
+
+    yield Runs()
+    Runs.gate.set()
+    for run in started:
+        run.join(60)
+
+
 def test_each_local_servers_conditional_writes(object_stores):
     StoreLock(url("s3")).check_conditional_writes()  # moto refuses a second create and a stale write
     with pytest.raises(ConditionalWritesUnsupported, match="ignores conditional writes"):
@@ -115,6 +134,22 @@ def test_one_of_many_runs_creating_or_taking_over_the_lock_gets_it(object_stores
     assert not lock_exists(path)
 
 
+def test_a_held_lock_stays_live_over_leases_and_close_deletes_it(object_stores):
+    path = url()
+    holder, other = StoreLock(path, lease_s=0.6), StoreLock(path, lease_s=0.6)
+    assert holder.take() and not other.take()
+    holder.hold()  # renewed in a thread, as a quick-start build's lock would be
+    try:
+        states = set()
+        for _ in range(18):  # 1.8 s: three leases
+            time.sleep(0.1)
+            states.add(other.poll())
+        assert states == {"live"} and holder.lost is None
+    finally:
+        holder.close()
+    assert other.poll() == "free" and not lock_exists(path)
+
+
 def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, tmp_path):
     path = url()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
@@ -141,12 +176,12 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
     assert not lock_exists(path)
 
 
-def test_a_live_lock_makes_the_second_run_wait_then_open_the_finished_cache(object_stores, monkeypatch):
+def test_a_live_lock_makes_the_second_run_wait_then_open_the_finished_cache(object_stores, monkeypatch, runs):
     monkeypatch.setenv(LEASE_ENV, "0.8")
-    path, gate, first, second = url(), threading.Event(), [], []
-    a = Run(path, slow_build(docs(), first, pause=0.05, gate=gate))
+    path, gate, first, second = url(), runs.gate, [], []
+    a = runs(path, slow_build(docs(), first, pause=0.05, gate=gate))
     until(lambda: first and lock_exists(path), "the first run takes the lock")
-    b = Run(path, slow_build(docs(), second, pause=0.05))
+    b = runs(path, slow_build(docs(), second, pause=0.05))
     time.sleep(2.0)  # 2.5 leases: the first run's renewals keep its lock live
     assert not second and b.is_alive()
     gate.set()
@@ -171,9 +206,9 @@ def test_an_expired_lock_is_taken_over_and_the_dead_builds_objects_removed(objec
     assert not any(k.startswith("attention_mask/") for k in keys(path)) and not lock_exists(path)
 
 
-def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores, monkeypatch):
+def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores, monkeypatch, runs):
     monkeypatch.setenv(LEASE_ENV, "1")
-    path, gate, second = url(), threading.Event(), []
+    path, gate, second = url(), runs.gate, []
 
     def failing(target):
         with CacheWriter(target, if_exists="overwrite") as writer:
@@ -182,9 +217,9 @@ def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores
             assert gate.wait(30)
             raise OSError("the source went away")
 
-    a = Run(path, failing)
+    a = runs(path, failing)
     until(lambda: lock_exists(path), "the first run takes the lock")
-    b = Run(path, slow_build(docs(), second, pause=0))
+    b = runs(path, slow_build(docs(), second, pause=0))
     time.sleep(0.3)
     assert not second
     gate.set()
@@ -193,10 +228,10 @@ def test_a_failed_build_releases_the_lock_and_a_waiting_run_builds(object_stores
     assert b.outcome() is True and second == [path] and rows_of(path) == want()
 
 
-def test_a_waiting_run_times_out_naming_the_holder(object_stores, monkeypatch):
+def test_a_waiting_run_times_out_naming_the_holder(object_stores, monkeypatch, runs):
     monkeypatch.setenv(LEASE_ENV, "1")
-    path, gate, first = url(), threading.Event(), []
-    a = Run(path, slow_build(docs(), first, pause=0, gate=gate))
+    path, gate, first = url(), runs.gate, []
+    a = runs(path, slow_build(docs(), first, pause=0, gate=gate))
     until(lambda: first and lock_exists(path), "the first run takes the lock")
     monkeypatch.setenv(WAIT_ENV, "0.5")
     second = []
@@ -206,10 +241,10 @@ def test_a_waiting_run_times_out_naming_the_holder(object_stores, monkeypatch):
     assert a.outcome() is True and not second
 
 
-def test_a_build_whose_lock_was_taken_over_fails_loudly(object_stores, monkeypatch):
+def test_a_build_whose_lock_was_taken_over_fails_loudly(object_stores, monkeypatch, runs):
     monkeypatch.setenv(LEASE_ENV, "0.3")
-    path, gate, first = url(), threading.Event(), []
-    a = Run(path, slow_build(docs(), first, pause=0, gate=gate))
+    path, gate, first = url(), runs.gate, []
+    a = runs(path, slow_build(docs(), first, pause=0, gate=gate))
     until(lambda: first and lock_exists(path), "the first run takes the lock")
     parent, name = path.rsplit("/", 1)
     ts.KvStore.open(kvstore_spec(parent)).result().write(f".{name}.build-lock", b'{"owner": "x"}').result()

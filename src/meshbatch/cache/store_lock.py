@@ -23,6 +23,7 @@ write has new bytes: S3's generation is the ETag, an MD5 of the bytes)::
     with lock.renewing():   # a thread rewrites it every 15 s; lock.lost says why it could not
         build()
     lock.release()     # deleted only if it is still the generation we wrote
+    lock.hold(); ...; lock.close()   # the same, for a build in a thread (renew until close)
 
 A store that ignores the conditions (fake-gcs-server 1.x takes TensorStore's media uploads with
 ``ifGenerationMatch=0`` even when the object exists) cannot keep two builders apart: ``take`` first
@@ -100,6 +101,7 @@ class StoreLock:
         self.holder: dict | None = None  # the lock's value as last read
         self._renewal = 0
         self.lost: str | None = None  # why the lock stopped being ours while we held it
+        self._renewer: tuple[threading.Event, threading.Thread] | None = None
 
     def _value(self) -> bytes:
         self._renewal += 1
@@ -188,9 +190,9 @@ class StoreLock:
         self.lost = f"the lock {self.url} was replaced or deleted: now {read.value[:200]!r}"
         return False
 
-    @contextlib.contextmanager
-    def renewing(self):
-        """Renews the lock every ``lease_s / 4`` seconds in a thread while the block runs."""
+    def hold(self) -> StoreLock:
+        """Starts a thread renewing the lock every ``lease_s / 4`` seconds, until ``close`` (or
+        the end of ``renewing``); ``lost`` says why it stopped early."""
         stop = threading.Event()
 
         def loop() -> None:
@@ -208,12 +210,30 @@ class StoreLock:
                         return
 
         thread = threading.Thread(target=loop, name="meshbatch-build-lock", daemon=False)
+        self._renewer = (stop, thread)
         thread.start()
+        return self
+
+    def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer[0].set()
+            renewer[1].join(timeout=self.lease_s + 60)
+
+    @contextlib.contextmanager
+    def renewing(self):
+        """``hold`` while the block runs (the lock stays ours after it: ``release`` it)."""
+        self.hold()
         try:
             yield self
         finally:
-            stop.set()
-            thread.join(timeout=self.lease_s + 60)
+            self._stop_renewing()
+
+    def close(self) -> None:
+        """Stops renewing and releases the lock (what a quick-start build's lock file does on
+        ``close``)."""
+        self._stop_renewing()
+        self.release()
 
     def release(self) -> None:
         """Deletes the lock if it is still the generation we wrote (else leaves it alone)."""
