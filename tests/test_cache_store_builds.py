@@ -270,3 +270,14 @@ def test_a_store_ignoring_conditional_writes_is_refused_unless_unlocked(object_s
     monkeypatch.setenv(LOCK_ENV, "off")  # the user's explicit choice: in place, unlocked
     assert build_once(path, slow_build(docs(), built, pause=0)) is True
     assert built == [path] and rows_of(path) == want()
+
+
+def test_bad_lock_settings_are_refused_by_name(object_stores, monkeypatch):
+    monkeypatch.setenv(LOCK_ENV, "maybe")
+    with pytest.raises(ValueError, match="MESHBATCH_BUILD_LOCK='maybe'"):
+        build_once(url(), slow_build(docs(), []))
+    monkeypatch.setenv(LOCK_ENV, "on")
+    for bad in ("0", "-1", "inf", "soon"):
+        monkeypatch.setenv(LEASE_ENV, bad)
+        with pytest.raises(ValueError, match=f"MESHBATCH_BUILD_LEASE_S={bad!r}"):
+            build_once(url(), slow_build(docs(), []))
