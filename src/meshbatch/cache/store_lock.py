@@ -25,7 +25,7 @@ write has new bytes: S3's generation is the ETag, an MD5 of the bytes)::
     lock.release()     # deleted only if it is still the generation we wrote
     lock.hold(); ...; lock.close()   # the same, for a build in a thread (renew until close)
 
-A store that ignores the conditions (fake-gcs-server 1.x takes TensorStore's media uploads with
+A store that ignores the conditions (fake-gcs-server v1.54.0 takes TensorStore's media uploads with
 ``ifGenerationMatch=0`` even when the object exists) cannot keep two builders apart: ``take`` first
 checks, once per bucket and process, that a second create-if-absent and a write against a stale
 generation are refused, and raises ``ConditionalWritesUnsupported`` naming the store otherwise.
@@ -165,13 +165,19 @@ class StoreLock:
         gen, now = read.stamp.generation, time.monotonic()
         if self._seen is None or self._seen[0] != gen:
             self._seen = (gen, now)
-        lease = self.holder.get("lease_s", self.lease_s) if isinstance(self.holder, dict) else self.lease_s
-        return "expired" if now - self._seen[1] > float(lease) else "live"
+        return "expired" if now - self._seen[1] > self._holder_lease() else "live"
+
+    def _holder_lease(self) -> float:
+        """The lease the holder wrote (ours where it wrote none that makes sense)."""
+        try:
+            lease = float(self.holder["lease_s"])  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            return self.lease_s
+        return lease if 0 < lease < float("inf") else self.lease_s
 
     def watch_interval(self) -> float:
         """How long a waiter may go between two ``poll``s (half the holder's lease)."""
-        lease = self.holder.get("lease_s", self.lease_s) if isinstance(self.holder, dict) else self.lease_s
-        return max(0.05, float(lease) / 2)
+        return max(0.05, self._holder_lease() / 2)
 
     def renew(self) -> bool:
         """Rewrites our lock against our generation; False (and ``lost`` set) if it is not ours."""
@@ -184,6 +190,7 @@ class StoreLock:
             found = json.loads(read.value) if read.state == "value" else {}
         except ValueError:
             found = {}
+        found = found if isinstance(found, dict) else {}
         if found.get("owner") == self.owner and found.get("renewal") == self._renewal:
             self._gen = read.stamp.generation
             return True
@@ -193,6 +200,8 @@ class StoreLock:
     def hold(self) -> StoreLock:
         """Starts a thread renewing the lock every ``lease_s / 4`` seconds, until ``close`` (or
         the end of ``renewing``); ``lost`` says why it stopped early."""
+        if self._renewer is not None:
+            return self
         stop = threading.Event()
 
         def loop() -> None:
