@@ -97,8 +97,8 @@ def _build_holding(lock: StoreLock, path: str, build: Callable[[str], object]) -
         if lock.lost is not None:
             raise BuildLockLost(
                 f"the build lock of {path} was taken over while this run built it ({lock.lost}); "
-                "the cache may hold both builds' writes: the other run rebuilds it, wait for it or "
-                f"delete {path} (raise MESHBATCH_BUILD_LEASE_S if the store is slow to answer)"
+                "the cache may mix both builds' writes: once the other run is done, delete "
+                f"{path} and build it again (raise MESHBATCH_BUILD_LEASE_S if the store is slow)"
             )
         return True
     finally:
