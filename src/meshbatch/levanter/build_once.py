@@ -16,7 +16,8 @@ directory tear it (offsets from one, tokens from the other), so:
   only field directories of ``offsets``/``data`` arrays) is moved aside and deleted, unless a
   quick-start build holds the path's lock (``quick_start_lock``): then it is waited for. Anything
   else there (not a cache) is refused by name, never deleted.
-  On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there).
+  On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there),
+  one run at a time: ``store_build.build_in_place`` (a lease lock object beside the cache).
 
     build_once("cache/owt/train", lambda target: write_cache(target))
     # process 0, or a lone run: writes cache/owt/.train.building-3f9c..., renames it to
@@ -198,8 +199,9 @@ def build_once(path: str, build: Callable[[str], object]) -> bool:
     cache at ``path`` (see the module docstring). Returns whether this build's copy is the one at
     ``path`` (False: another run's finished cache got there first and this copy was deleted)."""
     if not is_local(path):
-        build(path)
-        return True
+        from .store_build import build_in_place  # (it imports this module)
+
+        return build_in_place(path, build)
     path = os.path.abspath(path.removeprefix("file://"))
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
