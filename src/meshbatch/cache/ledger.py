@@ -35,6 +35,7 @@ import tensorstore as ts
 from .arrays import kvstore_spec, shared_context
 from .checks import CacheIntegrityError
 from .files import remove_file, write_json_atomic
+from .localpaths import local_path
 from .stores import result
 
 logger = logging.getLogger(__name__)
@@ -152,8 +153,8 @@ class LedgerFile:
         self._kvstore = result(
             ts.KvStore.open(kvstore_spec(root), context=context or shared_context()), what=f"opening {root}"
         )
-        local = root.removeprefix("file://")
-        self._local = None if "://" in local else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
+        local = local_path(root)
+        self._local = None if local is None else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
 
     def read(self) -> tuple[Ledger, object]:
         """The ledger and its stamp.
