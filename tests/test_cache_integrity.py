@@ -417,3 +417,56 @@ def test_deep_validation_of_a_cache_being_written(tmp_path, monkeypatch):
     report = validate_cache(path, require_finished=False, deep=True, progress=False)
     assert report.ok and report.checksums == "present, not verified: the writer is between commits"
     assert report.num_rows == 5
+
+
+def _small(path: str) -> str:
+    with CacheWriter(path) as writer:
+        writer.write([np.arange(10, dtype=np.int32), np.arange(10, 20, dtype=np.int32)])
+    return path
+
+
+SIDECAR = os.path.join("input_ids", "meshbatch_checksums.json")
+
+
+@pytest.mark.parametrize(
+    "file, edit, message",
+    [
+        (
+            "shard_ledger.json",
+            lambda t: t.replace('"total_num_rows": 2', '"total_num_rows": ' + "1" * 5000),
+            "is not valid JSON: .*4300 digits",
+        ),
+        ("shard_ledger.json", lambda t: "[" * 100_000 + "]" * 100_000, "is not valid JSON: .*recursion"),
+        (
+            SIDECAR,
+            lambda t: t.replace('"rows": 2', '"rows": ' + "1" * 5000),
+            "is not valid JSON: .*4300 digits",
+        ),
+        (SIDECAR, lambda t: "[" * 100_000 + "]" * 100_000, "is not valid JSON: .*recursion"),
+        (
+            SIDECAR,
+            lambda t: t.replace('"dtype": "int32"', '"dtype": "(2**70,)i4"'),
+            r"dtype='\(2\*\*70,\)i4' is not a numpy dtype",
+        ),
+        (
+            SIDECAR,
+            lambda t: t.replace(
+                '"dtype": "int32"', '"dtype": {"names": ["a", "a"], "formats": ["i4", "i4"]}'
+            ),
+            r"dtype=\{'names': \['a', 'a'\].* is not a numpy dtype",
+        ),
+    ],
+)
+def test_json_that_python_or_numpy_refuse_is_a_named_integrity_error(tmp_path, file, edit, message):
+    """Huge integers, deep nesting and a dtype numpy rejects with ValueError: named, never bare."""
+    path = _small(str(tmp_path / "c"))
+    target = os.path.join(path, file)
+    with open(target) as f:
+        text = f.read()
+    assert edit(text) != text
+    with open(target, "w") as f:
+        f.write(edit(text))
+    with pytest.raises(CacheIntegrityError, match=re.escape(target) + ".*" + message):
+        TokenCache.open(path)
+    error = validate_cache(path).error
+    assert error.startswith("CacheIntegrityError: ") and target in error and re.search(message, error), error

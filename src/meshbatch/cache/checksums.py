@@ -97,8 +97,10 @@ class Checksums:
             lists[key] = tuple(value)
         try:
             dtype = np.dtype(raw.get("dtype"))
-        except TypeError as e:
-            raise CacheIntegrityError(f"{where}: dtype={raw.get('dtype')!r} is not a numpy dtype") from e
+        except (TypeError, ValueError, OverflowError, RecursionError) as e:  # numpy's refusals vary
+            raise CacheIntegrityError(
+                f"{where}: dtype={raw.get('dtype')!r} is not a numpy dtype ({type(e).__name__}: {e})"
+            ) from e
         chunk = counts["chunk_elements"]
         expected = {"data": -(-counts["tokens"] // chunk), "offsets": -(-(counts["rows"] + 1) // chunk)}
         for key, n in expected.items():
@@ -123,8 +125,8 @@ def read_checksums(field_root: str, *, context: ts.Context | None = None) -> Che
     where = sidecar_path(field_root)
     try:
         raw = json.loads(bytes(found.value))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CacheIntegrityError(f"{where} is not valid JSON: {e}") from e
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
+        raise CacheIntegrityError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from e
     return Checksums.from_dict(raw, where=where)
 
 

@@ -204,8 +204,9 @@ class LedgerFile:
     def parse(self, raw_bytes: bytes) -> Ledger:
         try:
             raw = json.loads(raw_bytes)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CacheIntegrityError(f"ledger {self.where} is not valid JSON: {e}") from e
+        except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
+            problem = f"{type(e).__name__}: {e}"
+            raise CacheIntegrityError(f"ledger {self.where} is not valid JSON: {problem}") from e
         if not isinstance(raw, dict):
             raise CacheIntegrityError(f"ledger {self.where} holds a JSON {type(raw).__name__}, not an object")
         return Ledger.from_dict(raw, where=self.where)
