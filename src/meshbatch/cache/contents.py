@@ -19,10 +19,10 @@ import tensorstore as ts
 
 from .arrays import FieldArrays
 from .checks import CacheIntegrityError, check_dtype
-from .ledger import CONSOLIDATED, Ledger
+from .ledger import CONSOLIDATED, LEDGER_FILE_NAME, Ledger
 from .parts import load_part
 from .reads import Segment
-from .shard_table import shard_table
+from .shard_table import check_distinct_shards, shard_root, shard_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
 
 
 def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify) -> Contents:
-    entries = shard_table(ledger, field)
+    entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
         raise CacheIntegrityError(
@@ -113,8 +113,11 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
             f"ledger now lists {[e.name for e in entries]}"
         )
 
+    if len(entries) > loaded:
+        check_distinct_shards(path, [e.name for e in entries])
+
     def load(entry):
-        root = posixpath.join(path, entry.name)
+        root = shard_root(path, entry.name)
         arrays, offsets, verifier = load_part(
             root, field, rows=entry.rows, finished=True, recorded=entry.tokens, context=context, verify=verify
         )

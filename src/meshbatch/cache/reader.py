@@ -29,7 +29,7 @@ import tensorstore as ts
 from meshbatch.arguments import check_bool, check_float, check_int
 
 from .arrays import shared_context
-from .checks import as_index_array, as_token_dtype, check_name, check_out_buffer, check_path
+from .checks import as_index_array, as_token_dtype, check_component, check_out_buffer, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
 from .contents import Contents, load_contents
 from .ledger import CONSOLIDATED, Ledger, LedgerFile
@@ -71,7 +71,7 @@ class TokenCache:
 
         Args:
             path: cache root (the directory holding ``shard_ledger.json``).
-            field: the jagged field to read.
+            field: the jagged field to read: one path component (``check_component``), as writers take it.
             require_finished: reject a cache whose ledger is not finished; pass False to read the
                 committed rows of a cache under construction (quick start).
             dtype: if given, the on-disk token dtype must equal it.
@@ -96,7 +96,10 @@ class TokenCache:
         if context is not None and not isinstance(context, ts.Context):
             raise TypeError(f"context must be a tensorstore.Context or None (got context={context!r})")
         cache = cls(
-            path, check_name("field", field), block_cache=block_cache, context=context or shared_context()
+            path,
+            check_component("field", field),
+            block_cache=block_cache,
+            context=context or shared_context(),
         )
         cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
         cache.verify = verify_default() if verify is None else check_bool("verify", verify)
