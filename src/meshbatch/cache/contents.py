@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -55,10 +56,13 @@ def load_contents(
     context: ts.Context,
     expected: np.dtype | None,
     verify: bool = True,
+    shard_sidecars: Mapping[str, bool] | None = None,
 ) -> Contents:
     """``old`` brought up to ``ledger``; only new rows and new shards are read.
 
-    With ``verify``, each segment carries the verifier of its data chunks (``verify.py``).
+    With ``verify``, each segment carries the verifier of its data chunks (``verify.py``). A part
+    whose ledger says ``meshbatch_checksums: true`` (the cache's own ledger for the consolidated
+    layout; for a shard ``shard_sidecars[name]``, from its ledger) must have its checksum sidecar.
 
     Raises:
         CacheIntegrityError: a changed layout, fewer rows than loaded, rewritten shards, a dtype
@@ -70,7 +74,10 @@ def load_contents(
         )
     if ledger.layout == CONSOLIDATED:
         return _consolidated(path, field, ledger, old, context=context, expected=expected, verify=verify)
-    return _sharded(path, field, ledger, old, context=context, expected=expected, verify=verify)
+    required = dict(shard_sidecars or {})
+    return _sharded(
+        path, field, ledger, old, context=context, expected=expected, verify=verify, required=required
+    )
 
 
 def _dtype(
@@ -98,13 +105,14 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
         loaded=old.offsets,
         verify=verify,
         verified=before.verified() if before is not None else frozenset(),
+        sidecar_required=ledger.meshbatch_checksums,
     )
     dtype = _dtype(arrays.data, expected, old.dtype, where=arrays.data_path)
     segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path, verifier)
     return Contents(ledger, offsets, (segment,), dtype, ("",), arrays)
 
 
-def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify) -> Contents:
+def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify, required) -> Contents:
     entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
@@ -119,7 +127,14 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
     def load(entry):
         root = shard_root(path, entry.name)
         arrays, offsets, verifier = load_part(
-            root, field, rows=entry.rows, finished=True, recorded=entry.tokens, context=context, verify=verify
+            root,
+            field,
+            rows=entry.rows,
+            finished=True,
+            recorded=entry.tokens,
+            context=context,
+            verify=verify,
+            sidecar_required=required.get(entry.name, False),
         )
         return arrays.data, offsets, verifier
 

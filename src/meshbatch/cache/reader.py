@@ -36,7 +36,7 @@ from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .verify import verify_default
-from .watch import LedgerWatch, shard_ledgers
+from .watch import LedgerWatch, ShardFiles, shard_ledgers
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class TokenCache:
             )
         try:
             shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
-            cache._load(ledger)
+            cache._load(ledger, shards)
         except FileNotFoundError as e:
             raise FileNotFoundError(f"the cache at {path} has no readable field={field!r}: {e}") from e
         cache._watch = LedgerWatch(file, ledger, stamp, shards)
@@ -176,10 +176,9 @@ class TokenCache:
         ledger, stamp = self._watch.file.read()
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
-            self._watch.add_shards(
-                shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
-            )
-            self._load(ledger)
+            shards = shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
+            self._watch.add_shards(shards)
+            self._load(ledger, shards)
         self._watch.update(ledger, stamp)
         return self.num_rows
 
@@ -314,8 +313,9 @@ class TokenCache:
             f"tokens={self.num_tokens}, dtype={self.dtype}, finished={self.is_finished})"
         )
 
-    def _load(self, ledger: Ledger) -> None:
-        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``)."""
+    def _load(self, ledger: Ledger, shards: ShardFiles) -> None:
+        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``); ``shards``
+        are the ledgers of the shards it adds (``meshbatch_checksums``: that shard needs its sidecar)."""
         self._contents = load_contents(
             self.path,
             self.field,
@@ -324,4 +324,5 @@ class TokenCache:
             context=self._context,
             expected=self._expected_dtype,
             verify=self.verify,
+            shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
         )

@@ -216,6 +216,7 @@ class CacheWriter:
             field_counts={self.field: self.tokens},
             metadata=self._metadata,
             cache_id=self.cache_id,
+            meshbatch_checksums=True,  # the sidecar above goes with every ledger: readers require it
         )
         write_ledger(self.path, ledger)
         return ledger
