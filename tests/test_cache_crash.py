@@ -116,3 +116,27 @@ def test_values_a_killed_flush_wrote_past_the_commit_are_zeroed_on_resume(tmp_pa
     CacheWriter(path, if_exists="resume").finish()
     loop.check_equal("consolidated", path, clean)
     assert TokenCache.open(path).num_rows == 120
+
+
+def test_a_file_url_cache_gets_the_stale_lock_and_temp_file_cleanup(tmp_path):
+    """``file:///c`` is the local directory ``/c``: its leftovers are cleaned as a plain path's are."""
+    loop, path, clean = _kill_loop(), str(tmp_path / "c"), str(tmp_path / "clean")
+    writer = CacheWriter(f"file://{path}", flush_tokens=400)
+    writer.write(loop.doc(i) for i in range(300))
+    writer.flush()
+    shard = os.path.join(path, "input_ids", "data", "c", "0")
+    with open(shard, "rb") as f:  # a SIGKILL between TensorStore's write and its rename
+        stale = f.read()
+    with open(shard + ".__lock", "wb") as f:
+        f.write(stale + b"\x5a" * 4096)
+    dead_pid = 2**22 + 1  # above the default pid_max: no such process
+    temp = os.path.join(path, f"shard_ledger.json.tmp-{dead_pid}-{'0' * 32}")
+    with open(temp, "w") as f:
+        f.write('{"total_num')
+    resumed = CacheWriter(f"file://{path}", if_exists="resume", flush_tokens=400)
+    assert not os.path.exists(shard + ".__lock") and not os.path.exists(temp)
+    resumed.write(loop.doc(i) for i in range(300, 500))
+    resumed.finish()
+    _write(clean, 500)
+    loop.check_equal("consolidated", path, clean)
+    assert validate_cache(f"file://{path}", deep=True, progress=False).ok

@@ -22,6 +22,7 @@ from meshbatch.cache import (
     TokenCache,
     validate_cache,
 )
+from meshbatch.cache.arrays import open_field
 from meshbatch.cli import main
 
 C = DEFAULT_CHUNK_SIZE
@@ -272,6 +273,8 @@ def test_damaged_cache_is_a_named_failure(good, tmp_path, case, capsys):
         ("total_num_rows", -1),
         ("is_finished", 1),
         ("field_counts", {"input_ids": None}),
+        ("meshbatch_checksums", 1),
+        ("meshbatch_checksums", "yes"),
     ],
 )
 def test_ledger_values_of_the_wrong_json_type_are_named(good, tmp_path, key, value, capsys):
@@ -417,3 +420,108 @@ def test_deep_validation_of_a_cache_being_written(tmp_path, monkeypatch):
     report = validate_cache(path, require_finished=False, deep=True, progress=False)
     assert report.ok and report.checksums == "present, not verified: the writer is between commits"
     assert report.num_rows == 5
+
+
+def _small(path: str) -> str:
+    with CacheWriter(path) as writer:
+        writer.write([np.arange(10, dtype=np.int32), np.arange(10, 20, dtype=np.int32)])
+    return path
+
+
+SIDECAR = os.path.join("input_ids", "meshbatch_checksums.json")
+
+
+@pytest.mark.parametrize(
+    "file, edit, message",
+    [
+        (
+            "shard_ledger.json",
+            lambda t: t.replace('"total_num_rows": 2', '"total_num_rows": ' + "1" * 5000),
+            "is not valid JSON: .*4300 digits",
+        ),
+        ("shard_ledger.json", lambda t: "[" * 100_000 + "]" * 100_000, "is not valid JSON: .*recursion"),
+        (
+            SIDECAR,
+            lambda t: t.replace('"rows": 2', '"rows": ' + "1" * 5000),
+            "is not valid JSON: .*4300 digits",
+        ),
+        (SIDECAR, lambda t: "[" * 100_000 + "]" * 100_000, "is not valid JSON: .*recursion"),
+        (
+            SIDECAR,
+            lambda t: t.replace('"dtype": "int32"', '"dtype": "(2**70,)i4"'),
+            r"dtype='\(2\*\*70,\)i4' is not a numpy dtype",
+        ),
+        (
+            SIDECAR,
+            lambda t: t.replace(
+                '"dtype": "int32"', '"dtype": {"names": ["a", "a"], "formats": ["i4", "i4"]}'
+            ),
+            r"dtype=\{'names': \['a', 'a'\].* is not a numpy dtype",
+        ),
+    ],
+)
+def test_json_that_python_or_numpy_refuse_is_a_named_integrity_error(tmp_path, file, edit, message):
+    """Huge integers, deep nesting and a dtype numpy rejects with ValueError: named, never bare."""
+    path = _small(str(tmp_path / "c"))
+    target = os.path.join(path, file)
+    with open(target) as f:
+        text = f.read()
+    assert edit(text) != text
+    with open(target, "w") as f:
+        f.write(edit(text))
+    with pytest.raises(CacheIntegrityError, match=re.escape(target) + ".*" + message):
+        TokenCache.open(path)
+    error = validate_cache(path).error
+    assert error.startswith("CacheIntegrityError: ") and target in error and re.search(message, error), error
+
+
+def test_a_deleted_sidecar_of_a_meshbatch_cache_is_named_not_read_unverified(tmp_path):
+    """The ledger says ``CacheWriter`` wrote the cache, which always writes a sidecar with it:
+    without it a rewritten token was served and ``--deep`` called the cache Levanter's."""
+    path = _small(str(tmp_path / "c"))
+    open_field(path, "input_ids", writable=True).data[3:4].write(np.array([777], np.int32)).result()
+    sidecar = os.path.join(path, SIDECAR)
+    os.remove(sidecar)
+    with open(os.path.join(path, "shard_ledger.json")) as f:
+        assert json.load(f)["meshbatch_checksums"] is True
+    message = f"{re.escape(sidecar)} is missing, but the ledger .* says meshbatch_checksums=true"
+    for verify in (True, False):
+        with pytest.raises(CacheIntegrityError, match=message):
+            TokenCache.open(path, verify=verify)
+    for deep in (False, True):
+        report = validate_cache(path, deep=deep, progress=False)
+        assert not report.ok and re.search(message, report.error), report.error
+
+
+def test_a_deleted_sidecar_of_one_shard_is_named(tmp_path):
+    from meshbatch.cache import ShardedCacheWriter
+
+    root = str(tmp_path / "s")
+    writer = ShardedCacheWriter(root)
+    writer.write_shard("p0", [np.arange(10, dtype=np.int32)])
+    writer.write_shard("p1", [np.arange(10, 20, dtype=np.int32)])
+    writer.finish()
+    sidecar = os.path.join(root, "p1", SIDECAR)
+    os.remove(sidecar)
+    with pytest.raises(CacheIntegrityError, match=f"{re.escape(sidecar)} is missing, but the ledger "):
+        TokenCache.open(root)
+    report = validate_cache(root, deep=True, progress=False)
+    assert not report.ok and f"{sidecar} is missing" in report.error  # was "present for 1 of 2 shards"
+
+
+@pytest.mark.parametrize("keys", [("meshbatch_checksums",), ("meshbatch_checksums", "cache_id")])
+def test_a_cache_whose_ledger_does_not_promise_a_sidecar_reads_without_one(tmp_path, keys):
+    """What Levanter writes (neither key), a quick start's build and older meshbatch caches (a
+    cache_id only) have no sidecar to require: they stay readable, checksums absent."""
+    path = _small(str(tmp_path / "c"))
+    os.remove(os.path.join(path, SIDECAR))
+    ledger = os.path.join(path, "shard_ledger.json")
+    with open(ledger) as f:
+        raw = json.load(f)
+    for key in keys:
+        del raw[key]
+    with open(ledger, "w") as f:
+        json.dump(raw, f)
+    assert [r.tolist() for r in TokenCache.open(path).read_rows([1])] == [list(range(10, 20))]
+    report = validate_cache(path, deep=True, progress=False)
+    assert report.ok and report.checksums.startswith("absent"), report.format()

@@ -1,13 +1,22 @@
 """No write outside the cache: every field and shard name is one path component; shard names are unique;
 a shard replaced under an open reader is a ``CacheChangedError``, never its new rows."""
 
+import json
 import os
 import shutil
 
 import numpy as np
 import pytest
 
-from meshbatch.cache import CacheChangedError, CacheWriter, ShardedCacheWriter, TokenCache, build_cache
+from meshbatch.cache import (
+    CacheChangedError,
+    CacheIntegrityError,
+    CacheWriter,
+    ShardedCacheWriter,
+    TokenCache,
+    build_cache,
+    validate_cache,
+)
 from meshbatch.cli import main
 
 HOSTILE = ["..", "../../x", ".", "a/b", "/abs", "..\\x", "a\0b", ""]
@@ -109,3 +118,59 @@ def test_a_shard_replaced_under_an_open_reader_is_detected(tmp_path, how):
     with pytest.raises(CacheChangedError, match="shard 's1' was replaced"):
         reader.read_rows(np.arange(30, 60))
     assert [r.tolist() for r in TokenCache.open(root).read_rows(np.arange(30))] == first[:30]
+
+
+@pytest.mark.parametrize("name", [*HOSTILE, "../other/input_ids"])
+def test_a_reader_takes_the_field_as_one_path_component(tmp_path, name):
+    """``field`` is joined to the cache root when reading too: ``'../other/input_ids'`` would read
+    the tokens of the cache next door as this cache's."""
+    root, other = str(tmp_path / "c"), str(tmp_path / "other")
+    for path, token in ((root, 1), (other, 42)):
+        with CacheWriter(path) as w:
+            w.write([np.full(10, token, dtype=np.int32)])
+    with pytest.raises(ValueError, match="field") as e:
+        TokenCache.open(root, field=name)
+    assert repr(name) in str(e.value)
+    with pytest.raises(ValueError, match="field"):
+        validate_cache(root, field=name)
+    assert main(["validate-cache", root, "--field", name]) == 1
+
+
+def _sharded_with_names(root: str, names: list[str]) -> str:
+    """A sharded cache of one shard ``p0`` whose ledger lists it under each of ``names``."""
+    writer = ShardedCacheWriter(root)
+    writer.write_shard("p0", [np.arange(5, dtype=np.int32)])
+    writer.finish()
+    ledger = os.path.join(root, "shard_ledger.json")
+    with open(ledger) as f:
+        raw = json.load(f)
+    raw.update(
+        finished_shards=names,
+        total_num_rows=len(names),
+        shard_rows={n: 1 for n in names},
+        field_counts_by_shard={n: {"input_ids": 5} for n in names},
+        field_counts={"input_ids": 5 * len(names)},
+    )
+    with open(ledger, "w") as f:
+        json.dump(raw, f)
+    return ledger
+
+
+@pytest.mark.parametrize(
+    "names, bad", [(["p0", "./p0"], "./p0"), (["p0", "p0/"], "p0/"), (["p0", ".//p0"], ".//p0")]
+)
+def test_shard_names_that_alias_one_directory_are_refused(tmp_path, names, bad):
+    """``'./p0'``, ``'p0/'`` and ``'.//p0'`` all name ``p0``: listed beside it, its rows were served twice."""
+    root = str(tmp_path / "c")
+    ledger = _sharded_with_names(root, names)
+    with pytest.raises(CacheIntegrityError, match="shard path must be a relative subdirectory") as e:
+        TokenCache.open(root)
+    assert repr(bad) in str(e.value) and ledger in str(e.value)
+    assert not validate_cache(root).ok
+
+
+def test_shard_names_listed_twice_are_refused_naming_the_ledger(tmp_path):
+    root = str(tmp_path / "c")
+    ledger = _sharded_with_names(root, ["p0", "p0"])
+    with pytest.raises(CacheIntegrityError, match=f"sharded ledger {ledger} lists shard 'p0' twice"):
+        TokenCache.open(root)

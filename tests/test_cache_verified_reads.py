@@ -6,6 +6,7 @@ decodes, as bit rot or a careless edit would leave it) and reads it.
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -257,6 +258,8 @@ def test_levanter_reads_verified_caches_and_why_they_carry_no_crc32c_codec(tmp_p
         ledger = f.read()
     with open(os.path.join(with_codec, "shard_ledger.json"), "w") as f:
         f.write(ledger)
+    sidecar = os.path.join("input_ids", "meshbatch_checksums.json")  # its ledger requires it
+    shutil.copyfile(os.path.join(path, sidecar), os.path.join(with_codec, sidecar))
     np.testing.assert_array_equal(TokenCache.open(with_codec).read_rows([199])[0], DOCS[199])
     with pytest.raises(ValueError, match=r"Mismatch in \"codecs\""):
         TreeCache.load(with_codec, exemplar).get_batch_sync([0])

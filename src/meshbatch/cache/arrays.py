@@ -26,6 +26,7 @@ import numpy as np
 import tensorstore as ts
 
 from .checks import CacheIntegrityError
+from .localpaths import check_field_inside
 from .stores import kvstore_spec as kvstore_spec
 from .stores import store_context_spec
 
@@ -78,8 +79,10 @@ def open_field(
     Raises:
         FileNotFoundError: either array has no ``zarr.json``.
         CacheIntegrityError: an array is not what Levanter writes: offsets not int64, data not
-            integers, not 1-D of shape ``[2**54]``, or metadata TensorStore cannot parse.
+            integers, not 1-D of shape ``[2**54]``, or metadata TensorStore cannot parse; or the field
+            directory (or its ``data``/``offsets``) is a symlink out of ``root`` (``localpaths.py``).
     """
+    check_field_inside(root, field)
     field_root = posixpath.join(root, field)
     context = context or shared_context()
     mode = {"open": True, "read": True, "write": writable}
@@ -104,7 +107,13 @@ def open_field(
 
 
 def create_field(root: str, field: str, dtype: np.dtype) -> FieldArrays:
-    """Creates empty writable field arrays in Levanter's layout, deleting any existing ones."""
+    """Creates empty writable field arrays in Levanter's layout, deleting any existing ones.
+
+    Raises:
+        CacheIntegrityError: before anything is deleted, when the field directory (or its
+            ``data``/``offsets``) is a symlink out of ``root``: the delete would follow it.
+    """
+    check_field_inside(root, field)
     field_root = posixpath.join(root, field)
     futures = {}
     for name in ("offsets", "data"):

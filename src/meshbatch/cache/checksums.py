@@ -29,6 +29,7 @@ import tensorstore as ts
 
 from .arrays import kvstore_spec, shared_context
 from .checks import CacheIntegrityError
+from .ledger import LEDGER_FILE_NAME
 
 SIDECAR_FILE_NAME = "meshbatch_checksums.json"
 FORMAT, VERSION, ALGORITHM = "meshbatch-checksums", 1, "crc32"
@@ -97,8 +98,10 @@ class Checksums:
             lists[key] = tuple(value)
         try:
             dtype = np.dtype(raw.get("dtype"))
-        except TypeError as e:
-            raise CacheIntegrityError(f"{where}: dtype={raw.get('dtype')!r} is not a numpy dtype") from e
+        except (TypeError, ValueError, OverflowError, RecursionError) as e:  # numpy's refusals vary
+            raise CacheIntegrityError(
+                f"{where}: dtype={raw.get('dtype')!r} is not a numpy dtype ({type(e).__name__}: {e})"
+            ) from e
         chunk = counts["chunk_elements"]
         expected = {"data": -(-counts["tokens"] // chunk), "offsets": -(-(counts["rows"] + 1) // chunk)}
         for key, n in expected.items():
@@ -123,8 +126,8 @@ def read_checksums(field_root: str, *, context: ts.Context | None = None) -> Che
     where = sidecar_path(field_root)
     try:
         raw = json.loads(bytes(found.value))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CacheIntegrityError(f"{where} is not valid JSON: {e}") from e
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
+        raise CacheIntegrityError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from e
     return Checksums.from_dict(raw, where=where)
 
 
@@ -135,23 +138,41 @@ def check_sidecar(
     tokens: int,
     finished: bool,
     dtype: np.dtype,
+    required: bool = False,
     context: ts.Context | None = None,
 ) -> Checksums | None:
     """The field's checksum sidecar, checked against what the ledger and offsets say (no chunk read).
 
     An unfinished cache's sidecar may be ahead of its ledger (it is written first), never behind.
+    A part whose ledger says ``meshbatch_checksums: true`` was written by ``CacheWriter``, which
+    commits the sidecar before every ledger: for it a missing sidecar is damage (deleted checksums),
+    not a cache without checksums::
+
+        ledger {"meshbatch_checksums": true, ...}, no sidecar   -> CacheIntegrityError naming both files
+        ledger without the key (Levanter's), no sidecar         -> None: read without checksums
+
+    Args:
+        required: the part's own ledger says ``meshbatch_checksums: true``.
 
     Returns:
-        The sidecar, or None where there is none.
+        The sidecar, or None where there is none and it is not ``required``.
 
     Raises:
-        CacheIntegrityError: the sidecar is malformed, records another dtype (``data_type`` edited in
-            ``zarr.json``), or other row and token counts (offsets moved past the data written).
+        CacheIntegrityError: the sidecar is missing though ``required``, is malformed, records
+            another dtype (``data_type`` edited in ``zarr.json``), or other row and token counts
+            (offsets moved past the data written).
     """
     sums = read_checksums(field_root, context=context)
-    if sums is None:
-        return None
     where = sidecar_path(field_root)
+    if sums is None:
+        if not required:
+            return None
+        ledger = posixpath.join(posixpath.dirname(field_root), LEDGER_FILE_NAME)
+        raise CacheIntegrityError(
+            f"{where} is missing, but the ledger {ledger} says meshbatch_checksums=true: its writer "
+            "wrote the checksums with every commit, so they were deleted (or the cache is being "
+            "overwritten); its tokens cannot be verified: rebuild it"
+        )
     if sums.dtype != np.dtype(dtype):
         raise CacheIntegrityError(
             f"{field_root}/data has dtype {np.dtype(dtype)}, but {where} records that its writer wrote "

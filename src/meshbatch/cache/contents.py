@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,10 +20,10 @@ import tensorstore as ts
 
 from .arrays import FieldArrays
 from .checks import CacheIntegrityError, check_dtype
-from .ledger import CONSOLIDATED, Ledger
+from .ledger import CONSOLIDATED, LEDGER_FILE_NAME, Ledger
 from .parts import load_part
 from .reads import Segment
-from .shard_table import shard_table
+from .shard_table import check_distinct_shards, shard_root, shard_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +56,13 @@ def load_contents(
     context: ts.Context,
     expected: np.dtype | None,
     verify: bool = True,
+    shard_sidecars: Mapping[str, bool] | None = None,
 ) -> Contents:
     """``old`` brought up to ``ledger``; only new rows and new shards are read.
 
-    With ``verify``, each segment carries the verifier of its data chunks (``verify.py``).
+    With ``verify``, each segment carries the verifier of its data chunks (``verify.py``). A part
+    whose ledger says ``meshbatch_checksums: true`` (the cache's own ledger for the consolidated
+    layout; for a shard ``shard_sidecars[name]``, from its ledger) must have its checksum sidecar.
 
     Raises:
         CacheIntegrityError: a changed layout, fewer rows than loaded, rewritten shards, a dtype
@@ -70,7 +74,10 @@ def load_contents(
         )
     if ledger.layout == CONSOLIDATED:
         return _consolidated(path, field, ledger, old, context=context, expected=expected, verify=verify)
-    return _sharded(path, field, ledger, old, context=context, expected=expected, verify=verify)
+    required = dict(shard_sidecars or {})
+    return _sharded(
+        path, field, ledger, old, context=context, expected=expected, verify=verify, required=required
+    )
 
 
 def _dtype(
@@ -98,14 +105,15 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
         loaded=old.offsets,
         verify=verify,
         verified=before.verified() if before is not None else frozenset(),
+        sidecar_required=ledger.meshbatch_checksums,
     )
     dtype = _dtype(arrays.data, expected, old.dtype, where=arrays.data_path)
     segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path, verifier)
     return Contents(ledger, offsets, (segment,), dtype, ("",), arrays)
 
 
-def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify) -> Contents:
-    entries = shard_table(ledger, field)
+def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify, required) -> Contents:
+    entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
         raise CacheIntegrityError(
@@ -113,10 +121,20 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
             f"ledger now lists {[e.name for e in entries]}"
         )
 
+    if len(entries) > loaded:
+        check_distinct_shards(path, [e.name for e in entries])
+
     def load(entry):
-        root = posixpath.join(path, entry.name)
+        root = shard_root(path, entry.name)
         arrays, offsets, verifier = load_part(
-            root, field, rows=entry.rows, finished=True, recorded=entry.tokens, context=context, verify=verify
+            root,
+            field,
+            rows=entry.rows,
+            finished=True,
+            recorded=entry.tokens,
+            context=context,
+            verify=verify,
+            sidecar_required=required.get(entry.name, False),
         )
         return arrays.data, offsets, verifier
 

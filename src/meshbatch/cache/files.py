@@ -21,6 +21,8 @@ deletes the lock files no live writer holds before a cache writer's first write.
 
 At an object-store URL (``gs://``, ``s3://``) the file is one object written with one PUT through
 TensorStore's kvstore: a reader sees the old object or the new one, so no temp file is needed.
+A ``file://`` URL is the local path it names (``localpaths.local_path``): the same temp files, lock
+files and cleanup as a plain path (before, ``file:///c`` skipped the cleanup and a resume tore c/0).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from typing import Any
 import tensorstore as ts
 
 from .arrays import shared_context
-from .stores import is_url, kvstore_spec
+from .localpaths import local_path
+from .stores import kvstore_spec
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +56,12 @@ def write_json_atomic(path: str, value: Any) -> None:
     ``path``, and the directory is fsynced. A writer killed before the rename leaves the temp file;
     ``remove_stale_temp_files`` deletes it when a writer next opens the cache.
     """
-    if is_url(path):
+    local = local_path(path)
+    if local is None:
         directory, name = path.rsplit("/", 1)
         _kvstore(directory).write(name, json.dumps(value).encode()).result()
         return
+    path = local
     root = os.path.dirname(path)
     os.makedirs(root, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -78,7 +83,8 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     A temp file whose process is still alive on this host (and is not this process) is kept: it may
     be another writer mid-commit. Returns the names removed.
     """
-    if is_url(directory) or not os.path.isdir(directory):
+    directory = local_path(directory)
+    if directory is None or not os.path.isdir(directory):
         return []  # object stores get no temp files
     removed = []
     for name in os.listdir(directory):
@@ -104,7 +110,8 @@ def remove_stale_lock_files(directory: str) -> list[str]:
     after checking it is still the file at that path, is what TensorStore's own locking rule allows.
     Returns the paths removed (relative to ``directory``). Object stores have no lock files.
     """
-    if is_url(directory):
+    directory = local_path(directory)
+    if directory is None:
         return []
     removed = []
     for parent, _, names in os.walk(directory):
@@ -143,10 +150,12 @@ def _remove_unheld_lock(path: str) -> bool:
 
 def remove_file(path: str) -> None:
     """Deletes ``path`` if it exists, durably (the directory is fsynced)."""
-    if is_url(path):
+    local = local_path(path)
+    if local is None:
         directory, name = path.rsplit("/", 1)
         _kvstore(directory).write(name, None).result()  # None deletes
         return
+    path = local
     if os.path.exists(path):
         os.unlink(path)
         _fsync_dir(os.path.dirname(path))
@@ -154,8 +163,9 @@ def remove_file(path: str) -> None:
 
 def file_exists(path: str) -> bool:
     """Whether the file ``path`` exists: a local file, or one object at an object-store URL."""
-    if not is_url(path):
-        return os.path.isfile(path)
+    local = local_path(path)
+    if local is not None:
+        return os.path.isfile(local)
     directory, name = path.rsplit("/", 1)
     return _kvstore(directory).read(name).result().state == "value"
 
@@ -163,16 +173,18 @@ def file_exists(path: str) -> bool:
 def remove_directory(path: str) -> None:
     """Deletes directory ``path`` and all it holds: a local tree, or every object under a URL's
     prefix (one TensorStore ``delete_range``; ``gs://b/x`` deletes ``x/...``, never ``xy/...``)."""
-    if not is_url(path):
-        shutil.rmtree(path)
+    local = local_path(path)
+    if local is not None:
+        shutil.rmtree(local)
         return
     _kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
 
 
 def directory_exists(path: str) -> bool:
     """Whether anything is stored under directory ``path`` (an object-store prefix or a local dir)."""
-    if not is_url(path):
-        return os.path.exists(path)
+    local = local_path(path)
+    if local is not None:
+        return os.path.exists(local)
     return bool(_kvstore(path).list().result())
 
 

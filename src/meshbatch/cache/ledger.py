@@ -35,6 +35,7 @@ import tensorstore as ts
 from .arrays import kvstore_spec, shared_context
 from .checks import CacheIntegrityError
 from .files import remove_file, write_json_atomic
+from .localpaths import local_path
 from .stores import result
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ class Ledger:
     ``cache_id`` is meshbatch's own key (Levanter ignores it): a random id a writer draws when it
     creates a cache and keeps when it resumes one, so a reader can tell a cache that grew from one
     that was replaced. Caches written by Levanter have none.
+
+    ``meshbatch_checksums`` (meshbatch's too; written only when true) says the part was written by
+    ``CacheWriter``, which commits the checksum sidecar before every ledger: a reader then refuses the
+    part without its sidecar (deleted checksums), where a cache without the key (Levanter's, a quick
+    start's, or one an older meshbatch wrote) is read without checksums when it has no sidecar.
     """
 
     total_num_rows: int
@@ -63,6 +69,7 @@ class Ledger:
     layout: Layout = CONSOLIDATED
     metadata: Mapping[str, Any] = field(default_factory=lambda: {"preprocessor_metadata": None})
     cache_id: str | None = None
+    meshbatch_checksums: bool = False
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any], *, where: str) -> Ledger:
@@ -90,6 +97,11 @@ class Ledger:
         cache_id = raw.get("cache_id")
         if cache_id is not None and not isinstance(cache_id, str):
             raise CacheIntegrityError(f"ledger {where}: cache_id must be a string (got {cache_id!r})")
+        checksums = raw.get("meshbatch_checksums", False)
+        if not isinstance(checksums, bool):
+            raise CacheIntegrityError(
+                f"ledger {where}: meshbatch_checksums must be true or false (got {checksums!r})"
+            )
         shards = raw.get("finished_shards", [])
         if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
             raise CacheIntegrityError(
@@ -108,14 +120,18 @@ class Ledger:
             layout=layout,
             metadata=metadata or {"preprocessor_metadata": None},
             cache_id=cache_id,
+            meshbatch_checksums=checksums,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form, in Levanter's key order (``cache_id`` only when there is one)."""
+        """The JSON form, in Levanter's key order (``cache_id`` only when there is one,
+        ``meshbatch_checksums`` only when true)."""
         out = dataclasses.asdict(self)
         out["finished_shards"] = list(self.finished_shards)
         if self.cache_id is None:
             del out["cache_id"]
+        if not self.meshbatch_checksums:
+            del out["meshbatch_checksums"]
         return out
 
 
@@ -152,8 +168,8 @@ class LedgerFile:
         self._kvstore = result(
             ts.KvStore.open(kvstore_spec(root), context=context or shared_context()), what=f"opening {root}"
         )
-        local = root.removeprefix("file://")
-        self._local = None if "://" in local else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
+        local = local_path(root)
+        self._local = None if local is None else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
 
     def read(self) -> tuple[Ledger, object]:
         """The ledger and its stamp.
@@ -203,8 +219,9 @@ class LedgerFile:
     def parse(self, raw_bytes: bytes) -> Ledger:
         try:
             raw = json.loads(raw_bytes)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CacheIntegrityError(f"ledger {self.where} is not valid JSON: {e}") from e
+        except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
+            problem = f"{type(e).__name__}: {e}"
+            raise CacheIntegrityError(f"ledger {self.where} is not valid JSON: {problem}") from e
         if not isinstance(raw, dict):
             raise CacheIntegrityError(f"ledger {self.where} holds a JSON {type(raw).__name__}, not an object")
         return Ledger.from_dict(raw, where=self.where)

@@ -9,7 +9,8 @@ offsets array fails by name instead of allocating what it claims::
     then offsets[loaded + 1 : rows + 1]       (only rows not loaded yet), checked monotone
     the data chunk holding the last token     (must exist and decode: no fill values)
     finished: nothing but fill past the end    (rest of that chunk, offsets[rows + 1]: 0 or not stored)
-    the checksum sidecar's dtype and counts   (if meshbatch wrote the part)
+    the checksum sidecar's dtype and counts   (if meshbatch wrote the part; required when its ledger
+                                              says meshbatch_checksums: true)
     with verification (``verify.py``): the new offsets' chunks summed against the sidecar, and
     the whole last data chunk read and summed (a chunk copied from a smaller cache reads zeros)
 """
@@ -39,6 +40,7 @@ def load_part(
     loaded: np.ndarray | None = None,
     verify: bool = True,
     verified: frozenset = frozenset(),
+    sidecar_required: bool = False,
 ) -> tuple[FieldArrays, np.ndarray, ChunkVerifier | None]:
     """Opens (or reuses) the part's arrays and loads its offsets up to ``rows``.
 
@@ -54,6 +56,8 @@ def load_part(
         verify: check the new offsets and the last data chunk against the checksum sidecar, and
             return the verifier of the part's data chunks.
         verified: chunks the previous snapshot's verifier had verified (kept where still final).
+        sidecar_required: the part's ledger says ``meshbatch_checksums: true``: the part must have
+            its sidecar (``check_sidecar``), with or without ``verify``.
 
     Returns:
         The arrays, int64 ``[rows + 1]`` offsets starting at 0, and the data chunks' verifier
@@ -77,7 +81,13 @@ def load_part(
             check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
         dtype = np.dtype(arrays.data.dtype.numpy_dtype)
         sums = check_sidecar(
-            arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, context=context
+            arrays.root,
+            rows=rows,
+            tokens=end,
+            finished=finished,
+            dtype=dtype,
+            required=sidecar_required,
+            context=context,
         )
     if not verify or sums is None:
         return arrays, offsets, None

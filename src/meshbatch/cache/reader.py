@@ -29,14 +29,14 @@ import tensorstore as ts
 from meshbatch.arguments import check_bool, check_float, check_int
 
 from .arrays import shared_context
-from .checks import as_index_array, as_token_dtype, check_name, check_out_buffer, check_path
+from .checks import as_index_array, as_token_dtype, check_component, check_out_buffer, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
 from .contents import Contents, load_contents
 from .ledger import CONSOLIDATED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .verify import verify_default
-from .watch import LedgerWatch, shard_ledgers
+from .watch import LedgerWatch, ShardFiles, shard_ledgers
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TokenCache:
 
         Args:
             path: cache root (the directory holding ``shard_ledger.json``).
-            field: the jagged field to read.
+            field: the jagged field to read: one path component (``check_component``), as writers take it.
             require_finished: reject a cache whose ledger is not finished; pass False to read the
                 committed rows of a cache under construction (quick start).
             dtype: if given, the on-disk token dtype must equal it.
@@ -96,7 +96,10 @@ class TokenCache:
         if context is not None and not isinstance(context, ts.Context):
             raise TypeError(f"context must be a tensorstore.Context or None (got context={context!r})")
         cache = cls(
-            path, check_name("field", field), block_cache=block_cache, context=context or shared_context()
+            path,
+            check_component("field", field),
+            block_cache=block_cache,
+            context=context or shared_context(),
         )
         cache._expected_dtype = None if dtype is None else as_token_dtype("dtype", dtype)
         cache.verify = verify_default() if verify is None else check_bool("verify", verify)
@@ -112,7 +115,7 @@ class TokenCache:
             )
         try:
             shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
-            cache._load(ledger)
+            cache._load(ledger, shards)
         except FileNotFoundError as e:
             raise FileNotFoundError(f"the cache at {path} has no readable field={field!r}: {e}") from e
         cache._watch = LedgerWatch(file, ledger, stamp, shards)
@@ -173,10 +176,9 @@ class TokenCache:
         ledger, stamp = self._watch.file.read()
         if ledger != self._contents.ledger:
             self._watch.raise_if_replaced(ledger)
-            self._watch.add_shards(
-                shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
-            )
-            self._load(ledger)
+            shards = shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
+            self._watch.add_shards(shards)
+            self._load(ledger, shards)
         self._watch.update(ledger, stamp)
         return self.num_rows
 
@@ -311,8 +313,9 @@ class TokenCache:
             f"tokens={self.num_tokens}, dtype={self.dtype}, finished={self.is_finished})"
         )
 
-    def _load(self, ledger: Ledger) -> None:
-        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``)."""
+    def _load(self, ledger: Ledger, shards: ShardFiles) -> None:
+        """Brings the loaded rows up to ``ledger`` (one snapshot swap; see ``contents.py``); ``shards``
+        are the ledgers of the shards it adds (``meshbatch_checksums``: that shard needs its sidecar)."""
         self._contents = load_contents(
             self.path,
             self.field,
@@ -321,4 +324,5 @@ class TokenCache:
             context=self._context,
             expected=self._expected_dtype,
             verify=self.verify,
+            shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
         )

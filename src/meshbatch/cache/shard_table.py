@@ -3,15 +3,23 @@
 {"finished_shards": ["part-0", "part-1"], "shard_rows": {"part-0": 2, "part-1": 3},
  "field_counts_by_shard": {"part-0": {"input_ids": 7}, "part-1": {"input_ids": 9}}}
 -> [ShardEntry("part-0", rows=2, tokens=7), ShardEntry("part-1", rows=3, tokens=9)]
+
+A shard name is a relative path of plain names (``check_relative_path``, as ``write_shard`` takes
+it), so two names never spell one directory: ``"./p0"``, ``"p0/"`` and ``".//p0"`` beside ``"p0"``
+served p0's rows twice before they were refused. ``shard_root`` joins a name to the cache root and
+refuses a local shard directory that a symlink leads out of the root (``localpaths``);
+``check_distinct_shards`` refuses two names that symlinks resolve to one directory.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 
-from .checks import CacheIntegrityError
+from .checks import CacheIntegrityError, check_relative_path
 from .ledger import Ledger
+from .localpaths import check_inside, local_path
 
 
 @dataclass(frozen=True)
@@ -23,59 +31,98 @@ class ShardEntry:
     tokens: int
 
 
-def shard_table(ledger: Ledger, field_name: str) -> list[ShardEntry]:
+def shard_table(ledger: Ledger, field_name: str, *, where: str | None = None) -> list[ShardEntry]:
     """Validates a sharded ledger and returns its finished shards in global row order.
 
+    Args:
+        ledger: the parsed ledger.
+        field_name: the field read.
+        where: the ledger file, named in messages.
+
     Raises:
-        CacheIntegrityError: a shard path that is absolute, a URL, empty, escapes with ``..`` or repeats; a
-            missing or negative row count; rows not summing to ``total_num_rows``; a non-empty shard
-            without a ``field_name`` count; counts for unknown shards; aggregate counts that disagree.
+        CacheIntegrityError: a shard path that is absolute, a URL, empty, has a ``.``, ``..`` or empty
+            part (``"./p0"``, ``"p0/"``, ``"a//b"``) or repeats; a missing or negative row count; rows
+            not summing to ``total_num_rows``; a non-empty shard without a ``field_name`` count;
+            counts for unknown shards; aggregate counts that disagree.
     """
+    sharded = f"sharded ledger {where}" if where else "sharded ledger"
     entries: list[ShardEntry] = []
     seen: set[str] = set()
     for name in ledger.finished_shards:
-        if not name or "://" in name or posixpath.isabs(name) or ".." in name.split("/"):
+        try:
+            check_relative_path("shard", name)
+        except ValueError as e:
             raise CacheIntegrityError(
-                f"sharded ledger shard path must be a relative subdirectory (got {name!r})"
-            )
+                f"{sharded}: shard path must be a relative subdirectory (got {name!r}): names joined "
+                "by '/', no '.', '..' or empty part, not absolute, no '\\' or NUL"
+            ) from e
         if name in seen:
-            raise CacheIntegrityError(f"sharded ledger lists shard {name!r} twice in finished_shards")
+            raise CacheIntegrityError(f"{sharded} lists shard {name!r} twice in finished_shards")
         seen.add(name)
         if name not in ledger.shard_rows:
-            raise CacheIntegrityError(
-                f"sharded ledger has no shard_rows entry (row count) for shard {name!r}"
-            )
+            raise CacheIntegrityError(f"{sharded} has no shard_rows entry (row count) for shard {name!r}")
         rows = ledger.shard_rows[name]
         if rows < 0:
-            raise CacheIntegrityError(f"sharded ledger has negative row count for shard {name!r}: {rows}")
+            raise CacheIntegrityError(f"{sharded} has negative row count for shard {name!r}: {rows}")
         tokens = ledger.field_counts_by_shard.get(name, {}).get(field_name)
         if tokens is None:
             if rows:
                 raise CacheIntegrityError(
-                    f"sharded ledger has no field_counts_by_shard[{name!r}][{field_name!r}] "
+                    f"{sharded} has no field_counts_by_shard[{name!r}][{field_name!r}] "
                     f"for non-empty shard {name!r} ({rows} rows)"
                 )
             tokens = 0
         if tokens < 0:
             raise CacheIntegrityError(
-                f"sharded ledger has negative {field_name} count for shard {name!r}: {tokens}"
+                f"{sharded} has negative {field_name} count for shard {name!r}: {tokens}"
             )
         entries.append(ShardEntry(name, rows, tokens))
 
     row_sum = sum(e.rows for e in entries)
     if row_sum != ledger.total_num_rows:
         raise CacheIntegrityError(
-            f"sharded ledger row count mismatch: sum of finished shard rows = {row_sum}, "
+            f"{sharded}: row count mismatch: sum of finished shard rows = {row_sum}, "
             f"total_num_rows = {ledger.total_num_rows}"
         )
     unknown = sorted(set(ledger.field_counts_by_shard) - seen)
     if unknown:
-        raise CacheIntegrityError(f"sharded ledger has field_counts_by_shard for unknown shards {unknown}")
+        raise CacheIntegrityError(f"{sharded} has field_counts_by_shard for unknown shards {unknown}")
     token_sum = sum(e.tokens for e in entries)
     recorded = ledger.field_counts.get(field_name)
     if recorded is not None and recorded != token_sum:
         raise CacheIntegrityError(
-            f"sharded ledger {field_name} count mismatch: sum over shards = {token_sum}, "
+            f"{sharded}: {field_name} count mismatch: sum over shards = {token_sum}, "
             f"field_counts[{field_name!r}] = {recorded}"
         )
     return entries
+
+
+def shard_root(root: str, name: str) -> str:
+    """The directory of shard ``name`` (from a checked ``shard_table``) of the cache at ``root``.
+
+    Raises:
+        CacheIntegrityError: a local shard directory that resolves outside ``root`` (a symlink).
+    """
+    path = posixpath.join(root, name)
+    check_inside(root, path, what=f"shard {name!r}")
+    return path
+
+
+def check_distinct_shards(root: str, names: list[str]) -> None:
+    """Refuses two shard names of a local cache that resolve (through symlinks) to one directory.
+
+    Raises:
+        CacheIntegrityError: naming both shards and the directory.
+    """
+    local = local_path(root)
+    if local is None:
+        return  # an object store has no symlinks: distinct names are distinct prefixes
+    owner: dict[str, str] = {}
+    for name in names:
+        real = os.path.realpath(os.path.join(local, name))
+        if real in owner:
+            raise CacheIntegrityError(
+                f"sharded cache {root}: shards {owner[real]!r} and {name!r} are one directory {real} "
+                "(a symlink inside the cache): its rows would be served twice"
+            )
+        owner[real] = name

@@ -36,6 +36,7 @@ from .ledger import (
     try_read_ledger,
     write_ledger,
 )
+from .localpaths import check_inside
 from .shard_table import shard_table
 from .writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists, check_metadata
 
@@ -142,6 +143,7 @@ class ShardedCacheWriter:
             return self._ledger.shard_rows[name]
         shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
         shard_root = posixpath.join(self.root, name)
+        check_inside(self.root, shard_root, what=f"shard {name!r}")  # no symlink out (localpaths.py)
         done = try_read_ledger(shard_root) if self._resumed else None
         if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
             if dict(done.metadata) != self._metadata or self.field not in done.field_counts:

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from meshbatch.arguments import check_bool
 
-from .checks import check_name, check_path
+from .checks import check_component, check_path
 from .deep import Part, part_sidecar, verify_parts
-from .ledger import CONSOLIDATED
+from .ledger import CONSOLIDATED, LEDGER_FILE_NAME
 from .reader import TokenCache
-from .shard_table import shard_table
+from .shard_table import shard_root, shard_table
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def validate_cache(
 
     Args:
         path: cache root (local path or TensorStore URL).
-        field: the jagged field to check.
+        field: the jagged field to check: one path component (``check_component``).
         require_finished: an unfinished cache is invalid; pass False to check its committed rows.
         deep: also read every chunk (see the module docstring).
         progress: with ``deep``, show a progress bar; ``None`` shows it only on a terminal.
@@ -95,7 +95,7 @@ def validate_cache(
     Raises:
         TypeError, ValueError: a bad argument (the cache itself never raises; it is reported).
     """
-    path, field = check_path("path", path), check_name("field", field)
+    path, field = check_path("path", path), check_component("field", field)
     check_bool("require_finished", require_finished)
     check_bool("deep", deep)
     try:
@@ -127,8 +127,8 @@ def _parts(cache: TokenCache) -> list[Part]:
     if ledger.layout == CONSOLIDATED:
         return [Part(cache.path, cache.num_rows, cache.num_tokens, ledger.is_finished)]
     return [
-        Part(posixpath.join(cache.path, e.name), e.rows, e.tokens, True)
-        for e in shard_table(ledger, cache.field)
+        Part(shard_root(cache.path, e.name), e.rows, e.tokens, True)
+        for e in shard_table(ledger, cache.field, where=posixpath.join(cache.path, LEDGER_FILE_NAME))
     ]
 
 

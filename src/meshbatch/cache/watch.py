@@ -28,8 +28,8 @@ from collections.abc import Callable, Collection
 import tensorstore as ts
 
 from .checks import CacheChangedError
-from .ledger import SHARDED, Ledger, LedgerFile
-from .shard_table import shard_table
+from .ledger import LEDGER_FILE_NAME, SHARDED, Ledger, LedgerFile
+from .shard_table import shard_root, shard_table
 
 
 def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
@@ -60,13 +60,15 @@ def shard_ledgers(
 ) -> ShardFiles:
     """The ledger file, ledger and stamp of every finished shard of a sharded ``ledger`` (read before
     its rows are loaded, so a replacement after the load changes the stamp). The shard table is
-    checked first (``shard_table``): no shard path leaves ``root``."""
+    checked first (``shard_table``, ``shard_root``): no shard path leaves ``root``, by name or symlink."""
     if ledger.layout != SHARDED:
         return {}
     out = {}
-    for name in (entry.name for entry in shard_table(ledger, field)):
+    for name in (
+        entry.name for entry in shard_table(ledger, field, where=posixpath.join(root, LEDGER_FILE_NAME))
+    ):
         if name not in skip:
-            file = LedgerFile(posixpath.join(root, name), context=context)
+            file = LedgerFile(shard_root(root, name), context=context)
             out[name] = (file, *file.read())
     return out
 

@@ -44,6 +44,7 @@ from .files import (
     write_json_atomic,
 )
 from .ledger import SHARDED, Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
+from .localpaths import check_field_inside
 from .resume import committed_sidecar, read_range, resume_checksums, zero_past
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class CacheWriter:
         self._pending_tokens = 0
         self._finished = False
         self._field_root = posixpath.join(path, field)
+        check_field_inside(path, field)  # before any cleanup or write: no symlink leads out (localpaths.py)
         remove_stale_temp_files(path)
         remove_stale_temp_files(self._field_root)
         remove_stale_lock_files(self._field_root)  # before any write: see files.py
@@ -218,6 +220,7 @@ class CacheWriter:
             field_counts={self.field: self.tokens},
             metadata=self._metadata,
             cache_id=self.cache_id,
+            meshbatch_checksums=True,  # the sidecar above goes with every ledger: readers require it
         )
         write_ledger(self.path, ledger)
         return ledger
