@@ -194,3 +194,17 @@ def test_public_names():
         "except ValueError as e:\n    assert 'inputs' in str(e)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_file_urls_are_the_local_paths_they_name(corpus, store, tmp_path):
+    """``file:///x`` is ``/x`` (TensorStore's file kvstore): an interrupted run's marker, the
+    output-inside-input check and ``npy`` output see through the spelling (they took it for an
+    object store: ``npy`` was refused, a cache inside the output passed the check)."""
+    _, path = corpus
+    out = store[0]
+    with pytest.raises(ValueError, match="lies inside"):
+        preblock("file://" + out, [os.path.join(out, "tokens")], block_size=BLOCK, if_exists="overwrite")
+    target = tmp_path / "npy"
+    preblock("file://" + str(target), [path], block_size=BLOCK, key=3, output_format="npy", progress=False)
+    assert chunk_files(str(target)) and detect_format("file://" + str(target)) == "npy"
+    assert not os.path.exists("file:")  # nothing written under a folder named "file:"

@@ -37,6 +37,7 @@ from meshbatch.cache import shared_context
 from meshbatch.cache.arrays import kvstore_spec
 from meshbatch.cache.files import file_exists
 from meshbatch.cache.ledger import LEDGER_FILE_NAME
+from meshbatch.cache.localpaths import local_path
 from meshbatch.cache.stores import is_url
 
 logger = logging.getLogger(__name__)
@@ -148,11 +149,13 @@ def tokenizer_markers(sources, ids: dict[str, int]) -> tuple[str, ...]:
 
 
 def check_path(name: str, value) -> str:
-    """A path argument as ``str`` (``os.PathLike`` accepted); anything else is a ``TypeError``."""
+    """A path argument as ``str`` (``os.PathLike`` accepted); anything else is a ``TypeError``.
+    A ``file://`` URL becomes the local path it names (``file:///data/x`` -> ``/data/x``), so the
+    local-file handling (markers, ``npy``, the output-inside-input check) sees one spelling."""
     if isinstance(value, str | os.PathLike) and not isinstance(value, bytes):
         path = os.fspath(value)
         if isinstance(path, str) and path:
-            return path
+            return local_path(path) or path
     raise TypeError(f"{name} must be a path (got {name}={value!r})")
 
 
