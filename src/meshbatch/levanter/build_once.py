@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 class CacheBuildFailed(RuntimeError):
-    """Process 0's build of a cache this process waits for failed (its error, as process 0 reported it)."""
+    """The build of a cache this process waits for failed (its error, as its builder reported it)."""
 
 
 def _client():
