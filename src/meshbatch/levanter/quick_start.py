@@ -131,9 +131,13 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
             lock.close()
         return cache
     failed: list[BaseException] = []
-    clear_failure(path)
-    _remove_leftover(path, processor.output_exemplar)  # a killed build's; no reader opens it
-    announce(path, cache_id)
+    try:
+        clear_failure(path)
+        _remove_leftover(path, processor.output_exemplar)  # a killed build's; no reader opens it
+        announce(path, cache_id)
+    except BaseException as error:  # the readers hear of it, and the lock goes
+        release(path, lock, cache_id, error)
+        raise
     stop = threading.Event()
 
     def build() -> None:
