@@ -12,7 +12,7 @@ import pytest
 from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
 from mp_harness import free_port, run_workers
 
-from meshbatch.cache import ByteTokenizer, TokenCache
+from meshbatch.cache import ByteTokenizer, CacheWriter, TokenCache
 from meshbatch.cache.ledger import Ledger, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig
 from meshbatch.levanter.build_once import (
@@ -37,6 +37,10 @@ def corpus(root):
     with open(root / "docs.jsonl", "w") as f:
         f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
     (root / "bad.jsonl").write_text('{"text": not json}\n')
+    (root / "long.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20_000)))
+    leftover = CacheWriter(str(root / "quick" / "train"))  # a killed quick-start build's rows
+    leftover.write([np.arange(5, 9, dtype=np.int32)] * 40)
+    leftover.flush()
     ByteTokenizer().save_pretrained(str(root / "tok"))
     return texts
 
@@ -68,6 +72,9 @@ def test_processes_building_one_cache_get_one_valid_cache(tmp_path, mode):
         np.testing.assert_array_equal(out["quick_tokens"], np.concatenate(want))
     assert sorted(os.listdir(tmp_path / "cache")) == ["train"]  # no hidden copy left behind
     assert TokenCache.open(str(tmp_path / "quick" / "train")).num_rows == DOCS
+    assert not outs[0]["opened_early"].any(), "process 1 opened the killed build's leftover rows"
+    stopped = str(outs[1]["stop_error"])  # process 0 stopped its build: process 1 raised its error
+    assert stopped.startswith("QuickStartBuildError True: ") and "the build was stopped" in stopped, stopped
     if mode == "dist":
         assert "waits for process 0 to build" in logs[1]
         assert "being built in the background" in logs[0] and "being built" not in logs[1]

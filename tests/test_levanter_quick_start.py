@@ -3,6 +3,7 @@ without ``enforce_eos``), ledger metadata and fields as ``cache_builder: in_proc
 Levanter's shard source (brace-expanded ``.gz`` URLs); a build failing after its first commit
 stops the consumer's wait with the cause, instead of hanging."""
 
+import gc
 import gzip
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import haliax as hax
 import jax
@@ -18,8 +20,8 @@ import numpy as np
 import pytest
 from levanter.store.cache import CacheOptions, TreeCache
 
-from meshbatch.cache import ByteTokenizer, TokenCache
-from meshbatch.cache.ledger import Ledger, try_read_ledger, write_ledger
+from meshbatch.cache import ByteTokenizer, CacheWaitTimeout, TokenCache
+from meshbatch.cache.ledger import Ledger, LedgerFile, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader, quick_start
 from meshbatch.levanter.quick_start import QuickStartBuildError, growing_cache
 
@@ -238,3 +240,41 @@ def test_a_process_whose_consumer_fails_ends_without_finishing_the_build(root, l
     assert done.returncode == 1 and "training step failed" in done.stderr, done.stderr[-2000:]
     ledger = try_read_ledger(str(cache_dir / "train"))
     assert not ledger.is_finished and ledger.total_num_rows < 20_000
+
+
+def test_a_reader_waiting_for_a_first_commit_backs_off_and_is_bounded(root, monkeypatch):
+    """Another run holds the lock and commits nothing: the reader reads the ledger with a backoff
+    (20 ms doubling to 1 s: 9 reads in 2 s), not every 20 ms (about 100), and raises
+    ``CacheWaitTimeout`` naming the cache and the bound."""
+    quick = config(root, "stalled", [str(root / "docs.jsonl")], quick_start=True)
+    path = os.path.join(quick.cache_dir, "train")
+    held = quick_start.quick_start_lock(path)  # a run that took the lock and has committed nothing
+    reads: list[float] = []
+    real_read = LedgerFile.read
+
+    def counted(self):
+        if os.path.abspath(self.root) == path:
+            reads.append(time.monotonic())
+        return real_read(self)
+
+    monkeypatch.setattr(LedgerFile, "read", counted)
+    monkeypatch.setenv("MESHBATCH_CACHE_WAIT_S", "2")
+    try:
+        with pytest.raises(CacheWaitTimeout, match=rf"cache {path} .*MESHBATCH_CACHE_WAIT_S=2"):
+            growing_cache(quick, quick.cache_dir)
+    finally:
+        held.close()
+    assert 3 <= len(reads) <= 14, f"{len(reads)} ledger reads in a 2 s wait"
+
+
+def test_a_finished_build_leaves_nothing_behind_in_the_process(root):
+    """Nothing keeps a builder once its build is over (an exit hook per build kept each one)."""
+    quick = config(root, "freed", [str(root / "docs.jsonl")], quick_start=True)
+    cache = growing_cache(quick, quick.cache_dir)
+    (thread,) = builders()
+    thread.join(timeout=60)
+    assert cache.refresh() == 300 and cache.is_finished
+    gone = weakref.ref(thread)
+    del thread, cache
+    gc.collect()
+    assert gone() is None, gc.get_referrers(gone())

@@ -7,6 +7,7 @@ finished cache's with the same key (cache order and the era shuffle: the orders 
 the final length is known). Orders that need the final length are refused.
 """
 
+import re
 import threading
 import time
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import CacheWaitTimeout, CacheWriter, TokenCache
 
 SEQ, BATCH, ERA = 16, 8, 32
 DOCS = [np.random.default_rng(i).integers(2, 5000, 40 + i % 23).astype(np.int32) for i in range(160)]
@@ -120,3 +121,31 @@ def test_orders_that_need_the_final_length_are_refused(tmp_path):
     assert final.length_is_final and final.num_examples == sum(d.size for d in DOCS[:10]) // SEQ
     assert not dataset.length_is_final  # the growing one is a value: unchanged
     assert final.wait_for(10**6) is None
+
+
+def test_a_wait_for_rows_a_stalled_writer_never_commits_is_bounded(tmp_path, monkeypatch):
+    """The writer commits 10 documents and stalls: ``wait_for`` raises ``CacheWaitTimeout`` after
+    ``MESHBATCH_CACHE_WAIT_S`` seconds, naming the cache, the wait and the rows it had (it waited
+    forever)."""
+    path = str(tmp_path / "stalled")
+    writer = CacheWriter(path)
+    writer.write(DOCS[:10])
+    writer.flush()
+    dataset = CausalLMDataset(TokenCache.open(path, require_finished=False), SEQ, shuffle=ShuffleSpec("none"))
+    monkeypatch.setenv("MESHBATCH_CACHE_WAIT_S", "0.5")
+    raised: list[BaseException] = []
+
+    def wait():
+        try:
+            dataset.wait_for(dataset.num_examples + 1)
+        except BaseException as error:
+            raised.append(error)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive(), "wait_for still waits for rows the stalled writer never commits"
+    assert len(raised) == 1 and isinstance(raised[0], CacheWaitTimeout), raised
+    message = str(raised[0])
+    assert f"cache {path} has 10 rows" in message and "MESHBATCH_CACHE_WAIT_S=0.5" in message, message
+    assert re.search(r"after waiting 0\.[5-9] s", message), message

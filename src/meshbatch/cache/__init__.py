@@ -25,4 +25,7 @@ from .tokenizers import HFTokenizer as HFTokenizer
 from .tokenizers import Tokenizer as Tokenizer
 from .validation import ValidationReport as ValidationReport
 from .validation import validate_cache as validate_cache
+from .waiting import CacheWaitTimeout as CacheWaitTimeout
+from .waiting import poll_until as poll_until
+from .waiting import wait_seconds as wait_seconds
 from .writer import CacheWriter as CacheWriter

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -33,7 +32,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import check_int, check_token_id
-from meshbatch.cache import DEFAULT_CHUNK_SIZE
+from meshbatch.cache import DEFAULT_CHUNK_SIZE, poll_until
 from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
@@ -162,13 +161,19 @@ class CausalLMDataset(Dataset):
     def wait_for(self, examples: int) -> CausalLMDataset | None:
         """Blocks until windows ``[0, examples)`` (whole eras of them) are committed, or the cache
         is finished: then returns the final dataset (a new value, ``num_examples`` the real
-        length); ``None`` while the cache grows, and always once the length is final."""
+        length); ``None`` while the cache grows, and always once the length is final.
+
+        Raises:
+            CacheWaitTimeout: the writer committed too little for ``MESHBATCH_CACHE_WAIT_S``
+                seconds (``meshbatch.cache.poll_until``: a stalled writer), naming the cache and
+                the rows it had.
+        """
         if self.length_is_final:
             return None
         era = self.shuffle_spec.era_length if self.shuffle_spec.strategy == "era" else 1
         needed = -(-examples // era) * era * self.seq_len
-        delay, waited, start = 0.01, 0.0, time.monotonic()
-        while True:
+
+        def ready() -> tuple[CausalLMDataset | None] | None:
             self.source.refresh()
             if self.source.is_finished:
                 final = CausalLMDataset(
@@ -176,15 +181,16 @@ class CausalLMDataset(Dataset):
                     ignore_id=self.ignore_id,
                 )  # fmt: skip
                 logger.info("%r finished: %d examples per epoch", self.source, final.num_examples)
-                return final
-            if self.source.num_tokens >= needed:
-                return None
-            if time.monotonic() - start - waited > 60:
-                waited = time.monotonic() - start
-                logger.info("waiting for %r to commit %d tokens (%d so far)", self.source, needed,
-                            self.source.num_tokens)  # fmt: skip
-            time.sleep(delay)
-            delay = min(2 * delay, 1.0)
+                return (final,)
+            return (None,) if self.source.num_tokens >= needed else None
+
+        def status() -> str:
+            rows = getattr(self.source, "num_rows", "?")
+            return (f"has {rows} rows ({self.source.num_tokens} tokens) committed, fewer than the "
+                    f"{needed} tokens {examples} examples need")  # fmt: skip
+
+        path = getattr(self.source, "path", None) or repr(self.source)
+        return poll_until(ready, path=path, status=status, why="its writer commits them")[0]
 
     def device(self, key: PRNGKeyArray) -> CausalDevice:
         """The shuffle for ``key`` (``None`` for cache order) and the window build."""

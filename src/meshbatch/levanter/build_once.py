@@ -33,25 +33,23 @@ import fcntl
 import logging
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 
 from meshbatch.cache.checksums import SIDECAR_FILE_NAME
 from meshbatch.cache.ledger import LEDGER_FILE_NAME, Ledger, try_read_ledger
+from meshbatch.cache.waiting import DEFAULT_WAIT_S as DEFAULT_WAIT_S
+from meshbatch.cache.waiting import LOG_EVERY_S as LOG_EVERY_S
+from meshbatch.cache.waiting import WAIT_ENV as WAIT_ENV
+from meshbatch.cache.waiting import CacheWaitTimeout as CacheWaitTimeout
+from meshbatch.cache.waiting import poll_until
+from meshbatch.cache.waiting import wait_seconds as wait_seconds
 
 logger = logging.getLogger(__name__)
-WAIT_ENV = "MESHBATCH_CACHE_WAIT_S"
-DEFAULT_WAIT_S = 86_400.0
-LOG_EVERY_S = 60.0
-
-
-class CacheWaitTimeout(TimeoutError):
-    """A process waited ``MESHBATCH_CACHE_WAIT_S`` seconds for another to finish a cache."""
 
 
 class CacheBuildFailed(RuntimeError):
-    """Process 0's build of a cache this process waits for failed (its error, as process 0 reported it)."""
+    """The build of a cache this process waits for failed (its error, as its builder reported it)."""
 
 
 def _client():
@@ -102,20 +100,6 @@ def reported_failure(path: str) -> str | None:
         return None
 
 
-def wait_seconds() -> float:
-    """The bound on a wait for another process's build (``MESHBATCH_CACHE_WAIT_S``)."""
-    raw = os.environ.get(WAIT_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{WAIT_ENV} must be a finite number of seconds > 0 (got {WAIT_ENV}={raw!r})")
-    return value
-
-
 def builds_here() -> bool:
     """Whether this process builds missing caches (process 0 of a ``jax.distributed`` run, or a
     lone process)."""
@@ -129,38 +113,34 @@ def is_local(path: str) -> bool:
 
 
 def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "process 0 builds it") -> Ledger:
-    """Polls ``path``'s ledger until it is finished; returns it.
+    """Polls ``path``'s ledger until it is finished (``poll_until``: backoff, a log line a
+    minute); returns it.
 
     Raises:
         CacheWaitTimeout: not finished after ``timeout`` seconds (default ``wait_seconds()``).
+        CacheBuildFailed: process 0 reported that its build failed.
     """
-    timeout = wait_seconds() if timeout is None else timeout
-    start = time.monotonic()
-    logged, delay = start, 0.05
-    while True:
-        ledger = try_read_ledger(path)
-        if ledger is not None and ledger.is_finished:
-            return ledger
-        failure = reported_failure(path)
-        if failure is not None:
-            raise CacheBuildFailed(
-                f"process 0 failed to build cache {path} this process waits for: {failure}"
-            )
-        now = time.monotonic()
-        if now - start >= timeout:
-            rows = "no ledger" if ledger is None else f"{ledger.total_num_rows} rows committed, unfinished"
-            raise CacheWaitTimeout(
-                f"cache {path} is not finished after waiting {now - start:.0f} s ({rows}; {why}); "
-                f"the bound is {WAIT_ENV}={timeout:g}. With several processes, cache_dir must be "
-                "storage every process sees, and process 0 must not have failed (see its log)"
-            )
-        if now - logged >= LOG_EVERY_S:
-            logged = now
-            logger.info(
-                "meshbatch: waiting for cache %s (%s): %.0f s of %g s", path, why, now - start, timeout
-            )
-        time.sleep(min(delay, max(0.0, timeout - (now - start))))
-        delay = min(2 * delay, 1.0)
+    seen: list[Ledger | None] = [None]
+
+    def done() -> Ledger | None:
+        seen[0] = try_read_ledger(path)
+        return seen[0] if seen[0] is not None and seen[0].is_finished else None
+
+    def status() -> str:
+        rows = "no ledger" if seen[0] is None else f"{seen[0].total_num_rows} rows committed, unfinished"
+        return f"is not finished ({rows})"
+
+    def failure() -> CacheBuildFailed | None:
+        reported = reported_failure(path)
+        if reported is None:
+            return None
+        return CacheBuildFailed(f"process 0 failed to build cache {path} this process waits for: {reported}")
+
+    hint = (
+        ". With several processes, cache_dir must be storage every process sees, and process 0 "
+        "must not have failed (see its log)"
+    )
+    return poll_until(done, path=path, status=status, why=why, failure=failure, timeout=timeout, hint=hint)
 
 
 def lock_path(path: str) -> str:

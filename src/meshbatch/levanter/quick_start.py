@@ -8,18 +8,20 @@ the code ``cache_builder: in_process`` runs), with Levanter's ledger metadata (t
 a finished quick-start cache holds exactly what ``in_process`` writes (every field, the same
 tokens) and a later run, with or without quick start, reuses it. An unfinished ledger is committed
 every ``QUICK_START_FLUSH_TOKENS`` tokens (the first after the first batch); a killed build starts
-over (its ledger removed before the builder starts; the wait takes only this build's ``cache_id``).
-The builder stops between batches, unfinished, on ``GrowingCache.close`` or as the process ends.
+over (its ledger removed before the builder starts). The builder stops between batches,
+unfinished, on ``GrowingCache.close`` or as the process ends (its main thread has ended).
 ``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
 
-Who builds: process 0 of a ``jax.distributed`` run (the others wait for its first commit, bounded by
-``MESHBATCH_CACHE_WAIT_S``, read the cache as it grows and raise process 0's reported failure),
-and on a local path only the run holding the path's lock (``build_once.quick_start_lock``; a
-second run reads the first one's build).
+Who builds: process 0 of a ``jax.distributed`` run, and on a local path only the run holding the
+path's lock (``build_once.quick_start_lock``). The others read its build as it grows: the build
+announces its ``cache_id`` (``build_news``) and every reader, this process's included, waits
+(``poll_until``: backoff to 1 s, bounded by ``MESHBATCH_CACHE_WAIT_S``) for a ledger of that
+build, or a finished one, before it opens any row, so a killed build's leftover is never read.
 
-Failures: a build failing before its first commit raises from ``growing_cache``; one failing later
-is kept and raised from the returned ``GrowingCache``'s next ``refresh`` (what the pipeline's wait
-for more rows calls), so training stops with ``QuickStartBuildError`` naming the cause::
+Failures: a build failing (or stopped) before its first commit raises from ``growing_cache``; one
+failing later is kept, reported to the other processes and runs (``build_news.release``), and
+raised from every reader's next ``refresh`` (what the pipeline's wait for more rows calls), so
+training stops with ``QuickStartBuildError`` (a ``CacheBuildFailed``) naming the cause::
 
     cache = growing_cache(config, "cache/owt")     # after the first batch is committed
     cache.refresh()                                # 2 Mi tokens committed ... then bad.jsonl:
@@ -32,36 +34,27 @@ import logging
 import os
 import posixpath
 import threading
-import time
 import uuid
 
 from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import preprocessor_for_format
 from levanter.store.tree_store import TreeStore
 
-from meshbatch.cache import TokenCache
+from meshbatch.cache import TokenCache, poll_until
 from meshbatch.cache.checksums import sidecar_path
 from meshbatch.cache.files import remove_file
 from meshbatch.cache.ledger import Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
 
-from .build_once import (
-    builds_here,
-    clear_failure,
-    is_local,
-    quick_start_lock,
-    quick_start_running,
-    report_failure,
-    reported_failure,
-    wait_seconds,
-)
+from .build_news import LocalNews, OwnNews, RemoteNews, announce, describe, release, take_lock
+from .build_once import CacheBuildFailed, builds_here, clear_failure, is_local, quick_start_lock
+from .build_once import quick_start_running as quick_start_running
 from .caches import check_metadata, source_format, write_rows
 
 logger = logging.getLogger(__name__)
 QUICK_START_FLUSH_TOKENS = 1 << 20  # a quick-start build commits every 1Mi tokens
-PROBE_EVERY_S = 5.0  # how often a reader of another run's build checks that run still builds
 
 
-class QuickStartBuildError(RuntimeError):
+class QuickStartBuildError(CacheBuildFailed):
     """The background build of a quick-start cache failed (or its builder stopped)."""
 
 
@@ -81,15 +74,9 @@ class GrowingCache(TokenCache):
         if error is not None and not self.is_finished:
             raise QuickStartBuildError(
                 f"quick start: building the train cache {self.path} failed after {self.num_rows} "
-                f"committed documents: {_describe(error)}"
+                f"committed documents: {describe(error)}"
             ) from (error if isinstance(error, BaseException) else None)
         return super().refresh()
-
-
-def _describe(error: BaseException | str) -> str:
-    if isinstance(error, str):
-        return error
-    return "; ".join([f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())])
 
 
 def growing_cache(config, cache_dir: str | None) -> TokenCache:
@@ -124,10 +111,15 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     if "input_ids" not in processor.output_exemplar:
         raise ValueError(f"quick_start=true needs a text format (got format={config.format!r})")
     if not builds_here():
-        return _reader(path, lambda: reported_failure(path), why="process 0 builds it")
-    lock = quick_start_lock(path) if is_local(path) else None
+        return _reader(path, RemoteNews(path), why="process 0 builds it")
+    cache_id = uuid.uuid4().hex
+    lock = take_lock(path, cache_id, quick_start_lock) if is_local(path) else None
     if is_local(path) and lock is None:
-        return _reader(path, _probe(path), why="another run's quick start builds it")
+        news = LocalNews(path)
+        cache = _reader(path, news, why="another run's quick start builds it")
+        news.accepted = cache.ledger.cache_id
+        announce(path, cache.ledger.cache_id)  # the other processes of this run read that build too
+        return cache
     try:
         cache = finished()  # another run may have published it before we got the lock
     except BaseException:
@@ -139,25 +131,31 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
             lock.close()
         return cache
     failed: list[BaseException] = []
-    clear_failure(path)
-    # A killed build's leftover goes before the thread starts, and the wait accepts only this
-    # build's ledger (its cache_id): a reader never opens arrays the builder is recreating.
-    _remove_leftover(path, processor.output_exemplar)
-    cache_id, stop = uuid.uuid4().hex, threading.Event()
+    try:
+        clear_failure(path)
+        _remove_leftover(path, processor.output_exemplar)  # a killed build's; no reader opens it
+        announce(path, cache_id)
+    except BaseException as error:  # the readers hear of it, and the lock goes
+        release(path, lock, cache_id, error)
+        raise
+    stop = threading.Event()
 
     def build() -> None:
+        error = None
         try:
             _grow(path, shards, processor, config.cache_options.batch_size, cache_id, stop)
         except _Stopped:
-            failed.append(QuickStartBuildError("the build was stopped (the process is ending)"))
+            error = QuickStartBuildError(
+                "the build was stopped (its cache was closed, or the process is ending)"
+            )
             logger.info("meshbatch: quick start: build of %s stopped unfinished", path)
-        except BaseException as error:  # raised from the reader's refresh
-            failed.append(error)
+        except BaseException as raised:  # raised from every reader's refresh
+            error = raised
             logger.exception("quick start: building the train cache %s failed", path)
-            report_failure(path, error)  # the other processes reading it raise it too
         finally:
-            if lock is not None:
-                lock.close()
+            if error is not None:
+                failed.append(error)
+            release(path, lock, cache_id, error)
 
     # Not a daemon (a daemon thread killed inside TensorStore at exit aborts the process); a
     # process that ends (or a consumer that ``close``s) stops it between batches, unfinished.
@@ -169,15 +167,9 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
             thread.join(timeout=STOP_WAIT_S)
 
     thread.start()
-    _at_exit(halt)
     logger.info("meshbatch: quick start: cache %s being built in the background", path)
     try:
-        cache = _reader(
-            path,
-            lambda: failed[0] if failed else None,
-            why="the background build writes it",
-            accept=lambda ledger: ledger.cache_id == cache_id,
-        )
+        cache = _reader(path, OwnNews(cache_id, failed), why="the background build writes it")
     except BaseException:
         halt()
         raise
@@ -192,76 +184,55 @@ class _Stopped(Exception):
 STOP_WAIT_S = 60.0  # how long stopping waits for the batch being written
 
 
-def _at_exit(hook) -> None:
-    """Runs ``hook`` as the interpreter ends, before it joins non-daemon threads (as
-    ``concurrent.futures`` does); a plain ``atexit`` hook would run only after the build ended."""
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - Python < 3.9
-        import atexit
-
-        atexit.register(hook)
-    else:
-        register(hook)
-
-
 def _remove_leftover(path: str, exemplar) -> None:
     remove_ledger(path)
     for field in exemplar:  # a checksum sidecar of an older meshbatch build no longer applies
         remove_file(sidecar_path(posixpath.join(path, field)))
 
 
-def _reader(path: str, failure, *, why: str, accept=None) -> GrowingCache:
-    """Waits (bounded by ``MESHBATCH_CACHE_WAIT_S``, logging) for ``path``'s first commit (a ledger
-    ``accept`` takes, when given); opens it."""
-    timeout, start, logged = wait_seconds(), time.monotonic(), time.monotonic()
+def _reader(path: str, news, *, why: str) -> GrowingCache:
+    """Waits (``poll_until``) for a ledger of the build ``news`` names (its ``cache_id``), or a
+    finished one, and opens it: never a killed build's leftover, whose arrays its builder is
+    recreating. Raises the build's failure (``news.failure``) as ``QuickStartBuildError``."""
+    seen: list[Ledger | None] = [None]
 
-    def committed() -> bool:
-        ledger = try_read_ledger(path)
-        return ledger is not None and (accept is None or accept(ledger))
+    def ours(ledger: Ledger | None) -> bool:
+        return ledger is not None and (ledger.is_finished or ledger.cache_id == news.cache_id())
 
-    while not committed():
-        error = None if failure is None else failure()
-        if error is not None:  # failed before its first commit
-            raise QuickStartBuildError(
-                f"quick start: building the train cache {path} failed: {_describe(error)}"
-            ) from (error if isinstance(error, BaseException) else None)
-        now = time.monotonic()
-        if now - start > timeout:
-            raise TimeoutError(
-                f"quick start: no commit of {path} after {now - start:.0f} s ({why}); the bound is "
-                f"MESHBATCH_CACHE_WAIT_S={timeout:g}"
-            )
-        if now - logged > 60:
-            logged = now
-            logger.info("meshbatch: quick start: waiting for the first commit of %s (%s)", path, why)
-        time.sleep(0.02)
-    cache = GrowingCache.open(path, require_finished=False)
-    cache.failure = failure
+    def opened() -> GrowingCache | None:
+        seen[0] = try_read_ledger(path)
+        if not ours(seen[0]):
+            return None
+        cache = GrowingCache.open(path, require_finished=False)
+        return cache if ours(cache.ledger) else None
+
+    def status() -> str:
+        if seen[0] is None:
+            return "has no commit (no ledger)"
+        return (
+            f"has no commit of this build (a ledger of build {seen[0].cache_id}: a killed build's leftover)"
+        )
+
+    def failure() -> QuickStartBuildError | None:
+        error = news.failure()
+        if error is None:
+            return None
+        failed = QuickStartBuildError(
+            f"quick start: building the train cache {path} failed: {describe(error)}"
+        )
+        failed.__cause__ = error if isinstance(error, BaseException) else None
+        return failed
+
+    cache = poll_until(opened, path=path, status=status, why=why, failure=failure)
+    cache.failure = news.failure
     return cache
-
-
-def _probe(path: str):
-    """A ``failure`` for a reader of another run's build: that run released the lock unfinished."""
-    last = [time.monotonic()]
-
-    def failure() -> str | None:
-        if time.monotonic() - last[0] < PROBE_EVERY_S:
-            return None
-        last[0] = time.monotonic()
-        if quick_start_running(path):
-            return None
-        ledger = try_read_ledger(path)
-        if ledger is not None and ledger.is_finished:
-            return None
-        return "the run building it stopped before finishing (see its log); a new run builds it again"
-
-    return failure
 
 
 def _grow(path: str, shards, processor, batch_size: int, cache_id: str, stop: threading.Event) -> None:
     """``in_process``'s build (``caches.write_rows``: same store, same rows), with an unfinished
     ledger (``cache_id``) committed every ``QUICK_START_FLUSH_TOKENS`` tokens and a finished one at
-    the end; raises ``_Stopped`` between batches once ``stop`` is set. A killed build starts over:
+    the end; raises ``_Stopped`` between batches once ``stop`` is set or the main thread has
+    ended (the process is exiting). A killed build starts over:
     ``growing_cache`` removed its ledger, here its arrays are recreated."""
     exemplar = processor.output_exemplar
     store = TreeStore.open(exemplar, path, mode="w", cache_metadata=True)
@@ -275,7 +246,8 @@ def _grow(path: str, shards, processor, batch_size: int, cache_id: str, stop: th
         committed[0] = tokens
 
     def after_batch(rows: int, tokens: int) -> None:
-        if stop.is_set():
+        # The interpreter ends the main thread before it joins this one: a public sign of exit.
+        if stop.is_set() or not threading.main_thread().is_alive():
             raise _Stopped(f"stopped after {rows} documents")
         if tokens - committed[0] >= QUICK_START_FLUSH_TOKENS:
             commit(rows, tokens)
