@@ -29,14 +29,8 @@ import os
 
 from meshbatch.cache.ledger import try_read_ledger
 
-from .build_once import (
-    _client,
-    lock_path,
-    quick_start_lock,
-    quick_start_running,
-    report_failure,
-    reported_failure,
-)
+from .build_once import lock_path, quick_start_lock, quick_start_running
+from .build_status import kv_client, report_failure, reported_failure
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +77,7 @@ def take_lock(path: str, cache_id: str, acquire=quick_start_lock):
 
 def announce(path: str, cache_id: str) -> None:
     """Process 0: tells the other processes of a ``jax.distributed`` run the build they read."""
-    client = _client()
+    client = kv_client()
     if client is not None:
         client.key_value_set(_key(path), cache_id, allow_overwrite=True)
 
@@ -132,7 +126,7 @@ class RemoteNews:
 
     def cache_id(self) -> str | None:
         try:
-            return _client().key_value_try_get(_key(self.path))
+            return kv_client().key_value_try_get(_key(self.path))
         except Exception:  # NOT_FOUND: not announced yet
             return None
 

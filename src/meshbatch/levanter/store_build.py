@@ -33,8 +33,9 @@ from meshbatch.cache.checksums import SIDECAR_FILE_NAME
 from meshbatch.cache.ledger import LEDGER_FILE_NAME, try_read_ledger
 from meshbatch.cache.store_lock import StoreLock
 from meshbatch.cache.stores import kvstore_spec
+from meshbatch.cache.waiting import CacheWaitTimeout, wait_seconds
 
-from .build_once import CacheWaitTimeout, wait_for_finished, wait_seconds
+from .build_status import wait_for_finished
 
 logger = logging.getLogger(__name__)
 LOCK_ENV = "MESHBATCH_BUILD_LOCK"
