@@ -3,20 +3,24 @@
 Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real-token counts
 (1 .. 4096). The least-consumed rule picks ``rows`` rows:
 
-* meshbatch: ``meshbatch.kernels.select_merge`` (the pipeline's above 28 sources: the picks as a
-  parallel k-way merge, prefix sums, a threshold bisection and two single-array sorts) and
-  ``select_scan`` (the pipeline's up to 28 sources: the rule literally, one jitted
-  ``lax.scan`` step per row), both with 64-bit counts as two uint32 words, called on the
+* meshbatch: ``meshbatch.kernels.select_tournament`` (the pipeline's kernel: a winner tree over
+  the sources, one leaf-to-root climb per row, all in one compiled loop), ``select_merge`` (the
+  picks as a parallel k-way merge: prefix sums, a threshold bisection and two single-array
+  sorts) and ``select_scan`` (the rule literally, one jitted ``lax.scan`` step per row, an argmin
+  over every source), all with 64-bit counts as two uint32 words, called on the
   ``[sources, rows]`` token table, blocked until ready;
 * baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
 
-The heap and the merge run in this process, rotating for ``rounds`` rounds of ``repeats`` timed
-runs after a warm-up (harness ``rotating_times``), then the scan alone (in one rotation with the
-scan at 256 sources the heap ran 10x slower than alone); the table gives each one's median, its
-range (min .. max of the rounds' medians) and the heap / merge ratio. Both meshbatch selections
-are checked equal to a heap that uses their tie-break hash first.
+The heap, the tournament and the merge run in this process, rotating for ``rounds`` rounds of
+``repeats`` timed runs after a warm-up (harness ``rotating_times``: each runs back to back, its
+caches warm), then the scan alone (in one rotation with the scan at 256 sources the heap ran 10x
+slower than alone); the table gives each one's median, its range (min .. max of the rounds'
+medians) and the heap / tournament ratio. Then the heap and the tournament alternate call by call
+(``--pairs`` pairs: each starts with the caches the other left, as a kernel called once a step
+between other work would): the median of the pairs' ratios. Every meshbatch selection is checked
+equal to a heap that uses its tie-break hash first.
 
 Pipeline. ``--sources 3`` (the default): three token caches written by Levanter's
 ``SerialCacheWriter`` (Zipf token ids as in ``bench_pipeline.py``, 4 : 2 : 1 in size), mixed
@@ -39,6 +43,7 @@ words and an empty jitted call in one rotation at 64 and 256 sources: how much o
 target's budget (the heap's time over 10) a sort-based order spends before any other work.
 
     python benchmarks/bench_mixture.py [--quick] [--part selection|floor|pipeline|all] [--sources N]
+                                        [--pairs N]
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 from harness import banner, rotating_times, write_json
 
-from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
+from meshbatch.kernels import Counts, select_merge, select_scan, select_tournament, source_salts
 
 MAX_ROW = 4096
 
@@ -108,13 +113,16 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
         count += int(table[s, taken[s]])
         taken[s] += 1
         heapq.heappush(heap, (count, h(s, count), s))
-    for select in (select_merge, select_scan):
+    for select in (select_tournament, select_merge, select_scan):
         assert np.asarray(select(zero, jnp.asarray(table), salts).source).tolist() == picks
 
 
-def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dict[str, list[float]]:
-    """Wall times of the jitted merge, the jitted scan and the heap generator selecting ``rows``
-    rows (per round: the median of its ``repeats`` runs)."""
+def time_selection(
+    rows: int, sources: int, *, rounds: int, repeats: int, pairs: int
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Wall times of the jitted tournament, merge and scan and of the heap generator selecting
+    ``rows`` rows (per round: the median of its ``repeats`` runs), and the heap / tournament ratio
+    of each of ``pairs`` alternating calls."""
     rng = np.random.default_rng(0)
     table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
     salts = source_salts(jnp.uint32(0), sources)
@@ -124,53 +132,62 @@ def time_selection(rows: int, sources: int, *, rounds: int, repeats: int) -> dic
     lists = table.tolist()
     gc.collect()
 
-    def merge():
-        jax.block_until_ready(select_merge(zero, device_table, salts))
-
-    def scan():
-        jax.block_until_ready(select_scan(zero, device_table, salts))
+    def kernel(select):
+        return lambda: jax.block_until_ready(select(zero, device_table, salts))
 
     def heap():
         generator = heap_generator(lists, [0] * sources, seed=0)
         for _ in range(rows):
             next(generator)
 
-    # the scan runs on its own: after its op-by-op dispatch (over 28 sources) XLA's worker threads
-    # keep spinning for a while and would slow whatever ran next (the heap, in a rotation)
-    times = rotating_times({"heap": heap, "merge": merge}, rounds=rounds, repeats=repeats)
-    times |= rotating_times({"scan": scan}, rounds=rounds, repeats=repeats)
-    return {
+    tournament = kernel(select_tournament)
+    runs = {"heap": heap, "tournament": tournament, "merge": kernel(select_merge)}
+    times = rotating_times(runs, rounds=rounds, repeats=repeats)
+    # the scan runs on its own: after its op-by-op dispatch (over about 28 sources) XLA's worker
+    # threads keep spinning for a while and would slow whatever ran next (the heap, in a rotation)
+    times |= rotating_times({"scan": kernel(select_scan)}, rounds=rounds, repeats=repeats)
+    alternating = []
+    for _ in range(pairs):
+        start = time.perf_counter()
+        heap()
+        middle = time.perf_counter()
+        tournament()
+        alternating.append((middle - start) / (time.perf_counter() - middle))
+    medians = {
         name: [statistics.median(values[r * repeats : (r + 1) * repeats]) for r in range(rounds)]
         for name, values in times.items()
     }
+    return medians, alternating
 
 
-def bench_selection(configs, *, rounds: int, repeats: int) -> list[dict]:
+def bench_selection(configs, *, rounds: int, repeats: int, pairs: int) -> list[dict]:
     results = []
     for rows, sources in configs:
-        times = time_selection(rows, sources, rounds=rounds, repeats=repeats)
+        times, alternating = time_selection(rows, sources, rounds=rounds, repeats=repeats, pairs=pairs)
         median = {name: statistics.median(values) for name, values in times.items()}
 
         def cell(name, rows=rows, times=times, median=median):
             low, high = rows / max(times[name]), rows / min(times[name])
             return f"{rows / median[name] / 1e6:.2f} M/s ({low / 1e6:.2f} .. {high / 1e6:.2f})"
 
-        ratio = median["heap"] / median["merge"]
-        ratios = [h / m for h, m in zip(times["heap"], times["merge"], strict=True)]
+        ratio = median["heap"] / median["tournament"]
+        ratios = [h / t for h, t in zip(times["heap"], times["tournament"], strict=True)]
+        quartiles = np.percentile(alternating, [25, 50, 75])
         row = {
             "rows": rows,
             "sources": sources,
             "seconds": times,
-            "merge_rows_per_s": rows / median["merge"],
-            "scan_rows_per_s": rows / median["scan"],
-            "heap_rows_per_s": rows / median["heap"],
+            "alternating_ratios": alternating,
+            **{f"{name}_rows_per_s": rows / median[name] for name in median},
             "ratio": ratio,
             "ratio_range": [min(ratios), max(ratios)],
+            "alternating_ratio_quartiles": quartiles.tolist(),
         }
         print(
-            f"| {rows} | {sources} | {cell('heap')} | {cell('merge')} | {cell('scan')} | "
-            f"**{ratio:.1f}x** ({min(ratios):.1f} .. {max(ratios):.1f}) | "
-            f"{median['heap'] / median['scan']:.2f}x |"
+            f"| {rows} | {sources} | {cell('heap')} | {cell('tournament')} | {cell('merge')} | "
+            f"{cell('scan')} | **{ratio:.1f}x** ({min(ratios):.1f} .. {max(ratios):.1f}) | "
+            f"{quartiles[1]:.1f}x ({quartiles[0]:.1f} .. {quartiles[2]:.1f}) | "
+            f"{median['heap'] / median['merge']:.1f}x | {median['heap'] / median['scan']:.2f}x |"
         )
         results.append(row)
     return results
@@ -393,6 +410,7 @@ def main():
     parser.add_argument("--part", choices=("selection", "floor", "pipeline", "all"), default="all")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--pairs", type=int, default=100, help="selection: alternating heap/tournament calls")
     parser.add_argument("--sources", type=int, default=3, help="pipeline: 3 (4:2:1) or N equal sources")
     args = parser.parse_args()
     env = banner("bench_mixture")
@@ -402,10 +420,12 @@ def main():
         rounds, repeats = (2, 3) if args.quick else (7, 5)
         print("\n## selection: least-consumed rule, rows/s (median of rounds; range)\n")
         print(
-            "| rows | sources | heap generator (Python) | jitted merge | jitted scan | heap / merge "
-            "| heap / scan |\n|---:|---:|---:|---:|---:|---:|---:|"
+            "| rows | sources | heap generator (Python) | jitted tournament | jitted merge | jitted scan "
+            "| heap / tournament (rounds) | heap / tournament, alternating calls (quartiles) "
+            "| heap / merge | heap / scan |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
-        out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats)
+        pairs = 20 if args.quick else args.pairs
+        out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats, pairs=pairs)
     if args.part == "floor":
         configs = [(4096, 64), (4096, 256)]
         rounds, repeats = (2, 5) if args.quick else (7, 10)

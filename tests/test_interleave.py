@@ -1,4 +1,7 @@
-"""The least-consumed selection kernel: a hand-worked trace, a heap reference, balance, carry."""
+"""The least-consumed selection kernels: a hand-worked trace, a heap reference, balance, carry.
+
+Each test runs the scan (the rule literally) and the tournament (the pipeline's kernel); the
+merge is checked against both in ``test_interleave_merge.py``."""
 
 import chex
 import jax.numpy as jnp
@@ -6,8 +9,9 @@ import numpy as np
 import pytest
 from mixture_reference import least_consumed, salts, tie_hash
 
-from meshbatch.kernels import Counts, select_merge, select_scan, source_salts
-from meshbatch.kernels.mixtures import interleave
+from meshbatch.kernels import Counts, select_merge, select_scan, select_tournament, source_salts
+
+KERNELS = pytest.mark.parametrize("select", [select_scan, select_tournament], ids=["scan", "tournament"])
 
 U32 = jnp.uint32
 
@@ -24,7 +28,8 @@ def as_ints(counts: Counts) -> list[int]:
     ]
 
 
-def test_hand_worked_trace():
+@KERNELS
+def test_hand_worked_trace(select):
     """Must-show 2, literally (the trace in kernels/mixtures/interleave.py's docstring).
 
     Sources a, b, c; next rows a: 3 3 3 .., b: 5 5 .., c: 2 4 4 ..; seed 4, whose tie-break
@@ -46,7 +51,7 @@ def test_hand_worked_trace():
     at6 = [tie_hash(s, 6) for s in salt]
     assert at0[1] < at0[0] < at0[2] and at6[0] < at6[2]
     tokens = jnp.asarray([[3] * 8, [5] * 8, [2] + [4] * 7], jnp.int32)
-    out = select_scan(counts_of([0, 0, 0]), tokens, source_salts(U32(4), 3))
+    out = select(counts_of([0, 0, 0]), tokens, source_salts(U32(4), 3))
     assert np.asarray(out.source).tolist() == [1, 0, 2, 2, 0, 1, 0, 2]
     assert np.asarray(out.nth).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
     assert np.asarray(out.tokens).tolist() == [5, 3, 2, 4, 3, 5, 3, 4]
@@ -54,10 +59,11 @@ def test_hand_worked_trace():
     assert as_ints(out.counts) == [9, 10, 10]
 
 
-def test_ties_are_not_first_wins():
+@KERNELS
+def test_ties_are_not_first_wins(select):
     """Equal sources at equal counts: every source leads some round (not always source 0)."""
     tokens = jnp.ones((4, 64), jnp.int32)
-    out = select_scan(counts_of([0] * 4), tokens, source_salts(U32(1), 4))
+    out = select(counts_of([0] * 4), tokens, source_salts(U32(1), 4))
     firsts = np.asarray(out.source).reshape(16, 4)[:, 0]  # who wins each tied round
     assert set(firsts.tolist()) == {0, 1, 2, 3}
     assert (np.sort(np.asarray(out.source).reshape(16, 4), axis=1) == np.arange(4)).all()
@@ -73,13 +79,14 @@ def fmix32_inverse(h: int) -> int:
     return h ^ (h >> 16)
 
 
-def test_a_tied_source_whose_hash_is_all_ones_still_wins():
+@KERNELS
+def test_a_tied_source_whose_hash_is_all_ones_still_wins(select):
     """Source 1 is alone at the least count and its tie hash is 0xFFFFFFFF (the salt is chosen by
     inverting fmix32): it is taken, not source 0, which is above it and was masked to that value."""
     salt = np.array([12345, fmix32_inverse(0xFFFFFFFF)], np.uint32)  # tie_hash(s, 0) = fmix32(s)
     assert tie_hash(int(salt[1]), 0) == 0xFFFFFFFF
     tokens = jnp.full((2, 4), 10, jnp.int32)
-    out = select_scan(counts_of([5, 0]), tokens, jnp.asarray(salt))
+    out = select(counts_of([5, 0]), tokens, jnp.asarray(salt))
     assert np.asarray(out.source).tolist() == [1, 0, 1, 0]  # counts (5,0) -> (5,10) -> (15,10) -> ...
     assert as_ints(out.counts) == [25, 20]
     picks, final = least_consumed([5, 0], np.asarray(tokens), [int(s) for s in salt])
@@ -88,8 +95,9 @@ def test_a_tied_source_whose_hash_is_all_ones_still_wins():
     assert np.asarray(merged.source).tolist() == [1, 0, 1, 0]
 
 
+@KERNELS
 @pytest.mark.parametrize("seed", range(8))
-def test_equals_heap_reference(seed):
+def test_equals_heap_reference(select, seed):
     rng = np.random.default_rng(seed)
     sources, n = (1, 3, 8)[seed % 3], 96  # three shapes: three compiles
     tokens = rng.integers(0, 6, (sources, n)) + rng.integers(0, 2, (sources, 1)) * 7  # zeros included
@@ -98,29 +106,31 @@ def test_equals_heap_reference(seed):
     if seed % 2:
         counts[0] += 2**40  # far above the rest: parked for the whole batch
     salt = source_salts(U32(seed), sources)
-    out = select_scan(counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
+    out = select(counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
     rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)) == rows
     assert as_ints(out.counts) == final
 
 
-def test_carried_batches_equal_one_batch():
+@KERNELS
+def test_carried_batches_equal_one_batch(select):
     """Two batches with the state carried between them select exactly what one batch would."""
     rng = np.random.default_rng(3)
     tokens = rng.integers(1, 50, (5, 256))
     salt = source_salts(U32(4), 5)
-    whole = select_scan(counts_of([0] * 5), jnp.asarray(tokens, jnp.int32), salt)
-    first = select_scan(counts_of([0] * 5), jnp.asarray(tokens[:, :128], jnp.int32), salt)
+    whole = select(counts_of([0] * 5), jnp.asarray(tokens, jnp.int32), salt)
+    first = select(counts_of([0] * 5), jnp.asarray(tokens[:, :128], jnp.int32), salt)
     taken = np.asarray(first.taken)
     rest = np.stack([tokens[s, taken[s] : taken[s] + 128] for s in range(5)])
-    second = select_scan(first.counts, jnp.asarray(rest, jnp.int32), salt)
+    second = select(first.counts, jnp.asarray(rest, jnp.int32), salt)
     sources = np.concatenate([np.asarray(first.source), np.asarray(second.source)])
     nth = np.concatenate([np.asarray(first.nth), np.asarray(second.nth) + taken[np.asarray(second.source)]])
     assert (sources == np.asarray(whole.source)[:256]).all() and (nth == np.asarray(whole.nth)).all()
     assert as_ints(second.counts) == as_ints(whole.counts)
 
 
-def test_balance_over_1e5_rows():
+@KERNELS
+def test_balance_over_1e5_rows(select):
     """Must-show 2: over 10^5 rows (25 carried batches of 4096) the consumed-token counts of all
     sources stay within one maximum row length of each other, after every row."""
     rng = np.random.default_rng(0)
@@ -132,7 +142,7 @@ def test_balance_over_1e5_rows():
     totals = np.zeros(sources, np.int64)
     for _ in range(25):
         tokens = rng.integers(low[:, None], max_row + 1, (sources, n))
-        out = select_scan(counts, jnp.asarray(tokens, jnp.int32), salt)
+        out = select(counts, jnp.asarray(tokens, jnp.int32), salt)
         running = totals[None, :] + np.cumsum(
             np.eye(sources, dtype=np.int64)[np.asarray(out.source)] * np.asarray(out.tokens)[:, None], axis=0
         )
@@ -144,10 +154,11 @@ def test_balance_over_1e5_rows():
     chex.assert_type(out.source, jnp.int32)
 
 
-def test_never_recompiles():
+@KERNELS
+def test_never_recompiles(select):
     tokens = jnp.ones((3, 32), jnp.int32)
-    select_scan(counts_of([0, 0, 0]), tokens, source_salts(U32(0), 3))
-    before = interleave.select_scan._cache_size()
+    select(counts_of([0, 0, 0]), tokens, source_salts(U32(0), 3))
+    before = select._cache_size()
     for seed in range(3):
-        select_scan(counts_of([seed, 2**33, 7]), tokens * (seed + 1), source_salts(U32(seed), 3))
-    assert interleave.select_scan._cache_size() == before
+        select(counts_of([seed, 2**33, 7]), tokens * (seed + 1), source_salts(U32(seed), 3))
+    assert select._cache_size() == before

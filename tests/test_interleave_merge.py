@@ -1,4 +1,5 @@
-"""The merge form of the least-consumed selection: equal to the scan (and the heap), bit for bit."""
+"""The merge form of the least-consumed selection: equal to the scan, the tournament and the heap,
+bit for bit."""
 
 import jax
 import jax.numpy as jnp
@@ -7,9 +8,15 @@ import pytest
 from compiles import count_compiles
 from mixture_reference import least_consumed
 
-from meshbatch.kernels import Counts, select_least_consumed, select_merge, select_scan, source_salts
-from meshbatch.kernels.mixtures import interleave
-from meshbatch.kernels.mixtures.interleave_merge import SCAN_SOURCES, windows
+from meshbatch.kernels import (
+    Counts,
+    select_least_consumed,
+    select_merge,
+    select_scan,
+    select_tournament,
+    source_salts,
+)
+from meshbatch.kernels.mixtures.interleave_merge import windows
 
 U32 = jnp.uint32
 
@@ -57,6 +64,7 @@ def test_equals_scan_and_heap(case):
     args = (counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
     merged = select_merge(*args)
     assert_same(merged, select_scan(*args))
+    assert_same(merged, select_tournament(*args))
     rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(merged.source).tolist(), np.asarray(merged.nth).tolist(), strict=True)) == rows
     hi, lo = np.asarray(merged.counts.hi), np.asarray(merged.counts.lo)
@@ -101,12 +109,12 @@ def test_never_recompiles():
     assert compiles == []
 
 
-def test_least_consumed_takes_the_scan_up_to_28_sources():
-    """The pipeline's kernel: the scan while it compiles to one loop, the merge above; equal."""
-    for sources in (SCAN_SOURCES, SCAN_SOURCES + 1):
-        tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (sources, 40)), jnp.int32)
+def test_least_consumed_is_the_tournament():
+    """The pipeline's kernel is the tournament at every number of sources (one compile a shape)."""
+    for sources in (3, 29, 64):
+        tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (sources, 41)), jnp.int32)
         args = (counts_of([0] * sources), tokens, source_salts(U32(2), sources))
-        scans = interleave.select_scan._cache_size()
+        compiled = select_tournament._cache_size()
         out = select_least_consumed(*args)
-        assert interleave.select_scan._cache_size() == scans + (sources <= SCAN_SOURCES)
-        assert_same(out, select_scan(*args))
+        assert select_tournament._cache_size() == compiled + 1
+        assert_same(out, select_merge(*args))

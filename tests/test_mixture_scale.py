@@ -1,8 +1,8 @@
 """Mixtures at scale: hundreds of sources, and counts that never wrap.
 
 Many sources: the stable mixture at 256 sources equals the Python reference, and at 64 sources
-Levanter's own ``MixtureDataset`` (``compat="levanter"``); the interleave at 256 sources is
-tested in ``test_interleave_merge.py``.
+Levanter's own ``MixtureDataset`` (``compat="levanter"``); the interleave at hundreds of
+sources is tested in ``test_interleave_tree.py``.
 
 Counts never wrap: a component past 2^31 (and 2^32) rows, stable and token-balanced, against a
 numpy int64 reference, reached by arithmetic (a huge row, a huge state), never by iterating.
@@ -13,6 +13,7 @@ in one word (stable: 64-bit long division in uint32; token-balanced: two-word co
 ``(position, epoch)`` rows).
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +25,8 @@ from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalanc
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
-from meshbatch.kernels.mixtures import interleave_merge
+from meshbatch.datasets.mixtures import token_balanced
+from meshbatch.kernels import select_merge, select_scan, select_tournament
 from meshbatch.pipeline.programs import plan_program
 
 INT32_MAX = 2**31 - 1
@@ -210,14 +212,24 @@ def test_balanced_child_epoch_never_wraps(tmp_path, epochs_before):
         jax.block_until_ready(step(room + 1))
 
 
-def test_balanced_component_past_2_31_rows(children, monkeypatch):
+@pytest.mark.parametrize(
+    "select", [select_tournament, select_merge, select_scan], ids=["tournament", "merge", "scan"]
+)
+def test_balanced_component_past_2_31_rows(children, monkeypatch, select):
     """A state where ``a`` has given 2^31 - 20 rows and ``b`` 2^32 - 10 (tokens just below 2^33):
     three steps of 32 rows carry both past 2^31 and 2^32 rows; every pick,
     every child row ``(position, epoch)`` and the final offsets equal an int64 reference (the
     heap rule over the children's real tokens of rows ``divmod(row_offset + j, length)``)."""
-    # three sources would pick with the scan; the merge is the kernel under test here (the
-    # pipeline tests run the scan)
-    monkeypatch.setattr(interleave_merge, "SCAN_SOURCES", 0)
+    # each kernel in the mixture's plan: the pipeline's (the tournament) and the two equal ones;
+    # a plan program of this test's own, so no other test's trace of the plan is reused
+    traced = []
+
+    def spy(*args):
+        traced.append(1)
+        return select(*args)
+
+    monkeypatch.setattr(token_balanced, "select_least_consumed", spy)
+    plan_mixture = eqx.filter_jit(lambda device, rows, state: device.plan(rows, state))
     dataset = TokenBalancedMixture(children)
     rows = {"a": 2**31 - 20, "b": 2**32 - 10, "c": 5}
     tokens = {"a": 2**33 - 100, "b": 2**33 - 60, "c": 2**33 - 80}
@@ -227,8 +239,9 @@ def test_balanced_component_past_2_31_rows(children, monkeypatch):
     batch_rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     picked = []
     for _ in range(3):
-        made, state = plan_program(device, batch_rows, state)
+        made, state = plan_mixture(device, batch_rows, state)
         picked.append((np.asarray(made.source), np.asarray(made.example)))
+    assert traced, "the plan did not call the kernel under test"
 
     lengths = np.asarray([child.num_examples for child in dataset.children], np.int64)
     offsets = np.asarray([rows[n] for n in dataset.names], np.int64)

@@ -24,9 +24,10 @@ One ``lax.scan`` over the rows applies the rule literally. Inside a batch it car
 counts relative to the least count at the batch's start: a row adds at most ``max_row_tokens``,
 so while ``n * max_row_tokens < 2^32 - 1`` (the caller checks) every count that can still be the
 least fits a word; a count 2^32 or more above the least is parked at ``2^32 - 1`` and cannot be
-picked. A step is one min, one hash and two scatters over the sources. (XLA:CPU runs a loop whose
-step touches under about 1 KiB as one compiled function, up to about 28 sources here; beyond, each
-step dispatches its operations one by one and costs a few microseconds: see
+picked. A step is one min, one hash and two scatters over the sources: the reference form of the
+rule. (XLA:CPU runs a loop whose step touches under 1 KiB as one compiled function: here up to
+about 16 sources; beyond, each step dispatches its operations one by one. The pipeline's kernel
+is ``interleave_tree.select_tournament``, the same picks in O(log sources) a row: see
 ``benchmarks/RESULTS.md``.)
 """
 

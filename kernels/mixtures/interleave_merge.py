@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
-from .interleave import PARKED, Counts, Selection, _relative, add64, select_scan, tie_hash
+from .interleave import PARKED, Counts, Selection, _relative, add64, tie_hash
 from .merge_order import two_pass_order
 
 U32 = jnp.uint32
@@ -136,17 +136,3 @@ def select_merge(
         return jax.lax.cond(final, lambda: picked, lambda: attempt(widths[1:]))
 
     return attempt(windows(sources, n))
-
-
-SCAN_SOURCES = 28  # XLA:CPU runs a scan step over up to about 28 sources as one compiled loop
-
-
-def select_least_consumed(
-    counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
-) -> Selection:
-    """The least-consumed selection, by whichever equal kernel is faster at this many sources:
-    ``select_scan`` up to ``SCAN_SOURCES`` (one compiled loop, several times a heap's speed),
-    ``select_merge`` above (where each scan step dispatches op by op). Both are jitted; the
-    choice is static (the table's shape), so neither recompiles across steps."""
-    select = select_scan if row_tokens.shape[0] <= SCAN_SOURCES else select_merge
-    return select(counts, row_tokens, salts)

@@ -1,0 +1,196 @@
+"""The least-consumed interleave as a tournament: ``select_scan``'s picks, O(log sources) a row.
+
+A winner tree over the sources: each internal node holds the source that goes first in its
+subtree by ``(count, tie_hash(salt[source], count), source)`` (``interleave``'s rule: least
+consumed, then the keyed hash, then the lower index). The root is the row's pick; its count grows
+by the row's tokens and its leaf-to-root path is played again, each level against the sibling
+subtree's winner. ``interleave.py``'s trace (a: 3 3 3 .., b: 5 5 .., c: 2 4 4 .., all at 0; hash
+b < a < c at 0 and a < c at 6) on leaves ``a b c pad`` (a padding leaf never wins, see below):
+
+    row  takes  its count  the climb: sibling winner, then the other pair's      root after
+    0    b      0 -> 5     a (0) over b (5); a over c, tied at 0, by hash        a
+    1    a      0 -> 3     a (3) over b (5); c (0) over a (3)                    c
+    2    c      0 -> 2     c (2) over pad;   c (2) over a (3)                    c
+    3    c      2 -> 6     c (6) over pad;   a (3) over c (6)                    a
+    4    a      3 -> 6     b (5) over a (6); b (5) over c (6)                    b
+    5    b      5 -> 10    a (6) over b;     a over c, tied at 6, by hash        a
+    6    a      6 -> 9     a (9) over b;     c (6) over a (9)                    c
+
+The picks b a c c a b a c are the scan's (``tests/test_interleave_tree.py``). Only the row's
+source's path changes: its siblings are read before any node on it is written, and the winner
+climbs in registers.
+
+How it runs: one ``lax.scan`` step per row, all scalar work touching under 1 KiB, which XLA:CPU
+compiles into one native loop (its ``SmallWhileLoopHoistingPass`` takes a while loop whose body
+accesses fewer bytes than ``xla_cpu_small_while_loop_byte_threshold``, 1 KiB by default; a larger
+body runs op by op through the thunk runtime, about a microsecond an op). Above ``SINGLE_CLIMB``
+levels a step climbs ``CHUNK`` levels per iteration of an inner loop, so a row touches the same
+bytes at any number of sources (about 650; one climb over every level lets XLA recompute each
+level's winner for every node it writes, past 1 KiB at 256 sources). The tests check that both
+loops compile so. The pipeline plans on the host CPU, so this is the backend its kernel must suit
+(``select_merge`` is the same picks as a parallel merge, for a backend that wants one).
+
+Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
+count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
+caller checks) a pick's count stays below ``n * max_row_tokens``: parked sources and the padding
+leaves (parked, salt 0) never win. The new counts are exact 64-bit (two words).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Int, UInt32
+
+from .interleave import PARKED, Counts, Selection, _absolute, tie_hash
+
+U32 = jnp.uint32
+CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
+SINGLE_CLIMB = 4  # up to this many levels (16 sources) a step climbs all of them at once
+
+
+def tree_levels(sources: int) -> int:
+    """The tree's height: ``ceil(log2(sources))``, at least 2, rounded up to whole ``CHUNK``s
+    above ``SINGLE_CLIMB`` (the extra leaves are padding that never wins)."""
+    levels = max(2, (sources - 1).bit_length())
+    return levels if levels <= SINGLE_CLIMB else levels + (-levels % CHUNK)
+
+
+def _get(array: UInt32[Array, " m"], index: UInt32[Array, ""]) -> UInt32[Array, ""]:
+    return lax.dynamic_index_in_dim(array, index, keepdims=False)
+
+
+def _set(
+    array: UInt32[Array, " m"], index: UInt32[Array, ""], value: UInt32[Array, ""]
+) -> UInt32[Array, " m"]:
+    return lax.dynamic_update_index_in_dim(array, value, index, 0)
+
+
+def _key(keys: UInt32[Array, "leaves 2"], source: UInt32[Array, ""]) -> UInt32[Array, " 2"]:
+    return lax.dynamic_slice(keys, (source, U32(0)), (1, 2))[0]
+
+
+def _goes_first(a_count, a_hash, b_count, b_hash, a_left) -> jax.Array:
+    """Whether source a goes before source b: lower count, then lower hash, then the left one
+    (sources are numbered left to right, so the lower index). Scalars: XLA:CPU keeps them in
+    registers inside the compiled loop."""
+    return (a_count < b_count) | ((a_count == b_count) & ((a_hash < b_hash) | ((a_hash == b_hash) & a_left)))
+
+
+def _climb(tree, keys, node, winner, count, hash_, levels: int):
+    """``levels`` levels up from ``node``, whose subtree's winner is now ``winner`` (at ``count``,
+    ``hash_``): every sibling's winner read first (no node on the way is written yet), then each
+    level's winner, and the node above written with it. Returns the tree and the winner's
+    ``(source, count, hash)``."""
+    nodes = [node >> U32(level) for level in range(levels)]
+    # one spare slot: an update covering the whole array would be folded into a plain value,
+    # and the siblings must be read before the tree is written
+    siblings = jnp.zeros(levels + 1, U32)
+    for level, at in enumerate(nodes):
+        siblings = _set(siblings, U32(level), _get(tree, at ^ U32(1)))
+    for level, at in enumerate(nodes):
+        sibling = _get(siblings, U32(level))
+        key = _key(keys, sibling)
+        ours = _goes_first(count, hash_, key[0], key[1], (at & U32(1)) == U32(0))
+        winner = jnp.where(ours, winner, sibling)
+        count = jnp.where(ours, count, key[0])
+        hash_ = jnp.where(ours, hash_, key[1])
+        tree = _set(tree, at >> U32(1), winner)
+    return tree, winner, count, hash_
+
+
+@jax.jit
+def select_tournament(
+    counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
+) -> Selection:
+    """The least-consumed selection of ``n`` rows, a tournament-tree climb per row; equal to
+    ``select_scan``'s (and ``select_merge``'s).
+
+    Args:
+        counts: consumed tokens per source at the start of the batch.
+        row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
+            ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1`` (and, int32,
+            ``max_row_tokens < 2^31``).
+        salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
+
+    Returns:
+        The ``Selection``: each row's source and which of its next rows, and the new counts.
+    """
+    sources, n = row_tokens.shape
+    if n == 0:  # nothing to pick (static: the table's shape)
+        empty = jnp.zeros(0, jnp.int32)
+        return Selection(empty, jnp.zeros(0, U32), jnp.zeros(sources, U32), counts, empty)
+    levels = tree_levels(sources)
+    leaves = 1 << levels
+
+    def least(s, best):  # the least count, 64-bit (scalar loops compile to one native loop)
+        hi, lo = _get(counts.hi, s), _get(counts.lo, s)
+        less = (hi < best[0]) | ((hi == best[0]) & (lo < best[1]))
+        return jnp.where(less, hi, best[0]), jnp.where(less, lo, best[1])
+
+    base = Counts(*lax.fori_loop(U32(1), U32(sources), least, (counts.hi[0], counts.lo[0])))
+
+    def leaf_key(leaf):
+        """A leaf's (count relative to ``base``, hash): a source's, or a padding leaf's (parked)."""
+        hi, lo = _get(counts.hi, leaf), _get(counts.lo, leaf)
+        above = hi - base.hi - (lo < base.lo).astype(U32)  # exact: counts >= base
+        count = jnp.where((above > U32(0)) | (leaf >= U32(sources)), U32(PARKED), lo - base.lo)
+        salt = jnp.where(leaf < U32(sources), _get(salts, leaf), U32(0))
+        return jnp.stack([count, tie_hash(salt, base.lo + count)])
+
+    def build(k, state):
+        """Node ``leaves - k`` (bottom up): the keys of its two leaves first when its children are
+        leaves, then the winner of its children."""
+        keys, tree = state
+        node = U32(leaves) - k
+        pair = lax.dynamic_slice(tree, (U32(2) * node,), (2,))
+        bottom = node >= U32(leaves // 2)
+        for child in (pair[0], pair[1]):  # above the bottom level, rewrites a key with itself
+            row = jnp.where(bottom, leaf_key(child), _key(keys, child))
+            keys = lax.dynamic_update_slice(keys, row[None], (child, U32(0)))
+        a, b = _key(keys, pair[0]), _key(keys, pair[1])
+        left = _goes_first(a[0], a[1], b[0], b[1], jnp.asarray(True))
+        return keys, _set(tree, node, jnp.where(left, pair[0], pair[1]))
+
+    # node i < leaves holds its subtree's winner (children 2i, 2i + 1); leaf leaves + s holds s
+    tree = jnp.concatenate([jnp.zeros(leaves, U32), jnp.arange(leaves, dtype=U32)])
+    keys, tree = lax.fori_loop(U32(1), U32(leaves), build, (jnp.zeros((leaves, 2), U32), tree))
+    first = tree[1]
+
+    def step(carry, _):
+        keys, taken, tree, winner, winner_count = carry
+        taken = _set(taken, winner, _get(taken, winner) + U32(1))
+        nth = _get(taken, winner) - U32(1)  # read after the write: no copy of ``taken``
+        tokens = lax.dynamic_slice(row_tokens, (winner, nth), (1, 1))[0, 0]
+        count = winner_count + tokens.astype(U32)
+        hash_ = tie_hash(_get(salts, winner), base.lo + count)
+        keys = lax.dynamic_update_slice(keys, jnp.stack([count, hash_])[None], (winner, U32(0)))
+        leaf = winner + U32(leaves)
+        if levels <= SINGLE_CLIMB:
+            tree, winner_next, count, _ = _climb(tree, keys, leaf, winner, count, hash_, levels)
+        else:
+
+            def chunk(_, state):
+                tree, node, winner, count, hash_ = state
+                tree, winner, count, hash_ = _climb(tree, keys, node, winner, count, hash_, CHUNK)
+                return tree, node >> U32(CHUNK), winner, count, hash_
+
+            state = (tree, leaf, winner, count, hash_)
+            tree, _, winner_next, count, _ = lax.fori_loop(0, levels // CHUNK, chunk, state)
+        carry = (keys, taken, tree, winner_next, count)
+        return carry, (winner.astype(jnp.int32), nth, tokens)
+
+    taken = jnp.zeros(leaves, U32)
+    carry = (keys, taken, tree, first, keys[first, 0])
+    (keys, taken, _, _, _), (source, nth, tokens) = lax.scan(step, carry, None, length=n)
+    return Selection(source, nth, taken[:sources], _absolute(base, keys[:sources, 0], counts), tokens)
+
+
+def select_least_consumed(
+    counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
+) -> Selection:
+    """The pipeline's least-consumed selection: ``select_tournament`` at any number of sources
+    (on the host CPU, where the pipeline plans, it is the fastest of the three equal kernels:
+    ``benchmarks/RESULTS.md``, "Mixtures"). Jitted; a table's shape compiles once."""
+    return select_tournament(counts, row_tokens, salts)
