@@ -12,8 +12,11 @@ import heapq
 from fractions import Fraction
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from reference import strong_order
+
+from meshbatch.kernels import Counts
 
 MASK32 = 0xFFFFFFFF
 
@@ -126,3 +129,17 @@ def least_consumed(counts, row_tokens, salt_list):
     for count, _, s in heap:
         final[s] = count
     return out, final
+
+
+def counts_of(values) -> Counts:
+    """Python-int counts as the kernels' two-word ``Counts``."""
+    return Counts(
+        jnp.asarray([v >> 32 for v in values], jnp.uint32),
+        jnp.asarray([v & 0xFFFFFFFF for v in values], jnp.uint32),
+    )
+
+
+def as_ints(counts: Counts) -> list[int]:
+    """The kernels' two-word ``Counts`` as Python ints."""
+    hi, lo = np.asarray(counts.hi), np.asarray(counts.lo)
+    return [(int(h) << 32) + int(w) for h, w in zip(hi, lo, strict=True)]

@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
-from mixture_reference import least_consumed
+from mixture_reference import counts_of, least_consumed
 
 from meshbatch.kernels import (
-    Counts,
     select_least_consumed,
     select_merge,
     select_scan,
@@ -19,12 +18,6 @@ from meshbatch.kernels import (
 from meshbatch.kernels.mixtures.interleave_merge import windows
 
 U32 = jnp.uint32
-
-
-def counts_of(values) -> Counts:
-    return Counts(
-        jnp.asarray([v >> 32 for v in values], U32), jnp.asarray([v & 0xFFFFFFFF for v in values], U32)
-    )
 
 
 def assert_same(a, b):

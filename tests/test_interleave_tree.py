@@ -10,24 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mixture_reference import least_consumed
+from mixture_reference import as_ints, counts_of, least_consumed
 
-from meshbatch.kernels import Counts, select_tournament, source_salts
+from meshbatch.kernels import select_tournament, source_salts
 from meshbatch.kernels.mixtures.interleave_tree import CHUNK, SINGLE_CLIMB, tree_levels
 
 U32 = jnp.uint32
-
-
-def counts_of(values) -> Counts:
-    return Counts(
-        jnp.asarray([v >> 32 for v in values], U32), jnp.asarray([v & 0xFFFFFFFF for v in values], U32)
-    )
-
-
-def as_ints(counts: Counts) -> list[int]:
-    return [
-        (int(h) << 32) + int(lo) for h, lo in zip(np.asarray(counts.hi), np.asarray(counts.lo), strict=True)
-    ]
 
 
 def test_tree_levels():

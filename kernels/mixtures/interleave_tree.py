@@ -104,19 +104,8 @@ def _climb(tree, keys, node, winner, count, hash_, levels: int):
 def select_tournament(
     counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
 ) -> Selection:
-    """The least-consumed selection of ``n`` rows, a tournament-tree climb per row; equal to
-    ``select_scan``'s (and ``select_merge``'s).
-
-    Args:
-        counts: consumed tokens per source at the start of the batch.
-        row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
-            ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1`` (and, int32,
-            ``max_row_tokens < 2^31``).
-        salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
-
-    Returns:
-        The ``Selection``: each row's source and which of its next rows, and the new counts.
-    """
+    """The least-consumed selection of ``n`` rows, a tournament-tree climb per row: ``select_scan``'s
+    picks (and ``select_merge``'s), its arguments and its ``Selection``."""
     sources, n = row_tokens.shape
     if n == 0:  # nothing to pick (static: the table's shape)
         empty = jnp.zeros(0, jnp.int32)
