@@ -14,6 +14,10 @@
       proxy = LatencyProxy(server.port, low=0.02, high=0.2, tail_p=0.05, tail_s=0.4, seed=0)
       proxy.url   # http://127.0.0.1:<proxy port>; every request waits 20-200 ms, 5% up to 600 ms
 
+  ``lose_reply(method, key_part, times)`` makes it pass the next ``times`` requests whose request
+  line has both on to the server, then close the client's connection instead of answering: the
+  server did the work, the client never hears it (a reply lost on the network), so it retries.
+
 Every start waits for the server to answer, at most ``READY_S`` seconds; ``stop()`` ends what was
 started (process or thread) and waits for it, bounded.
 """
@@ -179,6 +183,8 @@ class LatencyProxy:
         self._rng_lock = threading.Lock()
         self.delays: list[float] = []
         self.bytes_down = 0  # bytes the server sent back through the proxy
+        self._lose: tuple[bytes, bytes, int] | None = None  # (method, key part, replies left)
+        self.lost_replies: list[str] = []  # the request lines whose reply was lost
         self._connections: set[asyncio.StreamWriter] = set()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -196,6 +202,22 @@ class LatencyProxy:
                 d += float(self._rng.uniform(0, self.tail_s))
             self.delays.append(d)
         return d
+
+    def lose_reply(self, method: str, key_part: str, times: int = 1) -> None:
+        """Loses the server's reply to the next ``times`` requests ``method .. key_part ..``."""
+        with self._rng_lock:
+            self._lose = (method.encode(), key_part.encode(), times)
+
+    def _loses(self, data: bytes) -> bool:
+        """Whether the request starting with ``data`` has its reply lost (counts it)."""
+        line = data.split(b"\r\n", 1)[0]
+        with self._rng_lock:
+            if self._lose is None or not line.startswith(self._lose[0] + b" ") or self._lose[1] not in line:
+                return False
+            method, part, left = self._lose
+            self._lose = (method, part, left - 1) if left > 1 else None
+            self.lost_replies.append(line.decode(errors="replace"))
+            return True
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -219,12 +241,13 @@ class LatencyProxy:
             client_w.close()
             return
         self._connections.update((client_w, server_w))
-        new_request = [True]
+        new_request, losing = [True], [False]
 
         async def upstream() -> None:
             while data := await client_r.read(1 << 16):
                 if new_request[0]:
                     new_request[0] = False
+                    losing[0] = self._loses(data)
                     await asyncio.sleep(self.delay())
                 server_w.write(data)
                 await server_w.drain()
@@ -233,6 +256,8 @@ class LatencyProxy:
         async def downstream() -> None:
             while data := await server_r.read(1 << 16):
                 new_request[0] = True
+                if losing[0]:  # the server answered: the request is done there; the client never hears
+                    break
                 self.bytes_down += len(data)
                 client_w.write(data)
                 await client_w.drain()

@@ -7,6 +7,7 @@ Real servers on 127.0.0.1 (``object_stores``: moto's S3 server, fake-gcs-server)
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import pytest
 import tensorstore as ts
 from store_build_helpers import docs, slow_build
 
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import CacheWriter, TokenCache, store_lock
+from meshbatch.cache.arrays import CREATE_ATTEMPTS
+from meshbatch.cache.checks import CacheIntegrityError
 from meshbatch.cache.ledger import try_read_ledger
 from meshbatch.cache.store_lock import LEASE_ENV, ConditionalWritesUnsupported, StoreLock
 from meshbatch.cache.stores import kvstore_spec
@@ -49,6 +52,15 @@ def rows_of(path: str) -> list[list[int]]:
 
 def want() -> list[list[int]]:
     return [d.tolist() for d in docs()]
+
+
+def clip(log: str, head: int = 3000, tail: int = 5000) -> str:
+    """A worker's log for an assertion message: whole, or its start and end."""
+    return (
+        log
+        if len(log) <= head + tail
+        else f"{log[:head]}\n[... {len(log) - head - tail} chars ...]\n{log[-tail:]}"
+    )
 
 
 def until(condition, what: str, timeout: float = 20.0) -> None:
@@ -167,8 +179,10 @@ def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, t
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    codes = [p.returncode for p in procs]
+    assert codes == [0, 0], "\n".join(
+        f"== run {i} (exit {c}) ==\n{clip(log)}" for i, (c, log) in enumerate(zip(codes, logs, strict=True))
+    )
     outs = [json.loads((tmp_path / f"out-{i}.json").read_text()) for i in range(2)]
     assert sorted(o["built"] for o in outs) == [False, True], logs  # exactly one build
     assert sorted(o["ours"] for o in outs) == [False, True]
@@ -281,3 +295,57 @@ def test_bad_lock_settings_are_refused_by_name(object_stores, monkeypatch):
         monkeypatch.setenv(LEASE_ENV, bad)
         with pytest.raises(ValueError, match=f"MESHBATCH_BUILD_LEASE_S={bad!r}"):
             build_once(url(), slow_build(docs(), []))
+
+
+@pytest.fixture
+def lossy_s3(object_stores, monkeypatch):
+    """S3 through a proxy that can lose a reply (``LatencyProxy.lose_reply``): the store applies
+    the request, the client never hears the answer and retries it."""
+    from object_store import LatencyProxy
+
+    proxy = LatencyProxy(object_stores["s3"].port, low=0.0, high=0.0)
+    monkeypatch.setenv("MESHBATCH_S3_ENDPOINT", proxy.url)
+    monkeypatch.setattr(store_lock, "_checked", {})  # probe this endpoint afresh
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_a_lost_reply_to_creating_a_field_is_retried_not_a_failed_build(lossy_s3, caplog):
+    """TensorStore retries the *create only if absent* write of ``zarr.json`` whose reply was lost
+    and its own first attempt refuses it (google/tensorstore#290: ``ALREADY_EXISTS``, a failed
+    build, seen in CI under load). The open deletes what is there anyway: it is tried again."""
+    path = url()
+    lossy_s3.lose_reply("PUT", "input_ids/offsets/zarr.json")
+    with caplog.at_level(logging.WARNING, logger="meshbatch.cache.arrays"):
+        slow_build(docs(), [], pause=0.0)(path)
+    assert len(lossy_s3.lost_replies) == 1 and "zarr.json" in lossy_s3.lost_replies[0]
+    assert "ALREADY_EXISTS" in caplog.text and "attempt 1 of 3" in caplog.text
+    assert rows_of(path) == want()
+
+
+def test_creating_a_field_gives_up_after_its_attempts_naming_the_array(lossy_s3):
+    lossy_s3.lose_reply("PUT", "input_ids/data/zarr.json", times=CREATE_ATTEMPTS)
+    with pytest.raises(CacheIntegrityError, match=r"cannot create zarr array .*input_ids/data \(attempt 3\)"):
+        CacheWriter(url(), if_exists="overwrite")
+    assert len(lossy_s3.lost_replies) == CREATE_ATTEMPTS
+
+
+@pytest.mark.parametrize("lost", ["probe", "take", "renew"])
+def test_a_lost_reply_to_a_lock_write_is_read_back_as_ours(lossy_s3, lost):
+    """A conditional write of the lock (or of the store's probe) whose reply was lost is retried
+    and refused by itself; reading the key back finds exactly our bytes, so it was ours: the
+    run takes its lock at once (not after waiting out its own lease), keeps it when renewing, and
+    does not call the store one that ignores conditions."""
+    path = url()
+    holder, other = StoreLock(path, lease_s=30), StoreLock(path, lease_s=30)
+    lossy_s3.lose_reply("PUT", {"probe": "build-lock.probe-", "take": "build-lock HTTP"}.get(lost, "x-never"))
+    assert holder.take() and not other.take() and other.holder["owner"] == holder.owner
+    if lost == "renew":
+        lossy_s3.lose_reply("PUT", "build-lock HTTP")
+        assert holder.renew() and holder.lost is None and other.poll() == "live"
+        assert other.holder["renewal"] == holder._renewal  # the renewal the lost reply was for
+    assert len(lossy_s3.lost_replies) == 1
+    holder.release()
+    assert not lock_exists(path)

@@ -119,9 +119,47 @@ def create_field(root: str, field: str, dtype: np.dtype) -> FieldArrays:
     for name in ("offsets", "data"):
         spec = _spec(posixpath.join(field_root, name), True)
         spec["metadata"] = _levanter_metadata(np.dtype(np.int64 if name == "offsets" else dtype))
-        futures[name] = ts.open(spec, context=shared_context(), create=True, delete_existing=True)
-    stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}
+        futures[name] = (spec, ts.open(spec, context=shared_context(), create=True, delete_existing=True))
+    stores = {
+        name: created(spec, future, posixpath.join(field_root, name))
+        for name, (spec, future) in futures.items()
+    }
     return FieldArrays(field_root, stores["offsets"], stores["data"])
+
+
+CREATE_ATTEMPTS = 3  # opens of one array with create + delete_existing, while each fails ALREADY_EXISTS
+
+
+def created(spec: dict, future: ts.Future | None = None, path: str | None = None) -> ts.TensorStore:
+    """The array ``spec`` describes, created new (``create=True, delete_existing=True``), from
+    ``future`` (that open, already started) or a fresh open.
+
+    Such an open writes ``zarr.json`` *only if absent* after deleting the old array. On an object
+    store a lost reply to that write (the store applied it; the client timed out or lost the
+    connection) is retried by TensorStore and refused as ``ALREADY_EXISTS``, by its own first
+    attempt (google/tensorstore#290; ``tests/test_object_store.py`` loses the reply on purpose). The
+    open deletes whatever is there anyway, so it is tried again, ``CREATE_ATTEMPTS`` times in all,
+    each retry logged.
+
+    Raises:
+        CacheIntegrityError: any other failure, or ``ALREADY_EXISTS`` on every attempt.
+    """
+    path = path or spec["kvstore"].get("path", "?")
+    attempt = 1
+    while True:  # at most CREATE_ATTEMPTS rounds: the last one returns or raises
+        if future is None:
+            future = ts.open(spec, context=shared_context(), create=True, delete_existing=True)
+        try:
+            return future.result()
+        except ValueError as e:
+            if "ALREADY_EXISTS" not in str(e) or attempt == CREATE_ATTEMPTS:
+                raise CacheIntegrityError(f"cannot create zarr array {path} (attempt {attempt}): {e}") from e
+            logger.warning(
+                "meshbatch: creating %s failed with ALREADY_EXISTS, a retried write of its zarr.json "
+                "(attempt %d of %d); deleting and creating it again: %s",
+                path, attempt, CREATE_ATTEMPTS, e,
+            )  # fmt: skip
+        attempt, future = attempt + 1, None
 
 
 def _spec(path: str, writable: bool) -> dict:

@@ -6,7 +6,9 @@ written only through TensorStore's conditional writes (``KvStore.write(key, valu
 
 * taking a free lock writes it *only if it does not exist* (``if_equal`` = the no-value generation:
   ``ifGenerationMatch=0`` on GCS, ``If-None-Match: *`` on S3); of two runs, one write succeeds, the
-  other gets the unknown generation (``b""``) back and reads the winner's lock;
+  other gets the unknown generation (``b""``) back and reads the winner's lock (a refused write
+  is read back first: one whose reply was lost is retried by TensorStore and refused by its own
+  first attempt, so a key holding exactly the bytes written, unique to each write, was ours);
 * the holder rewrites it every ``lease_s / 4`` seconds against the generation it last wrote
   (``If-Match`` / ``ifGenerationMatch=<gen>``), and deletes it the same way when done;
 * another run takes it over only once the generation it read has stayed the same for a whole lease
@@ -129,10 +131,10 @@ class StoreLock:
     def _probe(self) -> bool:
         key = f"{self.key}.probe-{uuid.uuid4().hex}"
         try:
-            first = self._kv.write(key, b"1", if_equal=self._none).result().generation
-            again = self._kv.write(key, b"2", if_equal=self._none).result().generation
-            second = self._kv.write(key, b"3", if_equal=first).result().generation if first else b""
-            stale = self._kv.write(key, b"4", if_equal=first).result().generation if second else b"x"
+            first = self._write_if(key, b"1", self._none)
+            again = self._write_if(key, b"2", self._none)
+            second = self._write_if(key, b"3", first) if first else b""
+            stale = self._write_if(key, b"4", first) if second else b"x"
             return bool(first) and not again and bool(second) and not stale
         finally:
             self._kv.write(key, None).result()
@@ -142,7 +144,7 @@ class StoreLock:
         whether it is ours now (else ``holder`` is the lock as read now)."""
         self.check_conditional_writes()
         expected = self._none if self._seen is None else self._seen[0]
-        gen = self._kv.write(self.key, self._value(), if_equal=expected).result().generation
+        gen = self._write_if(self.key, self._value(), expected)
         if gen:
             self._gen, self._seen, self.lost = gen, None, None
             if expected != self._none:
@@ -181,21 +183,25 @@ class StoreLock:
 
     def renew(self) -> bool:
         """Rewrites our lock against our generation; False (and ``lost`` set) if it is not ours."""
-        gen = self._kv.write(self.key, self._value(), if_equal=self._gen).result().generation
+        gen = self._write_if(self.key, self._value(), self._gen)
         if gen:
             self._gen = gen
             return True
-        read = self._kv.read(self.key).result()  # a retried write that had succeeded is still ours
-        try:
-            found = json.loads(read.value) if read.state == "value" else {}
-        except ValueError:
-            found = {}
-        found = found if isinstance(found, dict) else {}
-        if found.get("owner") == self.owner and found.get("renewal") == self._renewal:
-            self._gen = read.stamp.generation
-            return True
+        read = self._kv.read(self.key).result()
         self.lost = f"the lock {self.url} was replaced or deleted: now {read.value[:200]!r}"
         return False
+
+    def _write_if(self, key: str, value: bytes, expected: bytes) -> bytes:
+        """Writes ``value`` at ``key`` only if its generation is ``expected``: the new generation,
+        or ``b""`` if refused. A refusal is read back: a conditional write whose reply was lost is
+        retried by TensorStore and refused by its own first attempt (google/tensorstore#290), so
+        ``key`` holding exactly ``value`` (every value written here is unique: owner and renewal
+        counter, or a probe key of this process) means the write was ours."""
+        gen = self._kv.write(key, value, if_equal=expected).result().generation
+        if gen:
+            return gen
+        read = self._kv.read(key).result()
+        return read.stamp.generation if read.state == "value" and read.value == value else b""
 
     def hold(self) -> StoreLock:
         """Starts a thread renewing the lock every ``lease_s / 4`` seconds, until ``close`` (or

@@ -12,8 +12,8 @@ import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
 
-from meshbatch.cache import TokenCache, shared_context
-from meshbatch.cache.arrays import kvstore_spec
+from meshbatch.cache import TokenCache
+from meshbatch.cache.arrays import created, kvstore_spec
 
 from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS
@@ -111,7 +111,7 @@ def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.Ten
             "codecs": codecs,
         },
     }
-    return ts.open(spec, create=True, delete_existing=True, context=shared_context()).result()
+    return created(spec)
 
 
 def assemble(cache, layout: Layout, order, first, stop, offsets, p0: int, p1: int, ids, vocab: int):
