@@ -267,11 +267,21 @@ def test_a_reader_waiting_for_a_first_commit_backs_off_and_is_bounded(root, monk
     assert 3 <= len(reads) <= 14, f"{len(reads)} ledger reads in a 2 s wait"
 
 
-def test_a_finished_build_leaves_nothing_behind_in_the_process(root):
+def test_a_finished_build_leaves_nothing_behind_in_the_process(root, monkeypatch):
     """Nothing keeps a builder once its build is over (an exit hook per build kept each one)."""
+    started = []  # the builder, recorded as it starts (it may finish before growing_cache returns)
+
+    class Recorded(threading.Thread):
+        def start(self):
+            if self.name == "meshbatch-build":
+                started.append(self)
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Recorded)
     quick = config(root, "freed", [str(root / "docs.jsonl")], quick_start=True)
     cache = growing_cache(quick, quick.cache_dir)
-    (thread,) = builders()
+    (thread,) = started
+    started.clear()
     thread.join(timeout=60)
     assert cache.refresh() == 300 and cache.is_finished
     gone = weakref.ref(thread)
