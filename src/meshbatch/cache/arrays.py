@@ -137,27 +137,29 @@ def created(spec: dict, future: ts.Future | None = None, path: str | None = None
     Such an open writes ``zarr.json`` *only if absent* after deleting the old array. On an object
     store a lost reply to that write (the store applied it; the client timed out or lost the
     connection) is retried by TensorStore and refused as ``ALREADY_EXISTS``, by its own first
-    attempt (google/tensorstore#290; ``tests/test_object_store.py`` loses the reply on purpose). The
-    open deletes whatever is there anyway, so it is tried again, ``CREATE_ATTEMPTS`` times in all,
-    each retry logged.
+    attempt (google/tensorstore#290; ``tests/test_cache_store_builds.py`` loses the reply on
+    purpose). The open deletes whatever is there anyway, so on ``gs://`` and ``s3://`` it is tried
+    again, ``CREATE_ATTEMPTS`` times in all, each retry logged. A local file system has no lost
+    replies: there ``ALREADY_EXISTS`` means another writer, and is raised at once.
 
     Raises:
         CacheIntegrityError: any other failure, or ``ALREADY_EXISTS`` on every attempt.
     """
     path = path or spec["kvstore"].get("path", "?")
+    attempts = CREATE_ATTEMPTS if spec["kvstore"].get("driver") in ("gcs", "s3") else 1
     attempt = 1
-    while True:  # at most CREATE_ATTEMPTS rounds: the last one returns or raises
+    while True:  # at most ``attempts`` rounds: the last one returns or raises
         if future is None:
             future = ts.open(spec, context=shared_context(), create=True, delete_existing=True)
         try:
             return future.result()
         except ValueError as e:
-            if "ALREADY_EXISTS" not in str(e) or attempt == CREATE_ATTEMPTS:
+            if "ALREADY_EXISTS" not in str(e) or attempt == attempts:
                 raise CacheIntegrityError(f"cannot create zarr array {path} (attempt {attempt}): {e}") from e
             logger.warning(
                 "meshbatch: creating %s failed with ALREADY_EXISTS, a retried write of its zarr.json "
                 "(attempt %d of %d); deleting and creating it again: %s",
-                path, attempt, CREATE_ATTEMPTS, e,
+                path, attempt, attempts, e,
             )  # fmt: skip
         attempt, future = attempt + 1, None
 
