@@ -151,7 +151,7 @@ def select_tournament(
         keys, taken, tree, winner, winner_count = carry
         taken = _set(taken, winner, _get(taken, winner) + U32(1))
         nth = _get(taken, winner) - U32(1)  # read after the write: no copy of ``taken``
-        tokens = lax.dynamic_slice(row_tokens, (winner, nth), (1, 1))[0, 0]
+        tokens = lax.dynamic_slice(row_tokens, (winner, nth), (1, 1))[0, 0].astype(jnp.int32)
         count = winner_count + tokens.astype(U32)
         hash_ = tie_hash(_get(salts, winner), base.lo + count)
         keys = lax.dynamic_update_slice(keys, jnp.stack([count, hash_])[None], (winner, U32(0)))

@@ -145,8 +145,10 @@ def created(spec: dict, future: ts.Future | None = None, path: str | None = None
     Raises:
         CacheIntegrityError: any other failure, or ``ALREADY_EXISTS`` on every attempt.
     """
-    path = path or spec["kvstore"].get("path", "?")
-    attempts = CREATE_ATTEMPTS if spec["kvstore"].get("driver") in ("gcs", "s3") else 1
+    kv = spec["kvstore"]  # a spec, or a TensorStore URL (``kvstore_spec`` of e.g. ``file://``)
+    driver = kv.get("driver") if isinstance(kv, dict) else kv.split("://", 1)[0]
+    path = path or (kv.get("path", "?") if isinstance(kv, dict) else kv)
+    attempts = CREATE_ATTEMPTS if driver in ("gcs", "s3", "gs") else 1
     attempt = 1
     while True:  # at most ``attempts`` rounds: the last one returns or raises
         if future is None:

@@ -4,8 +4,9 @@ Every row goes to the child that has consumed the fewest real tokens (``real_tok
 window counts ``seq_len``, a splice frame its copy length); ties are broken by a keyed hash; the
 chosen child's count grows by the row's tokens. A step plans its whole global batch at once: each
 child plans its next ``batch`` rows and counts their tokens, and one jitted kernel picks
-(``meshbatch.kernels.select_least_consumed``: the scan or the equal merge). Every process plans
-the same global batch from the same state, so the counts agree everywhere without any reduction between ranks.
+(``meshbatch.kernels.select_least_consumed``: a tournament-tree climb a row,
+``interleave_tree.py``). Every process plans the same global batch from the same state, so the
+counts agree everywhere without any reduction between ranks.
 
 The state is part of training state. ``state_dict`` gives the seed's shape::
 
