@@ -37,8 +37,8 @@ LEVANTER_LOG := $(LEVANTER_VENV)/pytest.log
 
 test: $(STAMP) $(LSTAMP)
 	$(PY) -m ruff check src kernels tests benchmarks examples
-	@$(LPY) -m pytest -n 1 $(LEVANTER_TESTS) > $(LEVANTER_LOG) 2>&1 & levanter=$$!; \
-	$(PY) -m pytest -n 2 --dist loadgroup $(addprefix --ignore=,$(LEVANTER_TESTS)); core=$$?; \
+	@$(LPY) -m pytest -n 1 --durations=15 $(LEVANTER_TESTS) > $(LEVANTER_LOG) 2>&1 & levanter=$$!; \
+	$(PY) -m pytest -n 2 --durations=15 --dist loadgroup $(addprefix --ignore=,$(LEVANTER_TESTS)); core=$$?; \
 	wait $$levanter; lev=$$?; \
 	echo "== Levanter tests ($(LEVANTER_VENV), log: $(LEVANTER_LOG)) =="; cat $(LEVANTER_LOG); \
 	echo "== core tests: exit $$core; Levanter tests: exit $$lev =="; \
