@@ -145,10 +145,10 @@ def created(spec: dict, future: ts.Future | None = None, path: str | None = None
     Raises:
         CacheIntegrityError: any other failure, or ``ALREADY_EXISTS`` on every attempt.
     """
-    kv = spec["kvstore"]  # a spec, or a TensorStore URL (``kvstore_spec`` of e.g. ``file://``)
-    driver = kv.get("driver") if isinstance(kv, dict) else kv.split("://", 1)[0]
+    kv = spec["kvstore"]  # ``kvstore_spec``: a dict, or a TensorStore URL (never gs:// or s3://)
     path = path or (kv.get("path", "?") if isinstance(kv, dict) else kv)
-    attempts = CREATE_ATTEMPTS if driver in ("gcs", "s3", "gs") else 1
+    on_store = isinstance(kv, dict) and kv.get("driver") in ("gcs", "s3")
+    attempts = CREATE_ATTEMPTS if on_store else 1
     attempt = 1
     while True:  # at most ``attempts`` rounds: the last one returns or raises
         if future is None:
