@@ -29,16 +29,20 @@ $(LSTAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m meshbatch.demo
 
-# The core tests (2 workers) and the Levanter tests (1 worker, in .venv-levanter) run at the same
-# time: both are mostly compile- and process-bound, so together they take about as long as the
-# core alone. The Levanter output goes to LEVANTER_LOG and is printed after the core's; the target
-# fails when either fails. Both share JAX's persistent compilation cache (tests/conftest.py).
+# The core tests and the Levanter tests (in .venv-levanter) run at the same time, 2 workers each:
+# both are mostly compile- and process-bound, and the Levanter suite's few long train_lm runs
+# would otherwise leave a core idle at the end. `--dist loadfile` keeps a module's tests on one
+# worker, so a module-scoped fixture (a multi-process launch, a subprocess probe) is made once
+# (pytest-xdist 3.8's `xdist_group` does not group under pytest 9.2: it sets `item._nodeid`, which
+# pytest 9.2 no longer reads). The Levanter output goes to LEVANTER_LOG and is printed after the
+# core's; the target fails when either fails. Both share JAX's persistent compilation cache
+# (tests/conftest.py).
 LEVANTER_LOG := $(LEVANTER_VENV)/pytest.log
 
 test: $(STAMP) $(LSTAMP)
 	$(PY) -m ruff check src kernels tests benchmarks examples
-	@$(LPY) -m pytest -n 1 --durations=15 $(LEVANTER_TESTS) > $(LEVANTER_LOG) 2>&1 & levanter=$$!; \
-	$(PY) -m pytest -n 2 --durations=15 --dist loadgroup $(addprefix --ignore=,$(LEVANTER_TESTS)); core=$$?; \
+	@$(LPY) -m pytest -n 2 --dist loadfile --durations=15 $(LEVANTER_TESTS) > $(LEVANTER_LOG) 2>&1 & levanter=$$!; \
+	$(PY) -m pytest -n 2 --dist loadfile --durations=15 $(addprefix --ignore=,$(LEVANTER_TESTS)); core=$$?; \
 	wait $$levanter; lev=$$?; \
 	echo "== Levanter tests ($(LEVANTER_VENV), log: $(LEVANTER_LOG)) =="; cat $(LEVANTER_LOG); \
 	echo "== core tests: exit $$core; Levanter tests: exit $$lev =="; \

@@ -1,4 +1,8 @@
-"""Independent, deliberately simple references the kernels must equal (pure Python / numpy)."""
+"""Independent, deliberately simple references the kernels must equal (pure Python / numpy).
+
+Levanter is imported by the functions that use it, not here: multi-process workers import test
+modules that import this one (for their pipeline factories) and would each spend about 5 s on it.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,20 @@ import math
 
 import jax
 import numpy as np
-from levanter.data import ListAsyncDataset
-from levanter.data._prp import Permutation as LevanterPermutation
-from levanter.data.permutation import EraShufflingDataset
 
 
 def levanter_order(kind: str, length: int, key, indices: np.ndarray) -> np.ndarray:
     """Levanter's own ``Permutation.make(kind, length, key)`` applied to ``indices``."""
+    from levanter.data._prp import Permutation as LevanterPermutation
+
     return np.asarray(LevanterPermutation.make(kind, length, key)(np.asarray(indices, np.int64)))
 
 
 def levanter_era_order(length: int, era_length: int, key, kind: str = "feistel") -> np.ndarray:
     """Levanter's ``EraShufflingDataset`` over ``range(length)``, through its async API."""
+    from levanter.data import ListAsyncDataset
+    from levanter.data.permutation import EraShufflingDataset
+
     dataset = ListAsyncDataset(list(range(length)), is_complete=True)
     era = EraShufflingDataset(dataset, era_length, key=key, perm_type=kind)
     return np.asarray(asyncio.run(era.get_batch(list(range(length)))))
@@ -27,6 +33,8 @@ def levanter_era_order(length: int, era_length: int, key, kind: str = "feistel")
 
 def marin_block_order(length: int, io_block_size: int, window_blocks: int, key, kind: str) -> list[int]:
     """marin's ``BlockShufflingDataset._map_index`` transcribed index by index, on Levanter's PRPs."""
+    from levanter.data._prp import Permutation as LevanterPermutation
+
     block_key, full_key, tail_key = jax.random.split(key, 3)
     io, wb = io_block_size, window_blocks
     full_blocks, tail = divmod(length, io)

@@ -257,7 +257,6 @@ def two_by_four(caches, tmp_path_factory) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mixture_two_by_four")  # one launch serves both tests
 def test_balanced_equal_across_two_processes(caches, balanced_run, two_by_four):
     """Must-show 4: 2 processes x 4 devices give the 1x8 batches; each process reads only its own
     rows from each cache, and both hold the same counts as the 1x8 run after every step (no
@@ -281,7 +280,6 @@ def test_balanced_equal_across_two_processes(caches, balanced_run, two_by_four):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mixture_two_by_four")
 def test_stable_equal_across_two_processes(caches, two_by_four):
     """Must-show 4 for the stable mixture: 2 processes x 4 devices build the reference batches."""
     results = two_by_four["stable_pipeline"]
