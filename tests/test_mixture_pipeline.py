@@ -244,7 +244,9 @@ def test_resume_equals_uninterrupted(caches, balanced_run):
 @pytest.fixture(scope="module")
 def two_by_four(caches, tmp_path_factory) -> dict[str, list[dict]]:
     """The balanced (``2 * STEPS`` steps) and stable (``STEPS``) pipelines of this module over
-    ``caches`` on 2 processes x 4 devices (one 8-device mesh), in one launch: factory -> results."""
+    ``caches`` on 2 processes x 4 devices (one 8-device mesh), in one launch: factory -> results.
+    Both two-process tests use it; ``make test`` (``--dist loadfile``) runs a module on one worker,
+    so the launch is made once."""
     jobs = {"balanced_pipeline": 2 * STEPS, "stable_pipeline": STEPS}
     results = run_jobs(
         tmp_path_factory.mktemp("two_by_four"),
