@@ -180,7 +180,7 @@ class LatencyProxy:
         self.target_port, self.low, self.high = target_port, low, high
         self.tail_p, self.tail_s = tail_p, tail_s
         self._rng = np.random.default_rng(seed)
-        self._rng_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the seeded delays and the reply to lose
         self.delays: list[float] = []
         self.bytes_down = 0  # bytes the server sent back through the proxy
         self._lose: tuple[bytes, bytes, int] | None = None  # (method, key part, replies left)
@@ -196,7 +196,7 @@ class LatencyProxy:
             raise TimeoutError(f"latency proxy did not start within {READY_S}s")
 
     def delay(self) -> float:
-        with self._rng_lock:
+        with self._lock:
             d = float(self._rng.uniform(self.low, self.high))
             if self.tail_p and self._rng.random() < self.tail_p:
                 d += float(self._rng.uniform(0, self.tail_s))
@@ -205,13 +205,13 @@ class LatencyProxy:
 
     def lose_reply(self, method: str, key_part: str, times: int = 1) -> None:
         """Loses the server's reply to the next ``times`` requests ``method .. key_part ..``."""
-        with self._rng_lock:
+        with self._lock:
             self._lose = (method.encode(), key_part.encode(), times)
 
     def _loses(self, data: bytes) -> bool:
         """Whether the request starting with ``data`` has its reply lost (counts it)."""
         line = data.split(b"\r\n", 1)[0]
-        with self._rng_lock:
+        with self._lock:
             if self._lose is None or not line.startswith(self._lose[0] + b" ") or self._lose[1] not in line:
                 return False
             method, part, left = self._lose
