@@ -91,6 +91,20 @@ def test_every_loop_compiles_to_one_native_loop(sources):
     assert len(re.findall(r"xla_cpu_small_call", text)) >= 3
 
 
+@pytest.mark.parametrize("sources", [3, 64, 256, 1000])
+def test_runs_on_the_callers_thread(sources):
+    """XLA:CPU runs a program inline, on the caller's thread, when its entry computation's
+    estimated flops are under 1000 (``cpu_client.cc``: ``cheap_computation_``); above, the call
+    is handed to a worker thread, 50 to 150 us on a 2-core VM. Every per-source step of the
+    kernel is a scalar loop (whose body the estimate counts once), so the estimate does not grow
+    with the sources: an elementwise step over them (``interleave._absolute`` is about 8 flops a
+    source) would pass 1000 from about 100 sources."""
+    args = (counts_of([0] * sources), jnp.zeros((sources, 512), jnp.int32), source_salts(U32(0), sources))
+    cost = select_tournament.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost  # a list of one dict before jax 0.4.36
+    assert cost["flops"] < 1000, cost
+
+
 def test_jaxpr_has_no_sort_and_no_scatter():
     """One climb a row: no sort, no scatter (XLA:CPU would not compile a scatter into the loop)."""
     args = (counts_of([0] * 40), jnp.zeros((40, 16), jnp.int32), source_salts(U32(0), 40))

@@ -30,6 +30,13 @@ level's winner for every node it writes, past 1 KiB at 256 sources). The tests c
 loops compile so. The pipeline plans on the host CPU, so this is the backend its kernel must suit
 (``select_merge`` is the same picks as a parallel merge, for a backend that wants one).
 
+Inline: XLA:CPU runs a program on the caller's thread when its entry computation's estimated
+flops (``HloCostAnalysis``, a loop's body counted once) are under 1000, and otherwise hands it to
+a worker thread (``cpu_client.cc``, ``cheap_computation_``), a hand-off of 50 to 150 us on a
+2-core VM, a third of the whole selection at 256 sources. So every per-source step is a scalar
+loop too, the new counts included (``_absolute`` over 256 sources alone is about 2000 flops): the
+estimate is about 200 at any number of sources, and the tests check it stays under 1000.
+
 Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
 count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
 caller checks) a pick's count stays below ``n * max_row_tokens``: parked sources and the padding
@@ -43,7 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Int, UInt32
 
-from .interleave import PARKED, Counts, Selection, _absolute, tie_hash
+from .interleave import PARKED, Counts, Selection, tie_hash
 
 U32 = jnp.uint32
 CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
@@ -173,7 +180,20 @@ def select_tournament(
     taken = jnp.zeros(leaves, U32)
     carry = (keys, taken, tree, first, keys[first, 0])
     (keys, taken, _, _, _), (source, nth, tokens) = lax.scan(step, carry, None, length=n)
-    return Selection(source, nth, taken[:sources], _absolute(base, keys[:sources, 0], counts), tokens)
+
+    def absolute(s, new):
+        """Source ``s``'s count after the batch: ``base`` plus its relative count, exact (a
+        parked source keeps its count)."""
+        hi, lo = new
+        relative = _key(keys, s)[0]
+        low = base.lo + relative
+        parked = relative == U32(PARKED)
+        high = jnp.where(parked, _get(hi, s), base.hi + (low < base.lo).astype(U32))
+        return _set(hi, s, high), _set(lo, s, jnp.where(parked, _get(lo, s), low))
+
+    # a scalar loop, not ``interleave._absolute`` over the sources: see "Inline" above
+    new = Counts(*lax.fori_loop(U32(0), U32(sources), absolute, (counts.hi, counts.lo)))
+    return Selection(source, nth, taken[:sources], new, tokens)
 
 
 def select_least_consumed(
