@@ -34,7 +34,10 @@ def coverage_counts(
     """How often each token of document ``doc`` is copied into a frame in one epoch.
 
     O(rows of ``doc``): walks the document's rows in canonical order (the multiset of a
-    document's placements does not depend on the row shuffle).
+    document's placements does not depend on the row shuffle), ``chunk`` rows a call or the
+    document's rows rounded up to a power of two, whichever is less: documents of similar row
+    counts share one compiled lookup (each compile of it takes seconds on a CPU backend). The
+    padding lanes repeat the document's last row and are dropped.
 
     Returns:
         int64 ``[doc_length]`` copy counts (a cyclic copy wraps to the document start).
@@ -50,11 +53,13 @@ def coverage_counts(
         raise ValueError(f"doc={doc} is out of range for num_docs={num_docs}")
     cum = np.asarray(schedule.cum_rows).astype(np.int64)
     length = int(np.asarray(schedule.placement.doc_len)[doc])
+    first, end = int(cum[doc]), int(cum[doc + 1])
+    size = min(chunk, 1 << max(0, (end - first - 1).bit_length()))
     diff = np.zeros(2 * length + 1, dtype=np.int64)
-    for start in range(int(cum[doc]), int(cum[doc + 1]), chunk):
-        stop = min(start + chunk, int(cum[doc + 1]))
-        rows = np.arange(start, stop, dtype=np.uint32)
-        _, t, _, copy_len = (np.asarray(x) for x in _canonical(schedule, rows, np.uint32(epoch)))
+    for start in range(first, end, size):
+        rows = np.minimum(np.arange(start, start + size, dtype=np.int64), end - 1).astype(np.uint32)
+        looked_up = _canonical(schedule, rows, np.uint32(epoch))
+        _, t, _, copy_len = (np.asarray(x)[: end - start] for x in looked_up)
         np.add.at(diff, t, 1)
         np.add.at(diff, t + copy_len, -1)
     counts = np.cumsum(diff)[: 2 * length]
