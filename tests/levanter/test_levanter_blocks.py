@@ -47,6 +47,7 @@ trainer:
   seed: 0
   id: {run}
   tracker: {{type: json_logger}}
+  watch: {{interval: 0}}  # no per-parameter norms: a second train step to compile (test_train_lm.py)
   require_accelerator: false
   ray: {{auto_start_cluster: false}}
   mp: p=f32,c=f32

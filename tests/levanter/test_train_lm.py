@@ -21,6 +21,7 @@ import pytest
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples" / "levanter"
 pytestmark = pytest.mark.train
+NO_WATCH = ("--trainer.watch.interval", "0")  # see _train_with_console
 
 
 def _prepare(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -42,8 +43,12 @@ def _train(root: pathlib.Path, config: str, *args: str) -> dict[int, dict]:
 
 
 def _train_with_console(root: pathlib.Path, config: str, *args: str) -> tuple[dict[int, dict], str]:
-    """One ``train_lm`` run from ``root``: its logged metrics by step, and its console output."""
-    command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", config, *args]
+    """One ``train_lm`` run from ``root``: its logged metrics by step, and its console output.
+
+    Levanter's watch hook (per-parameter norms every 10 steps, on by default) is turned off: it is
+    a second train step to trace and compile, about 5 of a run's 25 CPU-seconds here, and no test
+    reads its metrics."""
+    command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", config, *args, *NO_WATCH]
     done = subprocess.run(command, cwd=root, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     metrics: dict[int, dict] = {}
