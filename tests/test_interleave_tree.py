@@ -101,7 +101,7 @@ def test_runs_on_the_callers_thread(sources):
     source) would pass 1000 from about 100 sources."""
     args = (counts_of([0] * sources), jnp.zeros((sources, 512), jnp.int32), source_salts(U32(0), sources))
     cost = select_tournament.lower(*args).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost  # a list of one dict before jax 0.4.36
+    cost = cost[0] if isinstance(cost, list) else cost  # older jax: a list of one dict
     assert cost["flops"] < 1000, cost
 
 

@@ -182,7 +182,7 @@ def test_coverage_counts_compile_once_for_documents_of_similar_rows():
     assert meshbatch.pairs_per_doc(schedule).tolist() == [41, 37, 33]
     before = diagnostics._canonical._cache_size()
     counts = [meshbatch.coverage_counts(schedule, d) for d in range(3)]
-    assert diagnostics._canonical._cache_size() == before + 1
+    assert diagnostics._canonical._cache_size() - before <= 1  # 0 if an earlier test made the same one
     for d, length in enumerate([L, L - 1, L - 2]):
         want = np.zeros(length, dtype=np.int64)
         for t, _, copy_len in ref_pairs(length, S=S, K=K, start_mode="slide_within"):
