@@ -128,13 +128,37 @@ class GCSServer:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
+# moto's server (threaded) checks a PUT's If-Match / If-None-Match and then writes, two steps with
+# no lock between them: two conditional PUTs against one ETag can both pass the check and both
+# succeed (seen once in a CI run: two of seven takers of an expired lock won). S3 itself decides
+# a conditional write atomically; the server below holds one lock over each PUT of an object.
+_MOTO_S3 = """\
+import threading
+from moto.s3.responses import S3Response
+
+_put, _one_at_a_time = S3Response.put_object, threading.Lock()
+
+
+def put_object(self):
+    with _one_at_a_time:
+        return _put(self)
+
+
+S3Response.put_object = put_object
+from moto.server import main
+
+main()
+"""
+
+
 class S3Server:
-    """moto's S3 server on 127.0.0.1 (a subprocess, so a test can stop it like a real server)."""
+    """moto's S3 server on 127.0.0.1 (a subprocess, so a test can stop it like a real server), its
+    conditional PUTs atomic as on S3 (``_MOTO_S3``)."""
 
     def __init__(self, buckets: tuple[str, ...] = ("meshbatch",)):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        script = "from moto.server import main; main()"
+        script = _MOTO_S3
         self.process = subprocess.Popen(
             [sys.executable, "-c", script, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
