@@ -5,7 +5,8 @@
   -backend memory``; a bucket is a folder under ``DIR`` (objects live in the server's memory: the
   default backend would keep them in ``/storage``). TensorStore's ``gcs`` kvstore reaches it through
   ``TENSORSTORE_GCS_HTTP_URL=http://127.0.0.1:P``.
-* ``S3Server``: moto's server (``moto[server]``), ``moto_server -H 127.0.0.1 -p P``; TensorStore's
+* ``S3Server``: moto's server (``moto[server]``), ``moto_server -H 127.0.0.1 -p P`` with one lock
+  over each object PUT (so a conditional PUT is atomic, as on S3: ``_MOTO_S3``); TensorStore's
   ``s3`` kvstore reaches it through its ``endpoint`` (meshbatch sets it from
   ``MESHBATCH_S3_ENDPOINT``), with dummy ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``.
 * ``LatencyProxy``: a localhost TCP proxy that holds each HTTP request for a seeded random delay
