@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Int, UInt32
 
-from .interleave import PARKED, Counts, Selection, tie_hash
+from .interleave import PARKED, Counts, Selection, add64, tie_hash
 
 U32 = jnp.uint32
 CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
@@ -186,10 +186,9 @@ def select_tournament(
         parked source keeps its count)."""
         hi, lo = new
         relative = _key(keys, s)[0]
-        low = base.lo + relative
-        parked = relative == U32(PARKED)
-        high = jnp.where(parked, _get(hi, s), base.hi + (low < base.lo).astype(U32))
-        return _set(hi, s, high), _set(lo, s, jnp.where(parked, _get(lo, s), low))
+        after, parked = add64(base, relative), relative == U32(PARKED)
+        high, low = jnp.where(parked, _get(hi, s), after.hi), jnp.where(parked, _get(lo, s), after.lo)
+        return _set(hi, s, high), _set(lo, s, low)
 
     # a scalar loop, not ``interleave._absolute`` over the sources: see "Inline" above
     new = Counts(*lax.fori_loop(U32(0), U32(sources), absolute, (counts.hi, counts.lo)))
