@@ -4,7 +4,11 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
 (1 .. 4096). The least-consumed rule picks ``rows`` rows:
 
 * meshbatch: ``meshbatch.kernels.select_tournament`` (the pipeline's kernel: a winner tree over
-  the sources, one leaf-to-root climb per row, all in one compiled loop), ``select_merge`` (the
+  the sources, one leaf-to-root climb per row, all in one compiled loop), called two ways: as a
+  program (``tournament_program``: the kernel inside a jitted function of arrays, as the pipeline
+  runs it inside its jitted plan) and as a kernel call (``select_tournament(counts, ...)`` itself:
+  its ``Counts`` and ``Selection`` are ``equinox.Module``s, which jax flattens and rebuilds in
+  Python on every call, about 15 us a call that the pipeline never pays); ``select_merge`` (the
   picks as a parallel k-way merge: prefix sums, a threshold bisection and two single-array
   sorts) and ``select_scan`` (the rule literally, one jitted ``lax.scan`` step per row, an argmin
   over every source), all with 64-bit counts as two uint32 words, called on the
@@ -13,14 +17,14 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
 
-The heap, the tournament and the merge run in this process, rotating for ``rounds`` rounds of
+The heap, the tournament (both ways) and the merge run in this process, rotating for ``rounds`` rounds of
 ``repeats`` timed runs after a warm-up (harness ``rotating_times``: each runs back to back, its
 caches warm), then the scan alone (in one rotation with the scan at 256 sources the heap ran 10x
 slower than alone); the table gives each one's median, its range (min .. max of the rounds'
-medians) and the heap / tournament ratio. Then the heap and the tournament alternate call by call
-(``--pairs`` pairs: each starts with the caches the other left, as a kernel called once a step
-between other work would): the median of the pairs' ratios. Every meshbatch selection is checked
-equal to a heap that uses its tie-break hash first.
+medians) and the heap / tournament ratios. Then the heap and the tournament alternate call by
+call (``--pairs`` pairs each way: each starts with the caches the other left, as a kernel called
+once a step between other work would): the median of the pairs' ratios. Every meshbatch selection
+is checked equal to a heap that uses its tie-break hash first.
 
 Pipeline. ``--sources 3`` (the default): three token caches written by Levanter's
 ``SerialCacheWriter`` (Zipf token ids as in ``bench_pipeline.py``, 4 : 2 : 1 in size), mixed
@@ -71,6 +75,14 @@ from meshbatch.kernels import Counts, select_merge, select_scan, select_tourname
 MAX_ROW = 4096
 
 
+@jax.jit
+def tournament_program(hi, lo, row_tokens, salts):
+    """``select_tournament`` inside a jitted program of arrays, as the pipeline's plan runs it:
+    ``Counts`` and ``Selection`` exist only while tracing."""
+    picked = select_tournament(Counts(hi, lo), row_tokens, salts)
+    return picked.source, picked.nth, picked.taken, picked.counts.hi, picked.counts.lo, picked.tokens
+
+
 def heap_generator(token_lists, token_counts, seed):
     """The seed's least-consumed generator: the least-consumed source's next row, forever."""
     rng = random.Random(seed)
@@ -115,14 +127,16 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
         heapq.heappush(heap, (count, h(s, count), s))
     for select in (select_tournament, select_merge, select_scan):
         assert np.asarray(select(zero, jnp.asarray(table), salts).source).tolist() == picks
+    in_program = tournament_program(zero.hi, zero.lo, jnp.asarray(table), salts)
+    assert np.asarray(in_program[0]).tolist() == picks
 
 
 def time_selection(
     rows: int, sources: int, *, rounds: int, repeats: int, pairs: int
 ) -> tuple[dict[str, list[float]], list[float]]:
-    """Wall times of the jitted tournament, merge and scan and of the heap generator selecting
-    ``rows`` rows (per round: the median of its ``repeats`` runs), and the heap / tournament ratio
-    of each of ``pairs`` alternating calls."""
+    """Wall times of the jitted tournament (in a program and as a kernel call), merge and scan and
+    of the heap generator selecting ``rows`` rows (per round: the median of its ``repeats`` runs),
+    and the heap / tournament ratio of each of ``pairs`` alternating calls, each way."""
     rng = np.random.default_rng(0)
     table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
     salts = source_salts(jnp.uint32(0), sources)
@@ -141,18 +155,23 @@ def time_selection(
             next(generator)
 
     tournament = kernel(select_tournament)
-    runs = {"heap": heap, "tournament": tournament, "merge": kernel(select_merge)}
+
+    def program():
+        return jax.block_until_ready(tournament_program(zero.hi, zero.lo, device_table, salts))
+
+    runs = {"heap": heap, "program": program, "tournament": tournament, "merge": kernel(select_merge)}
     times = rotating_times(runs, rounds=rounds, repeats=repeats)
     # the scan runs on its own: after its op-by-op dispatch (over about 28 sources) XLA's worker
     # threads keep spinning for a while and would slow whatever ran next (the heap, in a rotation)
     times |= rotating_times({"scan": kernel(select_scan)}, rounds=rounds, repeats=repeats)
-    alternating = []
+    alternating: dict[str, list[float]] = {"program": [], "tournament": []}
     for _ in range(pairs):
-        start = time.perf_counter()
-        heap()
-        middle = time.perf_counter()
-        tournament()
-        alternating.append((middle - start) / (time.perf_counter() - middle))
+        for name, call in (("program", program), ("tournament", tournament)):
+            start = time.perf_counter()
+            heap()
+            middle = time.perf_counter()
+            call()
+            alternating[name].append((middle - start) / (time.perf_counter() - middle))
     medians = {
         name: [statistics.median(values[r * repeats : (r + 1) * repeats]) for r in range(rounds)]
         for name, values in times.items()
@@ -170,23 +189,34 @@ def bench_selection(configs, *, rounds: int, repeats: int, pairs: int) -> list[d
             low, high = rows / max(times[name]), rows / min(times[name])
             return f"{rows / median[name] / 1e6:.2f} M/s ({low / 1e6:.2f} .. {high / 1e6:.2f})"
 
-        ratio = median["heap"] / median["tournament"]
-        ratios = [h / t for h, t in zip(times["heap"], times["tournament"], strict=True)]
-        quartiles = np.percentile(alternating, [25, 50, 75])
+        def ratio(name, times=times, median=median):
+            """The heap / ``name`` ratio of medians, and its range over the rounds."""
+            ratios = [h / t for h, t in zip(times["heap"], times[name], strict=True)]
+            return median["heap"] / median[name], [min(ratios), max(ratios)]
+
+        (program, program_range), (call, call_range) = ratio("program"), ratio("tournament")
+        quartiles = {name: np.percentile(r, [25, 50, 75]).tolist() for name, r in alternating.items()}
         row = {
             "rows": rows,
             "sources": sources,
             "seconds": times,
             "alternating_ratios": alternating,
             **{f"{name}_rows_per_s": rows / median[name] for name in median},
-            "ratio": ratio,
-            "ratio_range": [min(ratios), max(ratios)],
-            "alternating_ratio_quartiles": quartiles.tolist(),
+            "ratio": program,
+            "ratio_range": program_range,
+            "kernel_call_ratio": call,
+            "kernel_call_ratio_range": call_range,
+            "alternating_ratio_quartiles": quartiles,
         }
+
+        def spread(q):
+            return f"{q[1]:.1f}x ({q[0]:.1f} .. {q[2]:.1f})"
+
         print(
-            f"| {rows} | {sources} | {cell('heap')} | {cell('tournament')} | {cell('merge')} | "
-            f"{cell('scan')} | **{ratio:.1f}x** ({min(ratios):.1f} .. {max(ratios):.1f}) | "
-            f"{quartiles[1]:.1f}x ({quartiles[0]:.1f} .. {quartiles[2]:.1f}) | "
+            f"| {rows} | {sources} | {cell('heap')} | {cell('program')} | {cell('tournament')} | "
+            f"{cell('merge')} | {cell('scan')} | **{program:.1f}x** ({program_range[0]:.1f} .. "
+            f"{program_range[1]:.1f}) | {call:.1f}x ({call_range[0]:.1f} .. {call_range[1]:.1f}) | "
+            f"{spread(quartiles['program'])} | {spread(quartiles['tournament'])} | "
             f"{median['heap'] / median['merge']:.1f}x | {median['heap'] / median['scan']:.2f}x |"
         )
         results.append(row)
@@ -420,9 +450,11 @@ def main():
         rounds, repeats = (2, 3) if args.quick else (7, 5)
         print("\n## selection: least-consumed rule, rows/s (median of rounds; range)\n")
         print(
-            "| rows | sources | heap generator (Python) | jitted tournament | jitted merge | jitted scan "
-            "| heap / tournament (rounds) | heap / tournament, alternating calls (quartiles) "
-            "| heap / merge | heap / scan |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "| rows | sources | heap generator (Python) | tournament, in a program | tournament, "
+            "kernel call | jitted merge | jitted scan | heap / tournament in a program (rounds) "
+            "| heap / kernel call (rounds) | alternating calls: heap / program (quartiles) "
+            "| alternating: heap / kernel call | heap / merge | heap / scan |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         pairs = 20 if args.quick else args.pairs
         out["selection"] = bench_selection(configs, rounds=rounds, repeats=repeats, pairs=pairs)
