@@ -17,11 +17,11 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
 
-The heap, the tournament (both ways) and the merge run in this process, rotating for ``rounds`` rounds of
-``repeats`` timed runs after a warm-up (harness ``rotating_times``: each runs back to back, its
-caches warm), then the scan alone (in one rotation with the scan at 256 sources the heap ran 10x
-slower than alone); the table gives each one's median, its range (min .. max of the rounds'
-medians) and the heap / tournament ratios. Then the heap and the tournament alternate call by
+The heap, the tournament (both ways) and the merge run in this process, rotating for ``rounds``
+rounds of ``repeats`` timed runs after a warm-up (harness ``rotating_times``: each runs back to
+back, its caches warm), then the scan alone (in one rotation with the scan at 256 sources the
+heap ran 10x slower than alone); the table gives each one's median, its range (min .. max of the
+rounds' medians) and the heap / tournament ratios. Then the heap and the tournament alternate call by
 call (``--pairs`` pairs each way: each starts with the caches the other left, as a kernel called
 once a step between other work would): the median of the pairs' ratios. Every meshbatch selection
 is checked equal to a heap that uses its tie-break hash first.
@@ -133,7 +133,7 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
 
 def time_selection(
     rows: int, sources: int, *, rounds: int, repeats: int, pairs: int
-) -> tuple[dict[str, list[float]], list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall times of the jitted tournament (in a program and as a kernel call), merge and scan and
     of the heap generator selecting ``rows`` rows (per round: the median of its ``repeats`` runs),
     and the heap / tournament ratio of each of ``pairs`` alternating calls, each way."""
