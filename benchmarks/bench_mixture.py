@@ -21,10 +21,10 @@ The heap, the tournament (both ways) and the merge run in this process, rotating
 rounds of ``repeats`` timed runs after a warm-up (harness ``rotating_times``: each runs back to
 back, its caches warm), then the scan alone (in one rotation with the scan at 256 sources the
 heap ran 10x slower than alone); the table gives each one's median, its range (min .. max of the
-rounds' medians) and the heap / tournament ratios. Then the heap and the tournament alternate call by
-call (``--pairs`` pairs each way: each starts with the caches the other left, as a kernel called
-once a step between other work would): the median of the pairs' ratios. Every meshbatch selection
-is checked equal to a heap that uses its tie-break hash first.
+rounds' medians) and the heap / tournament ratios. Then the heap and the tournament alternate
+call by call (``--pairs`` pairs each way: each starts with the caches the other left, as a kernel
+called once a step between other work would): the median of the pairs' ratios. Every meshbatch
+selection is checked equal to a heap that uses its tie-break hash first.
 
 Pipeline. ``--sources 3`` (the default): three token caches written by Levanter's
 ``SerialCacheWriter`` (Zipf token ids as in ``bench_pipeline.py``, 4 : 2 : 1 in size), mixed
