@@ -60,8 +60,6 @@ import argparse
 import functools
 import gc
 import heapq
-import json
-import pathlib
 import random
 import statistics
 import tempfile
@@ -473,12 +471,9 @@ def main():
         out["floor"] = bench_floor(configs, rounds=rounds, repeats=repeats)
     if args.part in ("pipeline", "all"):
         out["pipeline"] = bench_pipeline(args)
-    # the floor goes beside the selection's figures, never over them; and a run updates the keys
-    # it measured, keeping the runs RESULTS.md cites (``selection_run1`` .. and the pipeline's)
-    path = pathlib.Path(__file__.replace(".py", "_floor.py") if args.part == "floor" else __file__)
-    recorded = path.with_suffix(".json")
-    kept = json.loads(recorded.read_text()) if recorded.exists() else {}
-    write_json(str(path), kept | out)
+    # the floor goes beside the selection's figures, never over them (``write_json`` keeps the
+    # runs RESULTS.md cites: ``selection_run1`` .. and the pipeline's)
+    write_json(__file__.replace(".py", "_floor.py") if args.part == "floor" else __file__, out)
 
 
 if __name__ == "__main__":

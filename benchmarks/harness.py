@@ -79,10 +79,14 @@ def keep_freed_memory() -> str:
 
 
 def write_json(script: str, payload: dict) -> pathlib.Path:
-    """Write ``payload`` as ``<script stem>.json`` beside the script."""
+    """Write ``payload`` into ``<script stem>.json`` beside the script: its keys replace the
+    file's, and every other key the file holds stays (``RESULTS.md`` cites recorded runs by key,
+    e.g. ``run_1`` or ``selection_run12``: a new run must not erase them)."""
     path = pathlib.Path(script).with_suffix(".json")
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {path}")
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    kept = sorted(set(recorded) - set(payload))
+    path.write_text(json.dumps(recorded | payload, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}" + (f" (kept its recorded keys {', '.join(kept)})" if kept else ""))
     return path
 
 
