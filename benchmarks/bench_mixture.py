@@ -46,8 +46,15 @@ Floor (``--part floor``): the heap, the merge, one jitted single-array sort of `
 words and an empty jitted call in one rotation at 64 and 256 sources: how much of the 10x
 target's budget (the heap's time over 10) a sort-based order spends before any other work.
 
-    python benchmarks/bench_mixture.py [--quick] [--part selection|floor|pipeline|all] [--sources N]
-                                        [--pairs N]
+Climb (``--part climb``): the tournament with every level climbed at once in the row's step (as
+the kernel does up to ``SINGLE_CLIMB`` levels) against the chunked climb (two levels an inner
+iteration, ``SINGLE_CLIMB = 4`` as before), traced from the same function with the constant
+patched, checked equal, then called in turn, one call each, for ``--calls`` calls (both see the
+same VM state): each side's median, and the median of the per-pair ratios. At 256 sources both
+are the chunked climb (8 levels do not compile natively at once).
+
+    python benchmarks/bench_mixture.py [--quick] [--part selection|floor|climb|pipeline|all]
+                                        [--sources N] [--pairs N] [--calls N]
 """
 
 from __future__ import annotations
@@ -285,6 +292,56 @@ def bench_floor(configs, *, rounds: int, repeats: int) -> list[dict]:
     return results
 
 
+def climb_program(single_climb: int, sources: int, rows: int):
+    """``select_tournament`` compiled with ``interleave_tree.SINGLE_CLIMB = single_climb`` (read at
+    trace time: the unjitted function is traced here, so no cached trace of the other is reused)."""
+    from meshbatch.kernels.mixtures import interleave_tree
+
+    def program(hi, lo, row_tokens, salts):
+        picked = select_tournament.__wrapped__(Counts(hi, lo), row_tokens, salts)
+        return picked.source, picked.nth, picked.taken, picked.counts.hi, picked.counts.lo, picked.tokens
+
+    words = jax.ShapeDtypeStruct((sources,), jnp.uint32)
+    table = jax.ShapeDtypeStruct((sources, rows), jnp.int32)
+    saved, interleave_tree.SINGLE_CLIMB = interleave_tree.SINGLE_CLIMB, single_climb
+    try:
+        compiled = jax.jit(program).lower(words, words, table, words).compile()
+        return compiled, interleave_tree.tree_levels(sources)
+    finally:
+        interleave_tree.SINGLE_CLIMB = saved
+
+
+def bench_climb(sizes, *, rows: int, calls: int) -> list[dict]:
+    """The one-climb step against the chunked one, call by call (see the module docstring)."""
+    from meshbatch.kernels.mixtures.interleave_tree import SINGLE_CLIMB
+
+    results = []
+    for sources in sizes:
+        table = jnp.asarray(np.random.default_rng(0).integers(1, MAX_ROW + 1, (sources, rows)), jnp.int32)
+        salts, zero = source_salts(jnp.uint32(0), sources), jnp.zeros(sources, jnp.uint32)
+        chunked, chunked_levels = climb_program(4, sources, rows)
+        at_once, levels = climb_program(SINGLE_CLIMB, sources, rows)
+        for a, b in zip(chunked(zero, zero, table, salts), at_once(zero, zero, table, salts), strict=True):
+            np.testing.assert_array_equal(a, b)
+        times: dict[str, list[float]] = {"chunked": [], "at_once": []}
+        sides = (("chunked", chunked), ("at_once", at_once))
+        for i in range(calls + 2):  # two warm-up calls each
+            for name, program in sides if i % 2 == 0 else sides[::-1]:
+                start = time.perf_counter()
+                jax.block_until_ready(program(zero, zero, table, salts))
+                if i >= 2:
+                    times[name].append(time.perf_counter() - start)
+        ratio = statistics.median(a / b for a, b in zip(times["chunked"], times["at_once"], strict=True))
+        median = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+        print(
+            f"| {rows} | {sources} | {chunked_levels} / {levels} | {median['chunked']:.0f} | "
+            f"{median['at_once']:.0f} | {ratio:.2f}x |"
+        )
+        results.append({"rows": rows, "sources": sources, "levels": [chunked_levels, levels],
+                        "seconds": times, "ratio": ratio})  # fmt: skip
+    return results
+
+
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 SIZES = {"web": 4, "code": 2, "math": 1}
 
@@ -437,11 +494,12 @@ def bench_pipeline(args) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, configurations and steps")
-    parser.add_argument("--part", choices=("selection", "floor", "pipeline", "all"), default="all")
+    parser.add_argument("--part", choices=("selection", "floor", "climb", "pipeline", "all"), default="all")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=100, help="selection: alternating heap/tournament calls")
     parser.add_argument("--sources", type=int, default=3, help="pipeline: 3 (4:2:1) or N equal sources")
+    parser.add_argument("--calls", type=int, default=1500, help="climb: calls of each side, in turn")
     args = parser.parse_args()
     env = banner("bench_mixture")
     out = {"env": env, "args": vars(args)}
@@ -469,11 +527,18 @@ def main():
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         out["floor"] = bench_floor(configs, rounds=rounds, repeats=repeats)
+    if args.part == "climb":
+        print("\n## climb: microseconds, medians of alternating calls; ratio: median of chunked / at once\n")
+        print("| rows | sources | levels (chunked / at once) | chunked | at once | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        sizes = [64, 256] if args.quick else [32, 64, 100, 128, 256]
+        out["climb"] = bench_climb(sizes, rows=4096, calls=200 if args.quick else args.calls)
     if args.part in ("pipeline", "all"):
         out["pipeline"] = bench_pipeline(args)
-    # the floor goes beside the selection's figures, never over them (``write_json`` keeps the
-    # runs RESULTS.md cites: ``selection_run1`` .. and the pipeline's)
-    write_json(__file__.replace(".py", "_floor.py") if args.part == "floor" else __file__, out)
+    # the floor and the climb go beside the selection's figures, never over them (``write_json``
+    # keeps the runs RESULTS.md cites: ``selection_run1`` .. and the pipeline's)
+    side = {"floor": "_floor.py", "climb": "_climb.py"}.get(args.part)
+    write_json(__file__.replace(".py", side) if side else __file__, out)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ U32 = jnp.uint32
 
 def test_tree_levels():
     """At least two levels; above ``SINGLE_CLIMB``, whole chunks (the padding leaves never win)."""
-    assert (SINGLE_CLIMB, CHUNK) == (4, 2)
-    sources = (1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 256, 300, 1000)
-    assert [tree_levels(s) for s in sources] == [2, 2, 2, 2, 3, 4, 6, 6, 6, 8, 8, 10, 10]
+    assert (SINGLE_CLIMB, CHUNK) == (7, 2)
+    sources = (1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 128, 129, 256, 300, 1000)
+    assert [tree_levels(s) for s in sources] == [2, 2, 2, 2, 3, 4, 5, 6, 6, 7, 7, 8, 8, 10, 10]
 
 
 CASES = [(64, 200), (100, 150), (256, 300), (1000, 48)]  # (sources, rows): four compiles
@@ -76,7 +76,7 @@ def test_one_source_and_no_rows():
     assert np.asarray(empty.source).shape == (0,) and as_ints(empty.counts) == [5, 9]
 
 
-@pytest.mark.parametrize("sources", [3, 64, 256, 1000])
+@pytest.mark.parametrize("sources", [3, 64, 128, 129, 256, 1000])
 def test_every_loop_compiles_to_one_native_loop(sources):
     """The kernel's speed rests on XLA:CPU compiling each of its while loops (the least count, the
     tree's build, the rows, the climb) into one native loop: its ``SmallWhileLoopHoistingPass``
@@ -91,7 +91,7 @@ def test_every_loop_compiles_to_one_native_loop(sources):
     assert len(re.findall(r"xla_cpu_small_call", text)) >= 3
 
 
-@pytest.mark.parametrize("sources", [3, 64, 256, 1000])
+@pytest.mark.parametrize("sources", [3, 64, 128, 256, 1000])
 def test_runs_on_the_callers_thread(sources):
     """XLA:CPU runs a program inline, on the caller's thread, when its entry computation's
     estimated flops are under 1000 (``cpu_client.cc``: ``cheap_computation_``); above, the call

@@ -23,19 +23,24 @@ climbs in registers.
 How it runs: one ``lax.scan`` step per row, all scalar work touching under 1 KiB, which XLA:CPU
 compiles into one native loop (its ``SmallWhileLoopHoistingPass`` takes a while loop whose body
 accesses fewer bytes than ``xla_cpu_small_while_loop_byte_threshold``, 1 KiB by default; a larger
-body runs op by op through the thunk runtime, about a microsecond an op). Above ``SINGLE_CLIMB``
-levels a step climbs ``CHUNK`` levels per iteration of an inner loop, so a row touches the same
-bytes at any number of sources (about 650; one climb over every level lets XLA recompute each
-level's winner for every node it writes, past 1 KiB at 256 sources). The tests check that both
-loops compile so. The pipeline plans on the host CPU, so this is the backend its kernel must suit
-(``select_merge`` is the same picks as a parallel merge, for a backend that wants one).
+body runs op by op through the thunk runtime, about a microsecond an op). Up to ``SINGLE_CLIMB``
+levels (128 sources) a step climbs every level at once: straight-line code, the fastest form (1.16x
+to 1.44x the chunked climb at 32 to 128 sources: ``bench_mixture.py --part climb``). It cannot go
+higher: XLA fuses the chain of winners into every level's tree write, so level ``k``'s write reads
+``k`` sibling keys again and the step's bytes (XLA's ``HloCostAnalysis``, what the pass compares)
+grow faster than the levels: 852, 992 and 1152 at 6, 7 and 8 levels. Above it a step climbs
+``CHUNK`` levels per iteration of an inner loop, about 650 bytes at any number of sources. The
+tests check that every loop compiles so, on both sides of ``SINGLE_CLIMB``. The pipeline plans on
+the host CPU, so this is the backend its kernel must suit (``select_merge`` is the same picks as a
+parallel merge, for a backend that wants one).
 
 Inline: XLA:CPU runs a program on the caller's thread when its entry computation's estimated
 flops (``HloCostAnalysis``, a loop's body counted once) are under 1000, and otherwise hands it to
 a worker thread (``cpu_client.cc``, ``cheap_computation_``), a hand-off of 50 to 150 us on a
 2-core VM, a third of the whole selection at 256 sources. So every per-source step is a scalar
 loop too, the new counts included (``_absolute`` over 256 sources alone is about 2000 flops): the
-estimate is about 200 at any number of sources, and the tests check it stays under 1000.
+estimate does not grow with the sources (232 at 3, 600 at 64, 727 at 100 to 128, where the
+one-climb step is largest, 216 from 129 on), and the tests check it stays under 1000.
 
 Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
 count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
@@ -54,7 +59,7 @@ from .interleave import PARKED, Counts, Selection, add64, tie_hash
 
 U32 = jnp.uint32
 CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
-SINGLE_CLIMB = 4  # up to this many levels (16 sources) a step climbs all of them at once
+SINGLE_CLIMB = 7  # up to this many levels (128 sources) a step climbs all of them at once
 
 
 def tree_levels(sources: int) -> int:
