@@ -5,7 +5,8 @@ Reads the ``selection_runN`` entries of ``bench_mixture.json`` (each a whole
 kernel ratio at 64 and 256 sources (the median of the rounds' medians, as in each run's table),
 with the range over the rounds, against issue 21's 10x line; prints the same as a Markdown table.
 The kernel is what the pipeline ran at the time: the merge in runs 1 and 2, the tournament from
-run 3 (a kernel call; from run 12 the tournament inside a jitted program).
+run 3 (a kernel call; from run 12 inside a jitted program; from run 18 climbing every level at
+once up to 7 levels, so at 64 sources, not at 256).
 
     python benchmarks/plot_mixture_runs.py    # -> benchmarks/bench_mixture_runs.png
 """
@@ -20,7 +21,7 @@ HERE = pathlib.Path(__file__).parent
 SIZES = (64, 256)
 TARGET = 10.0
 # what changed in the kernel between runs (bench_mixture.json holds no dates; RESULTS.md does)
-EPOCHS = {1: "merge", 3: "tournament", 5: "on the caller's thread", 12: "in a program"}
+EPOCHS = {1: "merge", 3: "tree", 5: "caller's thread", 12: "in a program", 18: "one climb up to 7 levels"}
 
 
 def recorded_runs(path: pathlib.Path) -> dict[int, dict[int, tuple[float, float, float]]]:
@@ -72,7 +73,7 @@ def plot(runs: dict[int, dict[int, tuple[float, float, float]]], out: pathlib.Pa
     for first, label in EPOCHS.items():
         if first > numbers[0]:
             axes.axvline(first - 0.5, color="0.75", linewidth=1)
-        axes.annotate(label, (first - 0.4, 0.98), xycoords=("data", "axes fraction"), va="top", fontsize=8)
+        axes.annotate(label, (first - 0.4, 0.98), xycoords=("data", "axes fraction"), va="top", fontsize=7)
     axes.set_xticks(numbers)
     axes.set_xlabel("recorded run (selection_runN in bench_mixture.json)")
     axes.set_ylabel("heap time / kernel time")
