@@ -79,10 +79,11 @@ def test_one_source_and_no_rows():
 @pytest.mark.parametrize("sources", [3, 64, 128, 129, 256, 1000])
 def test_every_loop_compiles_to_one_native_loop(sources):
     """The kernel's speed rests on XLA:CPU compiling each of its while loops (the least count, the
-    tree's build, the rows, the climb) into one native loop: its ``SmallWhileLoopHoistingPass``
-    takes a loop whose body accesses under 1 KiB. A loop left in the entry computation runs op by
-    op through the thunk runtime, 20-50x slower: a change to the kernel (or to jax) that does this
-    must show up here, not only in ``benchmarks/bench_mixture.py``."""
+    tree's build, the rows, the climb above ``SINGLE_CLIMB`` levels, the new counts) into one
+    native loop: its ``SmallWhileLoopHoistingPass`` takes a loop whose body accesses under 1 KiB
+    (128 and 129 sources: the largest one-climb step, and the first chunked one). A loop left in
+    the entry computation runs op by op through the thunk runtime, 20-50x slower: a change to the
+    kernel (or to jax) that does this must show up here, not only in ``bench_mixture.py``."""
     args = (counts_of([0] * sources), jnp.zeros((sources, 64), jnp.int32), source_salts(U32(0), sources))
     text = select_tournament.lower(*args).compile().as_text()
     entry = text[text.index("ENTRY") :]
