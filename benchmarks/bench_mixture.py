@@ -82,12 +82,17 @@ from meshbatch.kernels import Counts, select_merge, select_scan, select_tourname
 MAX_ROW = 4096
 
 
+def selection_arrays(select, hi, lo, row_tokens, salts):
+    """``select``'s ``Selection`` as a tuple of arrays, for a jitted program of arrays."""
+    picked = select(Counts(hi, lo), row_tokens, salts)
+    return picked.source, picked.nth, picked.taken, picked.counts.hi, picked.counts.lo, picked.tokens
+
+
 @jax.jit
 def tournament_program(hi, lo, row_tokens, salts):
     """``select_tournament`` inside a jitted program of arrays, as the pipeline's plan runs it:
     ``Counts`` and ``Selection`` exist only while tracing."""
-    picked = select_tournament(Counts(hi, lo), row_tokens, salts)
-    return picked.source, picked.nth, picked.taken, picked.counts.hi, picked.counts.lo, picked.tokens
+    return selection_arrays(select_tournament, hi, lo, row_tokens, salts)
 
 
 def heap_generator(token_lists, token_counts, seed):
@@ -297,10 +302,7 @@ def climb_program(single_climb: int, sources: int, rows: int):
     trace time: the unjitted function is traced here, so no cached trace of the other is reused)."""
     from meshbatch.kernels.mixtures import interleave_tree
 
-    def program(hi, lo, row_tokens, salts):
-        picked = select_tournament.__wrapped__(Counts(hi, lo), row_tokens, salts)
-        return picked.source, picked.nth, picked.taken, picked.counts.hi, picked.counts.lo, picked.tokens
-
+    program = functools.partial(selection_arrays, select_tournament.__wrapped__)
     words = jax.ShapeDtypeStruct((sources,), jnp.uint32)
     table = jax.ShapeDtypeStruct((sources, rows), jnp.int32)
     saved, interleave_tree.SINGLE_CLIMB = interleave_tree.SINGLE_CLIMB, single_climb
