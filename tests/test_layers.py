@@ -9,11 +9,14 @@ and what a step newly loaded is its snapshot minus the one before.
 
 import json
 import pathlib
+import pkgutil
 import re
 import subprocess
 import sys
 
 import pytest
+
+import meshbatch.kernels
 
 FORBIDDEN = ("tensorstore", "levanter", "haliax")
 STEPS = (
@@ -68,6 +71,15 @@ def test_kernels_import_no_io_or_levanter(probe):
     loaded = _top(_modules_after(probe, "import meshbatch.kernels"))
     assert not loaded & set(FORBIDDEN), f"meshbatch.kernels pulled in {sorted(loaded & set(FORBIDDEN))}"
     assert {"jax", "numpy", "equinox", "jaxtyping"} <= loaded
+
+
+def test_the_kernels_probe_covers_every_kernel_module(probe):
+    """``import meshbatch.kernels`` loads every module under it, so the checks above hold for each
+    (a kernel module that it left unloaded would go unchecked)."""
+    every = {m.name for m in pkgutil.walk_packages(meshbatch.kernels.__path__, "meshbatch.kernels.")}
+    assert len(every) > 20 and "meshbatch.kernels.splice.frames" in every, sorted(every)
+    missed = every - _modules_after(probe, "import meshbatch.kernels")
+    assert not missed, f"import meshbatch.kernels leaves {sorted(missed)} unloaded and unchecked"
 
 
 @pytest.mark.parametrize("module", FORBIDDEN)
