@@ -12,7 +12,7 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
   picks as a parallel k-way merge: prefix sums, a threshold bisection and two single-array
   sorts) and ``select_scan`` (the rule literally, one jitted ``lax.scan`` step per row, an argmin
   over every source), all with 64-bit counts as two uint32 words, called on the
-  ``[sources, rows]`` token table, blocked until ready;
+  ``[rows, sources]`` token table (a column per source), blocked until ready;
 * baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
   count read from a list), drawing the same number of rows.
@@ -138,8 +138,8 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
         taken[s] += 1
         heapq.heappush(heap, (count, h(s, count), s))
     for select in (select_tournament, select_merge, select_scan):
-        assert np.asarray(select(zero, jnp.asarray(table), salts).source).tolist() == picks
-    in_program = tournament_program(zero.hi, zero.lo, jnp.asarray(table), salts)
+        assert np.asarray(select(zero, jnp.asarray(table.T), salts).source).tolist() == picks
+    in_program = tournament_program(zero.hi, zero.lo, jnp.asarray(table.T), salts)
     assert np.asarray(in_program[0]).tolist() == picks
 
 
@@ -153,7 +153,7 @@ def time_selection(
     table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
     salts = source_salts(jnp.uint32(0), sources)
     check_equal_to_heap(table, salts)
-    device_table = jnp.asarray(table)
+    device_table = jnp.asarray(table.T)  # the kernels' layout: a column per source
     zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
     lists = table.tolist()
     gc.collect()
@@ -239,7 +239,7 @@ def floor_runs(rows: int, sources: int) -> dict:
     """The heap, the merge, one jitted single-array sort of ``rows`` words, an empty jitted call."""
     rng = np.random.default_rng(0)
     table = rng.integers(1, MAX_ROW + 1, (sources, rows)).astype(np.int32)
-    device_table, salts = jnp.asarray(table), source_salts(jnp.uint32(0), sources)
+    device_table, salts = jnp.asarray(table.T), source_salts(jnp.uint32(0), sources)
     zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
     words = jnp.asarray(rng.integers(0, 2**32, rows, dtype=np.uint64).astype(np.uint32))
     lists = table.tolist()
@@ -304,7 +304,7 @@ def climb_program(single_climb: int, sources: int, rows: int):
 
     program = functools.partial(selection_arrays, select_tournament.__wrapped__)
     words = jax.ShapeDtypeStruct((sources,), jnp.uint32)
-    table = jax.ShapeDtypeStruct((sources, rows), jnp.int32)
+    table = jax.ShapeDtypeStruct((rows, sources), jnp.int32)
     saved, interleave_tree.SINGLE_CLIMB = interleave_tree.SINGLE_CLIMB, single_climb
     try:
         compiled = jax.jit(program).lower(words, words, table, words).compile()
@@ -319,7 +319,7 @@ def bench_climb(sizes, *, rows: int, calls: int) -> list[dict]:
 
     results = []
     for sources in sizes:
-        table = jnp.asarray(np.random.default_rng(0).integers(1, MAX_ROW + 1, (sources, rows)), jnp.int32)
+        table = jnp.asarray(np.random.default_rng(0).integers(1, MAX_ROW + 1, (rows, sources)), jnp.int32)
         salts, zero = source_salts(jnp.uint32(0), sources), jnp.zeros(sources, jnp.uint32)
         chunked, chunked_levels = climb_program(4, sources, rows)
         at_once, levels = climb_program(SINGLE_CLIMB, sources, rows)

@@ -39,7 +39,7 @@ def test_hand_worked_trace(select):
     at6 = [tie_hash(s, 6) for s in salt]
     assert at0[1] < at0[0] < at0[2] and at6[0] < at6[2]
     tokens = jnp.asarray([[3] * 8, [5] * 8, [2] + [4] * 7], jnp.int32)
-    out = select(counts_of([0, 0, 0]), tokens, source_salts(U32(4), 3))
+    out = select(counts_of([0, 0, 0]), tokens.T, source_salts(U32(4), 3))  # a column per source
     assert np.asarray(out.source).tolist() == [1, 0, 2, 2, 0, 1, 0, 2]
     assert np.asarray(out.nth).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
     assert np.asarray(out.tokens).tolist() == [5, 3, 2, 4, 3, 5, 3, 4]
@@ -50,7 +50,7 @@ def test_hand_worked_trace(select):
 @KERNELS
 def test_ties_are_not_first_wins(select):
     """Equal sources at equal counts: every source leads some round (not always source 0)."""
-    tokens = jnp.ones((4, 64), jnp.int32)
+    tokens = jnp.ones((64, 4), jnp.int32)
     out = select(counts_of([0] * 4), tokens, source_salts(U32(1), 4))
     firsts = np.asarray(out.source).reshape(16, 4)[:, 0]  # who wins each tied round
     assert set(firsts.tolist()) == {0, 1, 2, 3}
@@ -74,12 +74,12 @@ def test_a_tied_source_whose_hash_is_all_ones_still_wins(select):
     salt = np.array([12345, fmix32_inverse(0xFFFFFFFF)], np.uint32)  # tie_hash(s, 0) = fmix32(s)
     assert tie_hash(int(salt[1]), 0) == 0xFFFFFFFF
     tokens = jnp.full((2, 4), 10, jnp.int32)
-    out = select(counts_of([5, 0]), tokens, jnp.asarray(salt))
+    out = select(counts_of([5, 0]), tokens.T, jnp.asarray(salt))
     assert np.asarray(out.source).tolist() == [1, 0, 1, 0]  # counts (5,0) -> (5,10) -> (15,10) -> ...
     assert as_ints(out.counts) == [25, 20]
     picks, final = least_consumed([5, 0], np.asarray(tokens), [int(s) for s in salt])
     assert [s for s, _ in picks] == np.asarray(out.source).tolist() and final == [25, 20]
-    merged = select_merge(counts_of([5, 0]), tokens, jnp.asarray(salt))  # the merge agrees
+    merged = select_merge(counts_of([5, 0]), tokens.T, jnp.asarray(salt))  # the merge agrees
     assert np.asarray(merged.source).tolist() == [1, 0, 1, 0]
 
 
@@ -94,7 +94,7 @@ def test_equals_heap_reference(select, seed):
     if seed % 2:
         counts[0] += 2**40  # far above the rest: parked for the whole batch
     salt = source_salts(U32(seed), sources)
-    out = select(counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
+    out = select(counts_of(counts), jnp.asarray(tokens.T, jnp.int32), salt)
     rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)) == rows
     assert as_ints(out.counts) == final
@@ -106,11 +106,11 @@ def test_carried_batches_equal_one_batch(select):
     rng = np.random.default_rng(3)
     tokens = rng.integers(1, 50, (5, 256))
     salt = source_salts(U32(4), 5)
-    whole = select(counts_of([0] * 5), jnp.asarray(tokens, jnp.int32), salt)
-    first = select(counts_of([0] * 5), jnp.asarray(tokens[:, :128], jnp.int32), salt)
+    whole = select(counts_of([0] * 5), jnp.asarray(tokens.T, jnp.int32), salt)
+    first = select(counts_of([0] * 5), jnp.asarray(tokens[:, :128].T, jnp.int32), salt)
     taken = np.asarray(first.taken)
     rest = np.stack([tokens[s, taken[s] : taken[s] + 128] for s in range(5)])
-    second = select(first.counts, jnp.asarray(rest, jnp.int32), salt)
+    second = select(first.counts, jnp.asarray(rest.T, jnp.int32), salt)
     sources = np.concatenate([np.asarray(first.source), np.asarray(second.source)])
     nth = np.concatenate([np.asarray(first.nth), np.asarray(second.nth) + taken[np.asarray(second.source)]])
     assert (sources == np.asarray(whole.source)[:256]).all() and (nth == np.asarray(whole.nth)).all()
@@ -130,7 +130,7 @@ def test_balance_over_1e5_rows(select):
     totals = np.zeros(sources, np.int64)
     for _ in range(25):
         tokens = rng.integers(low[:, None], max_row + 1, (sources, n))
-        out = select(counts, jnp.asarray(tokens, jnp.int32), salt)
+        out = select(counts, jnp.asarray(tokens.T, jnp.int32), salt)
         running = totals[None, :] + np.cumsum(
             np.eye(sources, dtype=np.int64)[np.asarray(out.source)] * np.asarray(out.tokens)[:, None], axis=0
         )
@@ -144,7 +144,7 @@ def test_balance_over_1e5_rows(select):
 
 @KERNELS
 def test_never_recompiles(select):
-    tokens = jnp.ones((3, 32), jnp.int32)
+    tokens = jnp.ones((32, 3), jnp.int32)
     select(counts_of([0, 0, 0]), tokens, source_salts(U32(0), 3))
     before = select._cache_size()
     for seed in range(3):

@@ -28,7 +28,7 @@ def assert_same(a, b):
 def test_hand_worked_trace():
     """The docstring's trace: a 3 3 3, b 5 5, c 2 4 4 from 0, seed 4; 8 rows, threshold 6."""
     tokens = jnp.asarray([[3] * 8, [5] * 8, [2] + [4] * 7], jnp.int32)
-    out = select_merge(counts_of([0, 0, 0]), tokens, source_salts(U32(4), 3))
+    out = select_merge(counts_of([0, 0, 0]), tokens.T, source_salts(U32(4), 3))  # a column a source
     assert np.asarray(out.source).tolist() == [1, 0, 2, 2, 0, 1, 0, 2]
     assert np.asarray(out.nth).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
     assert np.asarray(out.tokens).tolist() == [5, 3, 2, 4, 3, 5, 3, 4]
@@ -54,7 +54,7 @@ def test_equals_scan_and_heap(case):
     if case % 3 == 0 and sources > 1:
         counts[-1] = min(counts) + 2**32 - 5
     salt = source_salts(U32(case % 5), sources)
-    args = (counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
+    args = (counts_of(counts), jnp.asarray(tokens.T, jnp.int32), salt)
     merged = select_merge(*args)
     assert_same(merged, select_scan(*args))
     assert_same(merged, select_tournament(*args))
@@ -75,7 +75,7 @@ def test_windows_fall_back_exactly():
     for skewed in (False, True):
         if skewed:
             tokens[sources // 2] = 1
-        out = select_merge(counts_of([0] * sources), jnp.asarray(tokens, jnp.int32), salt)
+        out = select_merge(counts_of([0] * sources), jnp.asarray(tokens.T, jnp.int32), salt)
         rows, final = least_consumed([0] * sources, tokens, salt_list)
         picks = zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)
         assert list(picks) == rows
@@ -92,7 +92,7 @@ def test_windows():
 
 def test_never_recompiles():
     steps = [
-        (counts_of([s, 2**33, 7, 0, 2**40]), jnp.full((5, 32), s, jnp.int32), source_salts(U32(s), 5))
+        (counts_of([s, 2**33, 7, 0, 2**40]), jnp.full((32, 5), s, jnp.int32), source_salts(U32(s), 5))
         for s in range(4)
     ]
     jax.block_until_ready(select_merge(*steps[0]))
@@ -105,7 +105,7 @@ def test_never_recompiles():
 def test_least_consumed_is_the_tournament():
     """The pipeline's kernel is the tournament at every number of sources (one compile a shape)."""
     for sources in (3, 29, 64):
-        tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (sources, 41)), jnp.int32)
+        tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (41, sources)), jnp.int32)
         args = (counts_of([0] * sources), tokens, source_salts(U32(2), sources))
         compiled = select_tournament._cache_size()
         out = select_least_consumed(*args)

@@ -46,7 +46,7 @@ def test_equals_heap_at_hundreds_of_sources(case):
         counts[1] += 2**40
         counts[2] = min(counts) + 2**32 - 5
     salt = source_salts(U32(case), sources)
-    out = select_tournament(counts_of(counts), jnp.asarray(tokens, jnp.int32), salt)
+    out = select_tournament(counts_of(counts), jnp.asarray(tokens.T, jnp.int32), salt)
     rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)) == rows
     assert np.asarray(out.tokens).tolist() == [int(tokens[s, j]) for s, j in rows]
@@ -63,16 +63,16 @@ def test_one_source_takes_most_rows():
     tokens = rng.integers(1000, 4097, (64, 256))
     tokens[17] = 1
     salt = source_salts(U32(3), 64)
-    out = select_tournament(counts_of([0] * 64), jnp.asarray(tokens, jnp.int32), salt)
+    out = select_tournament(counts_of([0] * 64), jnp.asarray(tokens.T, jnp.int32), salt)
     rows, final = least_consumed([0] * 64, tokens, [int(s) for s in np.asarray(salt)])
     assert list(zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)) == rows
     assert int(np.asarray(out.taken)[17]) > 180 and as_ints(out.counts) == final
 
 
 def test_one_source_and_no_rows():
-    out = select_tournament(counts_of([5]), jnp.asarray([[3, 0, 2]], jnp.int32), source_salts(U32(0), 1))
+    out = select_tournament(counts_of([5]), jnp.asarray([[3], [0], [2]], jnp.int32), source_salts(U32(0), 1))
     assert np.asarray(out.source).tolist() == [0, 0, 0] and as_ints(out.counts) == [10]
-    empty = select_tournament(counts_of([5, 9]), jnp.zeros((2, 0), jnp.int32), source_salts(U32(0), 2))
+    empty = select_tournament(counts_of([5, 9]), jnp.zeros((0, 2), jnp.int32), source_salts(U32(0), 2))
     assert np.asarray(empty.source).shape == (0,) and as_ints(empty.counts) == [5, 9]
 
 
@@ -84,7 +84,7 @@ def test_every_loop_compiles_to_one_native_loop(sources):
     (128 and 129 sources: the largest one-climb step, and the first chunked one). A loop left in
     the entry computation runs op by op through the thunk runtime, 20-50x slower: a change to the
     kernel (or to jax) that does this must show up here, not only in ``bench_mixture.py``."""
-    args = (counts_of([0] * sources), jnp.zeros((sources, 64), jnp.int32), source_salts(U32(0), sources))
+    args = (counts_of([0] * sources), jnp.zeros((64, sources), jnp.int32), source_salts(U32(0), sources))
     text = select_tournament.lower(*args).compile().as_text()
     entry = text[text.index("ENTRY") :]
     entry = entry[: entry.index("\n}")]
@@ -100,7 +100,7 @@ def test_runs_on_the_callers_thread(sources):
     kernel is a scalar loop (whose body the estimate counts once), so the estimate does not grow
     with the sources: an elementwise step over them (``interleave._absolute`` is about 8 flops a
     source) would pass 1000 from about 100 sources."""
-    args = (counts_of([0] * sources), jnp.zeros((sources, 512), jnp.int32), source_salts(U32(0), sources))
+    args = (counts_of([0] * sources), jnp.zeros((512, sources), jnp.int32), source_salts(U32(0), sources))
     cost = select_tournament.lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost  # older jax: a list of one dict
     assert cost["flops"] < 1000, cost
@@ -108,6 +108,6 @@ def test_runs_on_the_callers_thread(sources):
 
 def test_jaxpr_has_no_sort_and_no_scatter():
     """One climb a row: no sort, no scatter (XLA:CPU would not compile a scatter into the loop)."""
-    args = (counts_of([0] * 40), jnp.zeros((40, 16), jnp.int32), source_salts(U32(0), 40))
+    args = (counts_of([0] * 40), jnp.zeros((16, 40), jnp.int32), source_salts(U32(0), 40))
     jaxpr = str(jax.make_jaxpr(select_tournament)(*args))
     assert "sort" not in jaxpr and "scatter" not in jaxpr

@@ -17,8 +17,9 @@ hash(c)`` at count 0 and ``hash(a) < hash(c)`` at count 6:
     6    (6, 10, 6)         a, c tied      a (hash)  +3
 
 The row's tokens depend only on the source's next row, so the inputs are, per source, the token
-counts of its next ``n`` rows (``row_tokens[s, j]``: no source takes more than ``n`` of ``n``
-rows). Counts are exact 64-bit numbers held as two uint32 words (``hi``, ``lo``): no x64.
+counts of its next ``n`` rows (``row_tokens[j, s]``: row ``j`` of the table holds every source's
+``j``-th next row; no source takes more than ``n`` of ``n`` rows). Counts are exact 64-bit numbers
+held as two uint32 words (``hi``, ``lo``): no x64.
 
 One ``lax.scan`` over the rows applies the rule literally. Inside a batch it carries 32-bit
 counts relative to the least count at the batch's start: a row adds at most ``max_row_tokens``,
@@ -117,13 +118,14 @@ def _absolute(base: Counts, relative: UInt32[Array, " sources"], counts: Counts)
 
 @jax.jit
 def select_scan(
-    counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
+    counts: Counts, row_tokens: Int[Array, "n sources"], salts: UInt32[Array, " sources"]
 ) -> Selection:
     """The least-consumed selection of ``n`` rows, one scan step per row.
 
     Args:
         counts: consumed tokens per source at the start of the batch.
-        row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
+        row_tokens: ``int32[n, sources]`` real tokens of each source's next ``n`` rows (column
+            ``s`` is source ``s``'s), each in
             ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1`` (and, int32,
             ``max_row_tokens < 2^31``).
         salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
@@ -131,7 +133,7 @@ def select_scan(
     Returns:
         The ``Selection``: each row's source and which of its next rows, and the new counts.
     """
-    sources, n = row_tokens.shape
+    n, sources = row_tokens.shape
     table = row_tokens.astype(U32)
     base, relative = _relative(counts)
 
@@ -143,7 +145,7 @@ def select_scan(
         # when the winner's hash is 0xFFFFFFFF itself
         s = jnp.argmax(tied & (h == jnp.min(h))).astype(jnp.int32)
         nth = taken[s]
-        tokens = table[s, nth.astype(jnp.int32)]  # one index dtype (jax 0.7 promotes s with nth)
+        tokens = table[nth.astype(jnp.int32), s]  # one index dtype (jax 0.7 promotes s with nth)
         return (relative.at[s].add(tokens), taken.at[s].add(U32(1))), (s, nth, tokens)
 
     (relative, taken), (source, nth, tokens) = jax.lax.scan(

@@ -45,21 +45,21 @@ U32 = jnp.uint32
 def _merge(
     base: Counts,
     relative: UInt32[Array, " sources"],
-    window: Int[Array, "sources m"],
+    window: Int[Array, "m sources"],
     salts: UInt32[Array, " sources"],
     counts: Counts,
     n: int,
 ) -> Selection:
     """The ``n`` least candidates of the window (each source's next ``m`` rows)."""
-    sources, m = window.shape
+    m, sources = window.shape
     table = window.astype(U32)
-    ahead = jax.lax.associative_scan(jnp.add, table, axis=1) - table  # tokens before each row
-    keys = relative[:, None] + ahead
-    keys = jnp.where((keys < relative[:, None]) | (relative[:, None] == U32(PARKED)), U32(PARKED), keys)
+    ahead = jax.lax.associative_scan(jnp.add, table, axis=0) - table  # tokens before each row
+    keys = relative[None, :] + ahead
+    keys = jnp.where((keys < relative[None, :]) | (relative[None, :] == U32(PARKED)), U32(PARKED), keys)
 
     # the threshold lies between the least and the largest key at column ceil(n / sources) - 1:
     # below the least, every source has fewer keys; at the largest, every source has that many
-    column = keys[:, -(-n // sources) - 1]
+    column = keys[-(-n // sources) - 1]
     enough = lambda limit: jnp.sum(keys <= limit, dtype=U32) >= U32(n)  # noqa: E731
 
     def probe(bounds):
@@ -71,8 +71,8 @@ def _merge(
     threshold, _ = jax.lax.while_loop(
         lambda bounds: bounds[0] < bounds[1], probe, (jnp.min(column), jnp.max(column))
     )
-    at_most = jnp.sum(keys <= threshold, axis=1, dtype=U32)
-    below = jnp.sum(keys < threshold, axis=1, dtype=U32)
+    at_most = jnp.sum(keys <= threshold, axis=0, dtype=U32)
+    below = jnp.sum(keys < threshold, axis=0, dtype=U32)
     tied = at_most - below
     hashes = tie_hash(salts, base.lo + threshold)
     ids = jnp.arange(sources, dtype=U32)
@@ -86,12 +86,12 @@ def _merge(
     rank = jnp.arange(n, dtype=U32)
     source = jnp.searchsorted(ends, rank, side="right", method="scan").astype(jnp.int32)
     nth = rank - (ends - taken)[source]
-    key = keys[source, nth.astype(jnp.int32)]
+    key = keys[nth.astype(jnp.int32), source]
     order = two_pass_order(key, tie_hash(salts[source], base.lo + key))
     source, nth = source[order], nth[order]
-    tokens = table[source, nth.astype(jnp.int32)]
-    given = jnp.arange(m, dtype=U32)[None, :] < taken[:, None]
-    used = jnp.sum(jnp.where(given, table, U32(0)), axis=1, dtype=U32)
+    tokens = table[nth.astype(jnp.int32), source]
+    given = jnp.arange(m, dtype=U32)[:, None] < taken[None, :]
+    used = jnp.sum(jnp.where(given, table, U32(0)), axis=0, dtype=U32)
     return Selection(source, nth, taken, add64(counts, used), tokens.astype(jnp.int32))
 
 
@@ -109,13 +109,14 @@ def windows(sources: int, n: int) -> tuple[int, ...]:
 
 @jax.jit
 def select_merge(
-    counts: Counts, row_tokens: Int[Array, "sources n"], salts: UInt32[Array, " sources"]
+    counts: Counts, row_tokens: Int[Array, "n sources"], salts: UInt32[Array, " sources"]
 ) -> Selection:
     """The least-consumed selection of ``n`` rows as a merge; equal to ``select_scan``'s.
 
     Args:
         counts: consumed tokens per source at the start of the batch.
-        row_tokens: ``int32[sources, n]`` real tokens of each source's next ``n`` rows, each in
+        row_tokens: ``int32[n, sources]`` real tokens of each source's next ``n`` rows (column
+            ``s`` is source ``s``'s), each in
             ``[0, max_row_tokens]`` with ``n * max_row_tokens < 2^32 - 1`` (and, int32,
             ``max_row_tokens < 2^31``).
         salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
@@ -123,13 +124,13 @@ def select_merge(
     Returns:
         The ``Selection``: each row's source and which of its next rows, and the new counts.
     """
-    sources, n = row_tokens.shape
+    n, sources = row_tokens.shape
     base, relative = _relative(counts)
 
     def attempt(widths: tuple[int, ...]) -> Selection:
         # the int32 table itself goes to the wider windows' branch (converting it all would
         # cost as much as the merge)
-        picked = _merge(base, relative, row_tokens[:, : widths[0]], salts, counts, n)
+        picked = _merge(base, relative, row_tokens[: widths[0]], salts, counts, n)
         if len(widths) == 1:
             return picked
         final = jnp.max(picked.taken) < U32(widths[0])

@@ -81,7 +81,7 @@ class BalancedDevice(CompositeDevice):
             plan, _ = child.plan(Rows(position, epoch), None)
             upcoming.append(plan)
             table.append(child.real_tokens(plan).astype(jnp.int32))
-        picked = select_least_consumed(state.tokens, jnp.stack(table), self.salts)
+        picked = select_least_consumed(state.tokens, jnp.stack(table, axis=1), self.salts)
         picked = dataclasses.replace(picked, counts=self._refuse_wrap(state.tokens, picked.counts))
         plans = tuple(
             jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
