@@ -20,7 +20,7 @@ U32 = jnp.uint32
 
 def test_tree_levels():
     """At least two levels; above ``SINGLE_CLIMB``, whole chunks (the padding leaves never win)."""
-    assert (SINGLE_CLIMB, CHUNK) == (7, 2)
+    assert (SINGLE_CLIMB, CHUNK) == (8, 2)
     sources = (1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 128, 129, 256, 300, 1000)
     assert [tree_levels(s) for s in sources] == [2, 2, 2, 2, 3, 4, 5, 6, 6, 7, 7, 8, 8, 10, 10]
 
@@ -76,12 +76,31 @@ def test_one_source_and_no_rows():
     assert np.asarray(empty.source).shape == (0,) and as_ints(empty.counts) == [5, 9]
 
 
-@pytest.mark.parametrize("sources", [3, 64, 128, 129, 256, 1000])
+def test_a_source_that_takes_its_whole_column():
+    """A source of empty rows below the rest takes every row of its column; its key for a row
+    past the table's end (made when it takes the last one) is never used. At one climb and at
+    chunks: 3 and 300 sources."""
+    for sources in (3, 300):
+        tokens = np.full((sources, 5), 7)
+        tokens[1] = 0
+        counts = [9] * sources
+        counts[1] = 8
+        salt = source_salts(U32(5), sources)
+        out = select_tournament(counts_of(counts), jnp.asarray(tokens.T, jnp.int32), salt)
+        rows, final = least_consumed(counts, tokens, [int(s) for s in np.asarray(salt)])
+        assert [s for s, _ in rows] == [1] * 5 and list(
+            zip(np.asarray(out.source).tolist(), np.asarray(out.nth).tolist(), strict=True)
+        ) == rows
+        assert as_ints(out.counts) == final
+
+
+@pytest.mark.parametrize("sources", [3, 64, 128, 256, 257, 1000])
 def test_every_loop_compiles_to_one_native_loop(sources):
     """The kernel's speed rests on XLA:CPU compiling each of its while loops (the least count, the
-    tree's build, the rows, the climb above ``SINGLE_CLIMB`` levels, the new counts) into one
-    native loop: its ``SmallWhileLoopHoistingPass`` takes a loop whose body accesses under 1 KiB
-    (128 and 129 sources: the largest one-climb step, and the first chunked one). A loop left in
+    tree's build, the keys ahead, the rows, the climb above ``SINGLE_CLIMB`` levels, the new
+    counts) into one native loop: its ``SmallWhileLoopHoistingPass`` takes a loop whose body
+    accesses under 1 KiB (256 and 257 sources: the largest one-climb step, and the first chunked
+    one). A loop left in
     the entry computation runs op by op through the thunk runtime, 20-50x slower: a change to the
     kernel (or to jax) that does this must show up here, not only in ``bench_mixture.py``."""
     args = (counts_of([0] * sources), jnp.zeros((64, sources), jnp.int32), source_salts(U32(0), sources))

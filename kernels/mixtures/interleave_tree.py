@@ -24,15 +24,22 @@ How it runs: one ``lax.scan`` step per row, all scalar work touching under 1 KiB
 compiles into one native loop (its ``SmallWhileLoopHoistingPass`` takes a while loop whose body
 accesses fewer bytes than ``xla_cpu_small_while_loop_byte_threshold``, 1 KiB by default; a larger
 body runs op by op through the thunk runtime, about a microsecond an op). Up to ``SINGLE_CLIMB``
-levels (128 sources) a step climbs every level at once: straight-line code, the fastest form (1.16x
-to 1.44x the chunked climb at 32 to 128 sources: ``bench_mixture.py --part climb``). It cannot go
-higher: XLA fuses the chain of winners into every level's tree write, so level ``k``'s write reads
-``k`` sibling keys again and the step's bytes (XLA's ``HloCostAnalysis``, what the pass compares)
-grow faster than the levels: 852, 992 and 1152 at 6, 7 and 8 levels. Above it a step climbs
-``CHUNK`` levels per iteration of an inner loop, about 650 bytes at any number of sources. The
-tests check that every loop compiles so, on both sides of ``SINGLE_CLIMB``. The pipeline plans on
-the host CPU, so this is the backend its kernel must suit (``select_merge`` is the same picks as a
-parallel merge, for a backend that wants one).
+levels (256 sources) a step climbs every level at once, straight-line code, the fastest form. The
+limit is set by how XLA fuses the climb: it fuses the chain of winners into every level's tree
+write, so level ``k``'s write recomputes the chain from the climber's key and reads ``k`` sibling
+keys again, and the step's bytes (XLA's ``HloCostAnalysis``, what the pass compares) grow faster
+than the levels. So the climber's key is made a row ahead: each source keeps, beside its key, the
+key it will have after its next row (``ahead``, made when it last won, from the table's next row
+and the tie hash). A step then loads the winner's key instead of reading its row's tokens and
+hashing, the chain every write recomputes starts from that load, and the step's bytes are 696,
+816 and 948 at 6, 7 and 8 levels (852, 992 and 1152 when each step made its key; 1092 at 9
+levels). The hash and the next row's read also leave the row-to-row chain of dependent work.
+Above 8 levels a step climbs ``CHUNK`` levels per iteration of an inner loop, about 650 bytes at
+any number of sources, and makes its key itself (there a key made ahead measured 0.91x to 0.99x).
+The tests check that every loop compiles so, on both sides of ``SINGLE_CLIMB``; ``bench_mixture.py
+--part climb`` times the two forms. The pipeline plans on the host CPU, so this is the backend its
+kernel must suit (``select_merge`` is the same picks as a parallel merge, for a backend that wants
+one).
 
 The table: ``row_tokens[j, s]``, a column per source. A row's read is row ``nth`` of its source,
 and ``nth`` stays small (about ``n / sources``), so the batch's reads fall in the table's first
@@ -45,8 +52,9 @@ flops (``HloCostAnalysis``, a loop's body counted once) are under 1000, and othe
 a worker thread (``cpu_client.cc``, ``cheap_computation_``), a hand-off of 50 to 150 us on a
 2-core VM, a third of the whole selection at 256 sources. So every per-source step is a scalar
 loop too, the new counts included (``_absolute`` over 256 sources alone is about 2000 flops): the
-estimate does not grow with the sources (232 at 3, 600 at 64, 727 at 100 to 128, where the
-one-climb step is largest, 216 from 129 on), and the tests check it stays under 1000.
+estimate does not grow with the sources (180 at 3, 444 at 64, 545 at 100 to 128, 660 at 129 to
+256, where the one-climb step is largest, 218 from 257 on), and the tests check it stays under
+1000.
 
 Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
 count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
@@ -65,7 +73,7 @@ from .interleave import PARKED, Counts, Selection, add64, tie_hash
 
 U32 = jnp.uint32
 CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
-SINGLE_CLIMB = 7  # up to this many levels (128 sources) a step climbs all of them at once
+SINGLE_CLIMB = 8  # up to this many levels (256 sources) a step climbs all of them at once
 
 
 def tree_levels(sources: int) -> int:
@@ -165,18 +173,38 @@ def select_tournament(
     keys, tree = lax.fori_loop(U32(1), U32(leaves), build, (jnp.zeros((leaves, 2), U32), tree))
     first = tree[1]
 
+    def token(j: UInt32[Array, ""], s: UInt32[Array, ""]) -> UInt32[Array, ""]:
+        """Row ``j`` of source ``s`` (clamped to the table's last row)."""
+        return lax.dynamic_slice(row_tokens, (j, s), (1, 1))[0, 0].astype(U32)
+
+    def put(table: UInt32[Array, "leaves 2"], s, count, hash_) -> UInt32[Array, "leaves 2"]:
+        return lax.dynamic_update_slice(table, jnp.stack([count, hash_])[None], (s, U32(0)))
+
+    def prime(s, ahead):
+        """Source ``s``'s key once its next row (the table's first) is taken."""
+        count = _key(keys, s)[0] + token(U32(0), s)
+        return put(ahead, s, count, tie_hash(_get(salts, s), base.lo + count))
+
     def step(carry, _):
-        keys, taken, tree, winner, winner_count = carry
+        keys, ahead, taken, tree, winner, winner_count = carry
         taken = _set(taken, winner, _get(taken, winner) + U32(1))
         nth = _get(taken, winner) - U32(1)  # read after the write: no copy of ``taken``
-        tokens = lax.dynamic_slice(row_tokens, (nth, winner), (1, 1))[0, 0].astype(jnp.int32)
-        count = winner_count + tokens.astype(U32)
-        hash_ = tie_hash(_get(salts, winner), base.lo + count)
-        keys = lax.dynamic_update_slice(keys, jnp.stack([count, hash_])[None], (winner, U32(0)))
+        tokens = token(nth, winner)
         leaf = winner + U32(leaves)
         if levels <= SINGLE_CLIMB:
-            tree, winner_next, count, _ = _climb(tree, keys, leaf, winner, count, hash_, levels)
+            # the key it was to have after this row, made when it last won: read back from
+            # ``keys`` after the write, so nothing reads ``ahead`` once it is rewritten (no copy)
+            made = lax.dynamic_slice(ahead, (winner, U32(0)), (1, 2))
+            keys = lax.dynamic_update_slice(keys, made, (winner, U32(0)))
+            now = _key(keys, winner)
+            count, hash_ = now[0], now[1]
+            later = count + token(nth + U32(1), winner)  # past the table's end: never taken
+            ahead = put(ahead, winner, later, tie_hash(_get(salts, winner), base.lo + later))
+            tree, winner_next, _, _ = _climb(tree, keys, leaf, winner, count, hash_, levels)
         else:
+            count = winner_count + tokens
+            hash_ = tie_hash(_get(salts, winner), base.lo + count)
+            keys = put(keys, winner, count, hash_)
 
             def chunk(_, state):
                 tree, node, winner, count, hash_ = state
@@ -184,13 +212,16 @@ def select_tournament(
                 return tree, node >> U32(CHUNK), winner, count, hash_
 
             state = (tree, leaf, winner, count, hash_)
-            tree, _, winner_next, count, _ = lax.fori_loop(0, levels // CHUNK, chunk, state)
-        carry = (keys, taken, tree, winner_next, count)
-        return carry, (winner.astype(jnp.int32), nth, tokens)
+            tree, _, winner_next, winner_count, _ = lax.fori_loop(0, levels // CHUNK, chunk, state)
+        carry = (keys, ahead, taken, tree, winner_next, winner_count)
+        return carry, (winner.astype(jnp.int32), nth, tokens.astype(jnp.int32))
 
-    taken = jnp.zeros(leaves, U32)
-    carry = (keys, taken, tree, first, keys[first, 0])
-    (keys, taken, _, _, _), (source, nth, tokens) = lax.scan(step, carry, None, length=n)
+    if levels <= SINGLE_CLIMB:  # each source's key after its next row; no count carried
+        ahead, count = lax.fori_loop(U32(0), U32(sources), prime, jnp.zeros((leaves, 2), U32)), None
+    else:  # the winner's count carried; no keys ahead
+        ahead, count = None, keys[first, 0]
+    carry = (keys, ahead, jnp.zeros(leaves, U32), tree, first, count)
+    (keys, _, taken, _, _, _), (source, nth, tokens) = lax.scan(step, carry, None, length=n)
 
     def absolute(s, new):
         """Source ``s``'s count after the batch: ``base`` plus its relative count, exact (a
