@@ -6,7 +6,8 @@ kernel ratio at 64 and 256 sources (the median of the rounds' medians, as in eac
 with the range over the rounds, against issue 21's 10x line; prints the same as a Markdown table.
 The kernel is what the pipeline ran at the time: the merge in runs 1 and 2, the tournament from
 run 3 (a kernel call; from run 12 inside a jitted program; from run 18 climbing every level at
-once up to 7 levels, so at 64 sources, not at 256).
+once up to 7 levels, so at 64 sources, not at 256; from run 23 the table a column per source and
+each source's key made a row ahead, every level at once up to 8 levels, 256 sources too).
 
     python benchmarks/plot_mixture_runs.py    # -> benchmarks/bench_mixture_runs.png
 """
@@ -21,7 +22,14 @@ HERE = pathlib.Path(__file__).parent
 SIZES = (64, 256)
 TARGET = 10.0
 # what changed in the kernel between runs (bench_mixture.json holds no dates; RESULTS.md does)
-EPOCHS = {1: "merge", 3: "tree", 5: "caller's thread", 12: "in a program", 18: "one climb up to 7 levels"}
+EPOCHS = {
+    1: "merge",
+    3: "tree",
+    5: "caller's thread",
+    12: "in a program",
+    18: "at once, 7 levels",
+    23: "key ahead, at once, 8 levels",
+}
 
 
 def recorded_runs(path: pathlib.Path) -> dict[int, dict[int, tuple[float, float, float]]]:
