@@ -97,6 +97,15 @@ def _key(keys: UInt32[Array, "leaves 2"], source: UInt32[Array, ""]) -> UInt32[A
     return lax.dynamic_slice(keys, (source, U32(0)), (1, 2))[0]
 
 
+def _put_key(
+    keys: UInt32[Array, "leaves 2"],
+    source: UInt32[Array, ""],
+    count: UInt32[Array, ""],
+    hash_: UInt32[Array, ""],
+) -> UInt32[Array, "leaves 2"]:
+    return lax.dynamic_update_slice(keys, jnp.stack([count, hash_])[None], (source, U32(0)))
+
+
 def _goes_first(a_count, a_hash, b_count, b_hash, a_left) -> jax.Array:
     """Whether source a goes before source b: lower count, then lower hash, then the left one
     (sources are numbered left to right, so the lower index). Scalars: XLA:CPU keeps them in
@@ -177,13 +186,10 @@ def select_tournament(
         """Row ``j`` of source ``s`` (clamped to the table's last row)."""
         return lax.dynamic_slice(row_tokens, (j, s), (1, 1))[0, 0].astype(U32)
 
-    def put(table: UInt32[Array, "leaves 2"], s, count, hash_) -> UInt32[Array, "leaves 2"]:
-        return lax.dynamic_update_slice(table, jnp.stack([count, hash_])[None], (s, U32(0)))
-
     def prime(s, ahead):
         """Source ``s``'s key once its next row (the table's first) is taken."""
         count = _key(keys, s)[0] + token(U32(0), s)
-        return put(ahead, s, count, tie_hash(_get(salts, s), base.lo + count))
+        return _put_key(ahead, s, count, tie_hash(_get(salts, s), base.lo + count))
 
     def step(carry, _):
         keys, ahead, taken, tree, winner, winner_count = carry
@@ -192,19 +198,21 @@ def select_tournament(
         tokens = token(nth, winner)
         leaf = winner + U32(leaves)
         if levels <= SINGLE_CLIMB:
-            # the key it was to have after this row, made when it last won: read back from
+            # its key after this row, made when it last won (or by ``prime``): read back from
             # ``keys`` after the write, so nothing reads ``ahead`` once it is rewritten (no copy)
             made = lax.dynamic_slice(ahead, (winner, U32(0)), (1, 2))
             keys = lax.dynamic_update_slice(keys, made, (winner, U32(0)))
             now = _key(keys, winner)
             count, hash_ = now[0], now[1]
-            later = count + token(nth + U32(1), winner)  # past the table's end: never taken
-            ahead = put(ahead, winner, later, tie_hash(_get(salts, winner), base.lo + later))
+            # its key after its next row; after its last row of the table the read is clamped, and
+            # the key is never used (no row is left to take)
+            later = count + token(nth + U32(1), winner)
+            ahead = _put_key(ahead, winner, later, tie_hash(_get(salts, winner), base.lo + later))
             tree, winner_next, _, _ = _climb(tree, keys, leaf, winner, count, hash_, levels)
         else:
             count = winner_count + tokens
             hash_ = tie_hash(_get(salts, winner), base.lo + count)
-            keys = put(keys, winner, count, hash_)
+            keys = _put_key(keys, winner, count, hash_)
 
             def chunk(_, state):
                 tree, node, winner, count, hash_ = state
