@@ -100,9 +100,9 @@ def test_every_loop_compiles_to_one_native_loop(sources):
     tree's build, the keys ahead, the rows, the climb above ``SINGLE_CLIMB`` levels, the new
     counts) into one native loop: its ``SmallWhileLoopHoistingPass`` takes a loop whose body
     accesses under 1 KiB (256 and 257 sources: the largest one-climb step, and the first chunked
-    one). A loop left in
-    the entry computation runs op by op through the thunk runtime, 20-50x slower: a change to the
-    kernel (or to jax) that does this must show up here, not only in ``bench_mixture.py``."""
+    one). A loop left in the entry computation runs op by op through the thunk runtime, 20-50x
+    slower: a change to the kernel (or to jax) that does this must show up here, not only in
+    ``bench_mixture.py``."""
     args = (counts_of([0] * sources), jnp.zeros((64, sources), jnp.int32), source_salts(U32(0), sources))
     text = select_tournament.lower(*args).compile().as_text()
     entry = text[text.index("ENTRY") :]
