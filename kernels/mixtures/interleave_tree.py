@@ -59,7 +59,8 @@ estimate does not grow with the sources (180 at 3, 444 at 64, 545 at 100 to 128,
 Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
 count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
 caller checks) a pick's count stays below ``n * max_row_tokens``: parked sources and the padding
-leaves (parked, salt 0) never win. The new counts are exact 64-bit (two words).
+leaves (parked, salt 0) never win (a parked source's key made ahead may wrap: it is never
+read). The new counts are exact 64-bit (two words).
 """
 
 from __future__ import annotations
