@@ -138,9 +138,10 @@ def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:
         count += int(table[s, taken[s]])
         taken[s] += 1
         heapq.heappush(heap, (count, h(s, count), s))
+    columns = jnp.asarray(table.T)  # the kernels' layout: a column per source
     for select in (select_tournament, select_merge, select_scan):
-        assert np.asarray(select(zero, jnp.asarray(table.T), salts).source).tolist() == picks
-    in_program = tournament_program(zero.hi, zero.lo, jnp.asarray(table.T), salts)
+        assert np.asarray(select(zero, columns, salts).source).tolist() == picks
+    in_program = tournament_program(zero.hi, zero.lo, columns, salts)
     assert np.asarray(in_program[0]).tolist() == picks
 
 
