@@ -14,7 +14,7 @@ from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMD
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
-from meshbatch.datasets.mixtures import PositionLog, derive_keys
+from meshbatch.datasets.mixtures import CountOverflowError, PositionLog, derive_keys
 from meshbatch.kernels import causal_lm_batch
 from meshbatch.pipeline.programs import plan_program
 
@@ -366,10 +366,16 @@ def test_counts_that_would_pass_2_to_the_64_are_refused_not_wrapped(caches):
     device = mixture.device(as_key(KEY))  # one compilation (plan_program) for both cases
     rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     near = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 5} for n in NAMES]}
-    with pytest.raises(
-        RuntimeError, match=r"token-balanced count of specs \['a', 'b', 'c'\] would pass 2\^64 - 1"
-    ):
-        jax.block_until_ready(plan_program(device, rows, mixture.load_state_dict(near)))
+    before = mixture.load_state_dict(near)
+    _, after = plan_program(device, rows, before)  # the program holds no check (no host callback)
+    refused = r"step 0: the token-balanced count of specs \['a', 'b', 'c'\] \(of .*\) would pass 2\^64 - 1"
+    with pytest.raises(CountOverflowError, match=refused):
+        mixture.check_state(0, before, after)
+    pipeline = Pipeline(
+        mixture, mesh=mesh_of(8), batch_size=BATCH, key=KEY, state={"version": 1, "step": 0, **near}
+    )
+    with pytest.raises(CountOverflowError, match=refused):  # on the host, before the step is used
+        pipeline.batch(0)
     with pytest.raises(ValueError, match=r"token_offset of 'a' must be <= 18446744073709551615"):
         mixture.load_state_dict({"datasets": [{"spec": "a", "row_offset": 0, "token_offset": 2**64}]})
     high = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 2**20} for n in NAMES]}

@@ -25,7 +25,7 @@ from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalanc
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
-from meshbatch.datasets.mixtures import token_balanced
+from meshbatch.datasets.mixtures import CountOverflowError, token_balanced
 from meshbatch.kernels import select_merge, select_scan, select_tournament
 from meshbatch.pipeline.programs import plan_program
 
@@ -201,15 +201,18 @@ def test_balanced_child_epoch_never_wraps(tmp_path, epochs_before):
 
     def step(n):
         rows = Rows(jnp.arange(n, dtype=jnp.uint32), jnp.zeros(n, jnp.uint32))
-        return plan_program(device, rows, mixture.load_state_dict(start))
+        before = mixture.load_state_dict(start)
+        plan, after = plan_program(device, rows, before)
+        mixture.check_state(0, before, after)  # the host's check of the step
+        return plan, after
 
     room = 2**32 - 1 - epochs_before  # rows a may still give: its last epoch is 2^32 - 1
     if room:
         plan, state = step(room)
         assert np.asarray(plan.source).tolist() == [0] * room
         assert mixture.state_dict(state)["datasets"][0]["row_offset"] == epochs_before + room
-    with pytest.raises(Exception, match="would start its 2\\^32-th epoch"):
-        jax.block_until_ready(step(room + 1))
+    with pytest.raises(CountOverflowError, match=r"would start its 2\^32-th epoch .*: \['a'\]"):
+        step(room + 1)
 
 
 @pytest.mark.parametrize(

@@ -176,10 +176,15 @@ def _last_at_most(
     sources = first.shape[1]
     low = jnp.zeros(q.shape, jnp.int32)  # sources before low are <= q; from high on, > q
     high = jnp.full(q.shape, sources, jnp.int32)
-    for _ in range(sources.bit_length()):
+
+    def halve(_, bounds):
+        low, high = bounds
         mid = (low + high) // 2
         at_most = first[stage, jnp.minimum(mid, sources - 1)] <= q
-        low, high = jnp.where(at_most & (mid < high), mid + 1, low), jnp.where(at_most, high, mid)
+        return jnp.where(at_most & (mid < high), mid + 1, low), jnp.where(at_most, high, mid)
+
+    # a loop, not unrolled: the program is the same size for any number of sources
+    low, _ = jax.lax.fori_loop(0, sources.bit_length(), halve, (low, high))
     return low - 1
 
 

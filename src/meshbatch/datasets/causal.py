@@ -204,6 +204,10 @@ class CausalLMDataset(Dataset):
         starts = plan.example.astype(np.int64)[:, None] * self.seq_len
         return Spans(np.zeros(starts.shape, np.int32), starts, np.full(starts.shape, self.seq_len, np.int64))
 
+    def spans_key(self) -> tuple:
+        """Windows of any source are read alike: spans depend on ``seq_len`` and the plan only."""
+        return ("causal windows", self.seq_len)
+
     def __repr__(self) -> str:
         return (
             f"CausalLMDataset(examples={self.num_examples}, seq_len={self.seq_len}, "

@@ -181,6 +181,12 @@ class DeviceDataset(eqx.Module):
         mixture counts); jitted. Defaults to the device half's ``seq_len`` per row."""
         return jnp.full(plan.example.shape, self.seq_len, jnp.int32)
 
+    def tokens_per_row(self) -> int | None:
+        """The real tokens of every row when they do not depend on the plan (the default
+        ``real_tokens``: ``seq_len``), else ``None``. A token-balanced mixture counts such a
+        child's upcoming rows without planning them."""
+        return self.seq_len if type(self).real_tokens is DeviceDataset.real_tokens else None
+
 
 class Dataset(abc.ABC):
     """What a user constructs, and the host half of a dataset (numpy only); never mutated.
@@ -232,6 +238,13 @@ class Dataset(abc.ABC):
         """Host: the token spans each planned row reads (``plan``'s leaves are numpy arrays)."""
         raise NotImplementedError(f"{type(self).__name__} has no sources to read spans from")
 
+    def spans_key(self) -> object | None:
+        """A hashable value such that datasets with equal keys read the same spans for the same
+        plan (their sources aside: ``spans``' source indices are each dataset's own). A mixture
+        then reads the spans of all such children's rows in one call. ``None`` (the default):
+        the dataset's spans are its own."""
+        return None
+
     def wait_for(self, examples: int) -> Dataset | None:
         """Blocks until stream rows ``[0, examples)`` can be planned and read (quick start).
 
@@ -239,6 +252,14 @@ class Dataset(abc.ABC):
         length has just become final; the pipeline then makes it for the same key. ``None``
         otherwise; a dataset whose sources are finished has every row and returns ``None`` at once.
         """
+        return None
+
+    def check_state(self, step: int, before: State, after: State) -> None:
+        """Host: raises when the step from ``before`` to ``after`` (numpy leaves) must be refused,
+        e.g. a count that wrapped. The pipeline calls it after planning each step of a stateful
+        dataset, before the step's state or plan is used; planning programs hold no checks that
+        need the host (so JAX can keep them in its persistent compilation cache). Default:
+        every step is accepted."""
         return None
 
     def state_dict(self, state: State | None) -> dict[str, Any]:

@@ -176,7 +176,9 @@ class Pipeline:
         return jax.tree.map(np.asarray, plan), state
 
     def _plan_global(self, step: int, state):
-        return self._plan_rows(step, np.arange(self.schedule.batch_size(step)), state)
+        plan, after = self._plan_rows(step, np.arange(self.schedule.batch_size(step)), state)
+        self._host.check_state(step, state, after)  # refused here, before the state is kept
+        return plan, after
 
     # -- one step ----------------------------------------------------------------------------------
 

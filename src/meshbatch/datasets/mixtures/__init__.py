@@ -8,4 +8,5 @@ from .positions import PositionLog as PositionLog
 from .positions import positions as positions
 from .stable import Mixture as Mixture
 from .token_balanced import BalancedState as BalancedState
+from .token_balanced import CountOverflowError as CountOverflowError
 from .token_balanced import TokenBalancedMixture as TokenBalancedMixture

@@ -4,12 +4,16 @@ A mixture decides, for each row, a child and the child's row (its ``position`` a
 ``Composite`` turns that into everything else by delegating to the children:
 
     children a (cache A, windows), b (cache B, windows); decided: rows -> (a, 5), (b, 0), (a, 2)
-    plan     every child plans every row: a's plan of rows [5, 0, 2] and b's of [0, 0, 0]
-             (rows that are not a child's read its row 0 and are never used); children that
-             build alike keep one plan, each row from its own child: [a5, b0, a2]
+    make     a and b are alike (same kind and configuration, tables of the same shapes): one
+             stack, their tables (keys, lengths) along a source axis [a, b]
+    plan     each row gathers its child's tables from the stack and is planned once: [a5, b0, a2]
     spans    a's spans of rows 0 and 2 (source A), b's of row 1 (source B) -> one Spans
     fetch    A read coalesced, B read coalesced, one ts.Batch (the pipeline's)
     build    one build per group of alike children; each row keeps its own group's build
+
+Children that are not alike (another kind, another shuffle, tables of other shapes) are stacks of
+one: such a child plans every row, and rows that are not its own read its row 0 and are never
+used. So a mixture of 256 shuffled caches plans with one copy of the shuffle, as one cache does.
 
 ``sources`` is the children's sources, each once (two children over one cache share it, so its
 reads coalesce across them). Children whose device halves have equal builders (``builder()``,
@@ -67,43 +71,86 @@ class MixturePlan(eqx.Module):
 
 
 class CompositeDevice(DeviceDataset):
-    """The device half of a mixture: the children's device halves and how they build.
+    """The device half of a mixture: the children's device halves, stacked where alike, and how
+    they build.
 
     Attributes:
-        children: the children's device halves, in the mixture's order.
+        stacks: one device half per stack of alike children (``stack_children``): the members'
+            tables stacked along a leading source axis; a stack of one is the child as it is.
+        members: the children of each stack, in the mixture's order.
         groups: children sharing a build call (equal builders), each group's lead first.
         child_spans: span slots per row of each child, ``0`` for a child that does not fetch.
     """
 
-    children: tuple[DeviceDataset, ...]
+    stacks: tuple[DeviceDataset, ...]
+    members: tuple[tuple[int, ...], ...] = eqx.field(static=True)
     groups: tuple[tuple[int, ...], ...] = eqx.field(static=True)
     child_spans: tuple[int, ...] = eqx.field(static=True)
 
     @property
+    def num_children(self) -> int:
+        return len(self.child_spans)
+
+    @property
     def group_of(self) -> tuple[int, ...]:
-        return tuple(
-            next(g for g, group in enumerate(self.groups) if c in group) for c in range(len(self.children))
-        )
+        return _index_of(self.groups, self.num_children)
+
+    @property
+    def stack_of(self) -> tuple[int, ...]:
+        return _index_of(self.members, self.num_children)
+
+    def child(self, c: int) -> DeviceDataset:
+        """Child ``c``'s own device half (its slice of its stack)."""
+        s = self.stack_of[c]
+        if len(self.members[s]) == 1:
+            return self.stacks[s]
+        i = self.members[s].index(c)
+        return jax.tree.map(lambda leaf: leaf[i] if eqx.is_array(leaf) else leaf, self.stacks[s])
+
+    @property
+    def children(self) -> tuple[DeviceDataset, ...]:
+        """Every child's own device half, in the mixture's order."""
+        return tuple(self.child(c) for c in range(self.num_children))
+
+    def _stack_rows(self, s: int, source: Int[Array, " n"]) -> tuple[Array, Array]:
+        """``(mine, member)`` of each row for stack ``s``: whether the row's child is in it, and
+        the child's place in the stack (``0`` for rows of other children)."""
+        place = np.full(self.num_children, -1, np.int32)
+        place[list(self.members[s])] = np.arange(len(self.members[s]), dtype=np.int32)
+        clipped = jnp.clip(source, 0, self.num_children - 1)
+        member = jnp.asarray(place)[clipped]
+        mine = (member >= 0) & (clipped == source)
+        return mine, jnp.where(mine, member, 0)
 
     def child_plans(
         self, source: Int[Array, " n"], position: UInt32[Array, " n"], epoch: UInt32[Array, " n"]
     ) -> tuple[Plan, ...]:
-        """Every child's plan of every row; rows of other children read the child's row 0."""
+        """Each stack's plan of every row: a row of a child in the stack is planned by that child
+        (its tables gathered from the stack), once; rows of other children read the stack's first
+        child's row 0 and are never used. The work and the program do not grow with the number
+        of children in a stack."""
         plans = []
-        for c, child in enumerate(self.children):
-            mine = source == c
+        for s, stack in enumerate(self.stacks):
+            mine, member = self._stack_rows(s, source)
             rows = Rows(jnp.where(mine, position, jnp.uint32(0)), jnp.where(mine, epoch, jnp.uint32(0)))
-            plan, _ = child.plan(rows, None)
+            if len(self.members[s]) == 1:
+                plan, _ = stack.plan(rows, None)
+            else:
+                plan = _plan_per_row(_gather(stack, member), rows)
             plans.append(plan)
         return tuple(plans)
 
     def group_plans(self, source: Int[Array, " n"], plans: tuple[Plan, ...], tokens=None) -> MixturePlan:
-        """One plan per build group: each row from its own child's plan."""
+        """One plan per build group from the stacks' plans (``child_plans``): each row from its
+        own child's stack."""
+        stack_of = self.stack_of
+        row_stack = jnp.asarray(np.asarray(stack_of, np.int32))[jnp.clip(source, 0, self.num_children - 1)]
         out = []
         for group in self.groups:
-            merged = plans[group[0]]
-            for c in group[1:]:
-                merged = _select(source == c, plans[c], merged)
+            stacks = list(dict.fromkeys(stack_of[c] for c in group))  # the lead's stack first
+            merged = plans[stacks[0]]
+            for s in stacks[1:]:
+                merged = _select(row_stack == s, plans[s], merged)
             out.append(merged)
         return MixturePlan(tuple(out), self.group_of, tokens)
 
@@ -119,7 +166,7 @@ class CompositeDevice(DeviceDataset):
             child_content = None
             if spans and content is not None:
                 child_content = Content(content.tokens, content.offsets[:, :spans])
-            built = self.children[lead].build(plan.detail.groups[g], child_content)
+            built = self.child(lead).build(plan.detail.groups[g], child_content)
             if batch is None:
                 batch = built
                 continue
@@ -132,10 +179,90 @@ class CompositeDevice(DeviceDataset):
     def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
         """Each row's child's count of real tokens."""
         out = jnp.zeros(plan.source.shape, jnp.int32)
-        for c, child in enumerate(self.children):
-            tokens = child.real_tokens(plan.detail.of(c)).astype(jnp.int32)
-            out = jnp.where(plan.source == c, tokens, out)
+        for s, stack in enumerate(self.stacks):
+            members = self.members[s]
+            if len({self.group_of[c] for c in members}) == 1:  # the stack's rows are in one plan
+                mine, member = self._stack_rows(s, plan.source)
+                child_plan = plan.detail.of(members[0])
+                if len(members) == 1:
+                    tokens = stack.real_tokens(child_plan)
+                else:
+                    tokens = _tokens_per_row(_gather(stack, member), child_plan)
+                out = jnp.where(mine, tokens.astype(jnp.int32), out)
+                continue
+            for c in members:
+                tokens = self.child(c).real_tokens(plan.detail.of(c)).astype(jnp.int32)
+                out = jnp.where(plan.source == c, tokens, out)
         return out
+
+
+def _index_of(parts: tuple[tuple[int, ...], ...], n: int) -> tuple[int, ...]:
+    """For each of ``n`` items, the index of the part holding it."""
+    out = [0] * n
+    for p, part in enumerate(parts):
+        for c in part:
+            out[c] = p
+    return tuple(out)
+
+
+def _gather(stack: DeviceDataset, member: Int[Array, " n"]) -> DeviceDataset:
+    """Each row's child's device half out of a stack: every table leaf ``[members, ...]`` becomes
+    ``[n, ...]``."""
+    return jax.tree.map(lambda leaf: leaf[member] if eqx.is_array(leaf) else leaf, stack)
+
+
+def _one_row(rows: Rows) -> Rows:
+    return Rows(rows.position[None], rows.epoch[None])
+
+
+@eqx.filter_vmap
+def _plan_per_row(device: DeviceDataset, rows: Rows) -> Plan:
+    """Each row planned by its own device half (``_gather``'s ``[n, ...]`` tables)."""
+    plan, _ = device.plan(_one_row(rows), None)
+    return jax.tree.map(lambda leaf: leaf[0] if eqx.is_array(leaf) else leaf, plan)
+
+
+@eqx.filter_vmap
+def _tokens_per_row(device: DeviceDataset, plan: Plan) -> Int[Array, ""]:
+    """Each row's real tokens by its own device half."""
+    one = jax.tree.map(lambda leaf: leaf[None] if eqx.is_array(leaf) else leaf, plan)
+    return device.real_tokens(one)[0]
+
+
+def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDataset, ...]]:
+    """``(members, stacks)``: children whose device halves are alike (the same type and static
+    configuration, tables of the same shapes and dtypes) stacked into one device half, their
+    tables along a new leading axis, so a plan gathers each row's tables and plans every child at
+    once. The first child of each stack leads; the rest keep the mixture's order.
+
+        children: causal windows of caches A, B (full shuffle), C (no shuffle), D (full shuffle)
+        members ((0, 1, 3), (2,)): A, B, D stacked (keys and lengths [3]); C on its own
+    """
+    members: list[list[int]] = []
+    keys: list[tuple] = []
+    for c, device in enumerate(devices):
+        arrays, rest = eqx.partition(device, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(arrays)
+        key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
+        same = next(
+            (i for i, k in enumerate(keys) if k == key
+             and bool(eqx.tree_equal(eqx.partition(devices[members[i][0]], eqx.is_array)[1], rest))),
+            None,
+        )  # fmt: skip
+        if same is None:
+            members.append([c])
+            keys.append(key)
+        else:
+            members[same].append(c)
+    stacks = []
+    for part in members:
+        if len(part) == 1:
+            stacks.append(devices[part[0]])
+            continue
+        arrays = [eqx.partition(devices[c], eqx.is_array)[0] for c in part]
+        stacked = jax.tree.map(lambda *leaves: _stack(leaves), *arrays)
+        stacks.append(eqx.combine(stacked, eqx.partition(devices[part[0]], eqx.is_array)[1]))
+    return tuple(tuple(m) for m in members), tuple(stacks)
 
 
 class Composite(Dataset):
@@ -182,6 +309,11 @@ class Composite(Dataset):
                 indices.append(found)
             self.source_maps.append(np.asarray(indices, np.int32))
         self.sources = tuple(sources)
+        width = max((len(m) for m in self.source_maps), default=0)
+        self._source_table = np.zeros((len(self.children), max(width, 1)), np.int32)  # child's -> ours
+        for c, indices in enumerate(self.source_maps):
+            self._source_table[c, : len(indices)] = indices
+        self._span_group_cache: dict[tuple[int, ...], list[list[int]]] = {}
         fetching = [child for child in self.children if child.fetches]
         self.spans_per_row = max((c.spans_per_row for c in fetching), default=1)
         self.max_row_tokens = max((c.max_row_tokens for c in fetching), default=0)
@@ -194,8 +326,8 @@ class Composite(Dataset):
         return derive_keys(key, self.names)
 
     def make_children(self, keys: Mapping[str, PRNGKeyArray]) -> tuple[dict, Composite]:
-        """The children's halves for their keys: ``CompositeDevice``'s fields (``children``,
-        ``groups``, ``child_spans``) and the host half (``self`` unless a child's host half is
+        """The children's halves for their keys: ``CompositeDevice``'s fields (``stacks``,
+        ``members``, ``groups``, ``child_spans``) and the host half (``self`` unless a child's host half is
         another value, e.g. made for its key)."""
         made = [child.make(keys[name]) for name, child in zip(self.names, self.children, strict=True)]
         devices = tuple(device for device, _ in made)
@@ -204,8 +336,10 @@ class Composite(Dataset):
         if any(h is not c for h, c in zip(hosts, self.children, strict=True)):
             host = copy.copy(self)  # a new value over the children's hosts; self stays as it is
             host._set_children(hosts)
+        members, stacks = stack_children(devices)
         fields = dict(
-            children=devices,
+            stacks=stacks,
+            members=members,
             groups=_build_groups(devices),
             child_spans=tuple(h.spans_per_row if h.fetches else 0 for h in hosts),
         )
@@ -228,20 +362,45 @@ class Composite(Dataset):
         out = Spans(
             np.zeros((n, width), np.int32), np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
         )
-        for c, child in enumerate(self.children):
-            mine = source == c
-            if not child.fetches or not mine.any():
+        for members in self._span_groups(plan.detail.group_of):
+            lead = self.children[members[0]]
+            mine = np.isin(source, members) if len(members) > 1 else source == members[0]
+            if not lead.fetches or not mine.any():
                 continue
-            mine_only = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c))
-            part = child.spans(mine_only)
+            mine_only = jax.tree.map(
+                lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(members[0])
+            )
+            part = lead.spans(mine_only)
             k = part.source.shape[1]
-            out.source[mine, :k] = self.source_maps[c][part.source]
+            out.source[mine, :k] = self._source_table[source[mine][:, None], part.source]
             out.start[mine, :k] = part.start
             out.length[mine, :k] = part.length
         return out
 
+    def _span_groups(self, group_of: tuple[int, ...]) -> list[list[int]]:
+        """Children whose spans one call reads (equal ``spans_key``, one build group's plan): a
+        step reads every causal child's spans at once, whatever the number of children."""
+        found = self._span_group_cache.get(group_of)
+        if found is None:
+            groups: dict = {}
+            for c, child in enumerate(self.children):
+                key = child.spans_key()
+                groups.setdefault((c,) if key is None else (key, group_of[c]), []).append(c)
+            found = self._span_group_cache[group_of] = list(groups.values())
+        return found
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(zip(self.names, self.children, strict=True))})"
+
+
+def _stack(leaves) -> Array:
+    """Equal-shaped arrays stacked on the host and placed (a ``jnp.stack`` would compile once per
+    number of children); typed keys by their key data."""
+    first = leaves[0]
+    if jax.dtypes.issubdtype(first.dtype, jax.dtypes.prng_key):
+        data = np.stack([np.asarray(jax.random.key_data(leaf)) for leaf in leaves])
+        return jax.random.wrap_key_data(jax.device_put(data), impl=jax.random.key_impl(first))
+    return jax.device_put(np.stack([np.asarray(leaf) for leaf in leaves]))
 
 
 def _build_groups(devices) -> tuple[tuple[int, ...], ...]:

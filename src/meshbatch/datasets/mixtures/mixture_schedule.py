@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -199,4 +200,5 @@ def _pad(table: np.ndarray, *, fill: int, axis: int = -1) -> jnp.ndarray:
     widths[axis] = (0, -table.shape[axis] % multiple)
     if table.ndim == 2:
         widths[0] = (0, -table.shape[0] % STAGE_PAD)
-    return jnp.asarray(np.pad(table, widths, constant_values=fill), jnp.uint32)
+    # converted on the host and placed: an on-device conversion would compile once per shape
+    return jax.device_put(np.pad(table, widths, constant_values=fill).astype(np.uint32))

@@ -22,7 +22,6 @@ configured spec the checkpoint lacks starts at row 0 with the ``baseline`` count
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import zlib
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray, UInt32
+from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
@@ -41,6 +40,12 @@ from meshbatch.kernels import Counts, named_salts, select_least_consumed
 from .composite import Composite, CompositeDevice
 
 Baseline = Literal["zero", "min", "mean"]
+
+
+class CountOverflowError(OverflowError):
+    """A token-balanced step whose counts (64 bits) or children's epochs (32 bits) would wrap."""
+
+
 VERSION = 1
 U32 = jnp.uint32
 
@@ -70,67 +75,54 @@ class BalancedDevice(CompositeDevice):
     seq_len: int = eqx.field(static=True)
 
     def plan(self, rows: Rows, state: BalancedState) -> tuple[Plan, BalancedState]:
-        """The least-consumed pick of every row of the step, and the state after it."""
+        """The least-consumed pick of every row of the step, and the state after it.
+
+        Counts and epochs are not checked here (no host callback in the program, so it can be
+        kept in a persistent compilation cache): the host refuses a step whose counts or epochs
+        wrapped (``TokenBalancedMixture.check_state``).
+        """
         n = rows.position.shape[0]
         if n * self.seq_len >= 2**32 - 1:
             raise ValueError(f"a step of {n} rows of {self.seq_len} tokens: counts would pass 2^32")
+        lengths = jnp.asarray(np.asarray(self.lengths, np.uint32))
+        picked = select_least_consumed(state.tokens, self._upcoming_tokens(state, n, lengths), self.salts)
+        source = picked.source
+        position, epoch = _advance(state.position[source], state.epoch[source], picked.nth, lengths[source])
+        detail = self.group_plans(source, self.child_plans(source, position, epoch), tokens=picked.tokens)
+        position_after, epoch_after = _advance(state.position, state.epoch, picked.taken, lengths)
+        after = BalancedState(picked.counts, position_after, epoch_after, state.carried)
+        return Plan(rows=rows, source=source, example=position, detail=detail), after
+
+    def _upcoming_tokens(self, state: BalancedState, n: int, lengths) -> Int[Array, "n specs"]:
+        """The real tokens of each child's next ``n`` rows, a column per child. A child whose rows
+        all count the same (``DeviceDataset.tokens_per_row``) is not planned for them; the others
+        plan their next rows, a stack of alike children in one call."""
         ahead = jnp.arange(n, dtype=U32)
-        upcoming, table = [], []
-        for c, child in enumerate(self.children):
-            position, epoch = _advance(state.position[c], state.epoch[c], ahead, self.lengths[c])
-            plan, _ = child.plan(Rows(position, epoch), None)
-            upcoming.append(plan)
-            table.append(child.real_tokens(plan).astype(jnp.int32))
-        picked = select_least_consumed(state.tokens, jnp.stack(table, axis=1), self.salts)
-        picked = dataclasses.replace(picked, counts=self._refuse_wrap(state.tokens, picked.counts))
-        plans = tuple(
-            jax.tree.map(lambda leaf, c=c: leaf[jnp.where(picked.source == c, picked.nth, U32(0))], plan)
-            for c, plan in enumerate(upcoming)
-        )
-        example = jnp.zeros(n, U32)
-        for c, plan in enumerate(plans):
-            example = jnp.where(picked.source == c, plan.rows.position, example)
-        position, epoch = zip(
-            *(
-                _advance(state.position[c], state.epoch[c], picked.taken[c], self.lengths[c])
-                for c in range(len(self.children))
-            ),
-            strict=True,
-        )
-        after = BalancedState(
-            picked.counts,
-            jnp.stack(position),
-            self._refuse_epoch_wrap(state.epoch, jnp.stack(epoch)),
-            state.carried,
-        )
-        detail = self.group_plans(picked.source, plans, tokens=picked.tokens)
-        return Plan(rows=rows, source=picked.source, example=example, detail=detail), after
+        columns = []
+        for s, stack in enumerate(self.stacks):
+            members = np.asarray(self.members[s])
+            fixed = stack.tokens_per_row()
+            if fixed is not None:
+                columns.append(jnp.full((n, members.size), fixed, jnp.int32))
+                continue
+            position, epoch = _advance(
+                state.position[members][:, None], state.epoch[members][:, None], ahead[None, :],
+                lengths[members][:, None],
+            )  # fmt: skip
+            if members.size == 1:
+                plan, _ = stack.plan(Rows(position[0], epoch[0]), None)
+                columns.append(stack.real_tokens(plan).astype(jnp.int32)[:, None])
+            else:
+                columns.append(_upcoming_per_member(stack, Rows(position, epoch)).T)
+        order = np.argsort(np.concatenate([np.asarray(m) for m in self.members]))
+        return jnp.concatenate(columns, axis=1)[:, order]
 
-    def _refuse_wrap(self, before: Counts, after: Counts) -> Counts:
-        """``after``, or an error when a count passed ``2^64 - 1`` and wrapped.
 
-        A step adds fewer than ``2^32`` tokens per spec (``plan`` refuses more), so a count wrapped
-        exactly when its high word went down: ``hi = 2^32 - 1 -> 0``. The check runs on device
-        (``equinox.error_if``) and raises at the step that would wrap, naming the specs.
-        """
-        wrapped = jnp.any(after.hi < before.hi)
-        message = (
-            f"a token-balanced count of specs {list(self.names)} would pass 2^64 - 1 consumed tokens "
-            "and wrap; refused (reset the counts with load_state_dict)"
-        )
-        return Counts(eqx.error_if(after.hi, wrapped, message), after.lo)
-
-    def _refuse_epoch_wrap(self, before: UInt32[Array, " specs"], after: UInt32[Array, " specs"]):
-        """``after``, or an error when a child's epoch passed ``2^32 - 1`` and wrapped (a child of
-        ``L`` rows gets there after ``2^32 * L`` of its rows: a one-row child after 2^32).
-
-        A step adds fewer than ``2^32`` rows, so an epoch wrapped exactly when it went down.
-        """
-        message = (
-            f"a child of the token-balanced mixture of specs {list(self.names)} would start its "
-            "2^32-th epoch (epochs are 32 bits); refused"
-        )
-        return eqx.error_if(after, jnp.any(after < before), message)
+@eqx.filter_vmap
+def _upcoming_per_member(stack, rows: Rows) -> Int[Array, " n"]:
+    """The real tokens of each stacked child's rows (``rows`` ``[members, n]``)."""
+    plan, _ = stack.plan(rows, None)
+    return stack.real_tokens(plan).astype(jnp.int32)
 
 
 class TokenBalancedMixture(Composite):
@@ -171,6 +163,30 @@ class TokenBalancedMixture(Composite):
     def init_state(self) -> BalancedState:
         zeros = jnp.zeros(len(self.names), U32)
         return BalancedState(Counts(zeros, zeros), zeros, zeros)
+
+    def check_state(self, step: int, before: BalancedState, after: BalancedState) -> None:
+        """Refuses a step whose counts passed ``2^64 - 1`` or whose children's epochs passed
+        ``2^32 - 1``, naming the specs (``CountOverflowError``).
+
+        A step adds fewer than ``2^32`` tokens and rows per spec (``plan`` refuses more), so a
+        count wrapped exactly when its high word went down (``2^32 - 1 -> 0``), and an epoch when
+        it went down.
+        """
+        hi_before, hi_after = np.asarray(before.tokens.hi), np.asarray(after.tokens.hi)
+        wrapped = [name for name, b, a in zip(self.names, hi_before, hi_after, strict=True) if a < b]
+        if wrapped:
+            raise CountOverflowError(
+                f"step {step}: the token-balanced count of specs {wrapped} (of {list(self.names)}) "
+                "would pass 2^64 - 1 consumed tokens and wrap; refused (reset the counts with "
+                "load_state_dict)"
+            )
+        epoch_before, epoch_after = np.asarray(before.epoch), np.asarray(after.epoch)
+        wrapped = [name for name, b, a in zip(self.names, epoch_before, epoch_after, strict=True) if a < b]
+        if wrapped:
+            raise CountOverflowError(
+                f"step {step}: a child of the token-balanced mixture of specs {list(self.names)} "
+                f"would start its 2^32-th epoch (epochs are 32 bits); refused: {wrapped}"
+            )
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -251,9 +267,9 @@ def _u32(values) -> jax.Array:
     return jnp.asarray(np.asarray(values, np.int64), U32)
 
 
-def _advance(position, epoch, ahead, length: int):
-    """``(position, epoch)`` of the row ``ahead`` rows after ``(position, epoch)`` of ``length``."""
-    length = U32(length)
+def _advance(position, epoch, ahead, length):
+    """``(position, epoch)`` of the row ``ahead`` rows after ``(position, epoch)`` of ``length``
+    rows (uint32 arrays, broadcast together)."""
     left = length - position  # >= 1: rows before the epoch ends
     beyond = ahead - left
     later = ahead >= left

@@ -1,0 +1,171 @@
+"""Alike children planned as one stack: every row planned exactly as its child alone plans it, and
+one program whatever the number of children (a mixture of 4 and of 64 compiles the same programs,
+of the same size, but for the token-balanced selection's tree)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from compiles import count_compiles
+
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch.arguments import as_key
+from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.datasets import Rows
+from meshbatch.datasets.mixtures import derive_keys
+from meshbatch.kernels import Counts, select_least_consumed
+from meshbatch.pipeline.programs import plan_program
+
+SEQ = 8
+KEY = 11
+SOURCES = 64
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    """64 small caches of different lengths (so the stacked lengths differ); tokens say the cache."""
+    root = tmp_path_factory.mktemp("stacks")
+    rng = np.random.default_rng(7)
+    out = []
+    for k in range(SOURCES):
+        path = str(root / f"c{k}")
+        with CacheWriter(path) as writer:
+            writer.write(
+                [
+                    np.append(100 * (k + 1) + rng.integers(2, 99, rng.integers(3, 40)), 1).astype(np.int32)
+                    for _ in range(rng.integers(3, 12))
+                ]
+            )
+        out.append(TokenCache.open(path))
+    return out
+
+
+def mesh_of(devices: int):
+    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+
+
+SPECS = {
+    "full": ShuffleSpec("full"),
+    "full-levanter": ShuffleSpec("full", compat="levanter"),
+    "linear-levanter": ShuffleSpec("full", kind="linear", compat="levanter"),
+    "era": ShuffleSpec("era", era_length=5, reshuffle_each_epoch=True),
+    "block": ShuffleSpec("block", io_block_size=3, window_blocks=2),
+    "block-levanter-epochs": ShuffleSpec(
+        "block", io_block_size=4, compat="levanter", reshuffle_each_epoch=True
+    ),
+    "none": ShuffleSpec("none"),
+}
+
+
+@pytest.mark.parametrize("spec", list(SPECS.values()), ids=list(SPECS))
+def test_stacked_rows_plan_as_each_child_alone(caches, spec):
+    """Six alike children are one stack; every row of two epochs of the mixture is planned as the
+    child's own device half (made alone, for its own key) plans that child row."""
+    kids = {f"s{k}": CausalLMDataset(cache, SEQ, shuffle=spec) for k, cache in enumerate(caches[:6])}
+    mixture = Mixture(kids, {name: 1.0 + k for k, name in enumerate(kids)}, block_size=12)
+    device = mixture.device(as_key(KEY))
+    assert device.members == (tuple(range(6)),)
+    _, child_keys = derive_keys(as_key(KEY), list(kids))
+    stream = np.arange(240)  # the children wrap many times: child epochs up to about 20
+    rows = Rows(jnp.asarray(np.tile(stream, 2), jnp.uint32), jnp.asarray(np.repeat([0, 1], 240), jnp.uint32))
+    plan, _ = plan_program(device, rows, None)
+    source = np.asarray(plan.source)
+    assert sorted(set(source.tolist())) == list(range(6))
+    for c, (name, kid) in enumerate(kids.items()):
+        mine = source == c
+        child_plan = plan.detail.of(c)
+        child_rows = Rows(
+            *(jnp.asarray(np.asarray(x)[mine]) for x in (child_plan.rows.position, child_plan.rows.epoch))
+        )
+        alone, _ = kid.device(child_keys[name]).plan(child_rows)
+        np.testing.assert_array_equal(
+            np.asarray(child_plan.example)[mine], np.asarray(alone.example), err_msg=name
+        )
+
+
+BLOCK = ShuffleSpec("block", io_block_size=4)
+
+
+def stable(caches, sources: int):
+    kids = {f"s{k}": CausalLMDataset(caches[k], SEQ, shuffle=BLOCK, eos_id=1) for k in range(sources)}
+    return Mixture(kids, {name: 1.0 for name in kids}, block_size=64)
+
+
+def balanced(caches, sources: int):
+    kids = {f"s{k}": CausalLMDataset(caches[k], SEQ, shuffle=BLOCK, eos_id=1) for k in range(sources)}
+    return TokenBalancedMixture(kids)
+
+
+def plan_size(dataset) -> int:
+    """Lines of the plan program's jaxpr (its size, whatever the table shapes)."""
+    device = dataset.device(as_key(KEY))
+    rows = Rows(jnp.arange(16, dtype=jnp.uint32), jnp.zeros(16, jnp.uint32))
+    return len(
+        str(jax.make_jaxpr(lambda d, r, s: d.plan(r, s))(device, rows, dataset.init_state())).splitlines()
+    )
+
+
+@pytest.mark.parametrize("make", [stable, balanced], ids=["stable", "token-balanced"])
+def test_4_and_64_alike_children_compile_the_same_programs(caches, make):
+    """A first batch of a mixture of 4 and of 64 block-shuffled causal children (8 devices):
+    the same number of programs compiled (or read from the persistent cache), and a plan program
+    of the same size."""
+    jax.block_until_ready(Pipeline(make(caches, 3), mesh=mesh_of(8), batch_size=16, key=KEY).batch(0))
+    counts = {}
+    for sources in (4, SOURCES):
+        with count_compiles() as compiles:
+            pipeline = Pipeline(make(caches, sources), mesh=mesh_of(8), batch_size=16, key=KEY)
+            batch = jax.block_until_ready(pipeline.batch(0))
+        counts[sources] = len(compiles)
+        assert set(np.unique(np.asarray(batch.tokens) // 100).tolist()) - {0} <= set(range(1, sources + 1))
+    assert counts[4] == counts[SOURCES] >= 1
+    # the plan is the same program but for the token-balanced selection's tournament tree, which
+    # climbs log2(sources) levels in straight-line code (interleave_tree.py)
+    tree = selection_size(SOURCES) - selection_size(4) if make is balanced else 0
+    assert plan_size(make(caches, SOURCES)) - plan_size(make(caches, 4)) == tree
+
+
+def selection_size(sources: int) -> int:
+    """Lines of the token-balanced selection's jaxpr at 16 rows."""
+    zeros = jnp.zeros(sources, jnp.uint32)
+    table = jnp.zeros((16, sources), jnp.int32)
+    return len(str(jax.make_jaxpr(select_least_consumed)(Counts(zeros, zeros), table, zeros)).splitlines())
+
+
+def test_a_mixture_with_unlike_children_stacks_the_alike_ones(caches):
+    """Children of two shuffles and a splice child: the alike ones stack, the others stand alone,
+    and the batches are the rows each child makes alone."""
+    spec = ShuffleSpec("full")
+    kids = {
+        "a": CausalLMDataset(caches[0], SEQ, shuffle=spec, eos_id=1),
+        "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
+        "c": CausalLMDataset(caches[2], SEQ, shuffle=spec, eos_id=1),
+        "d": SpliceLMDataset.from_cache(
+            caches[3],
+            np.arange(caches[3].num_rows),
+            seq_len=SEQ,
+            content_length=5,
+            content_start_mode="slide_within",
+            pad_token_id=0,
+            eos_token_id=1,
+        ),
+        "e": CausalLMDataset(caches[4], SEQ, shuffle=spec, eos_id=1),
+    }
+    mixture = Mixture(kids, {name: 1.0 for name in kids}, block_size=10)
+    device = mixture.device(as_key(KEY))
+    assert device.members == ((0, 2, 4), (1,), (3,))
+    pipeline = Pipeline(mixture, mesh=mesh_of(8), batch_size=16, key=KEY)
+    for step in range(3):
+        tokens = np.asarray(pipeline.batch(step).tokens)
+        plan, _ = plan_program(device, Rows(*pipeline._rows(step, np.arange(16))), None)
+        source = np.asarray(plan.source)
+        for c, name in enumerate(kids):
+            if name == "d":
+                continue
+            mine = source == c
+            example = np.asarray(plan.detail.of(c).example)[mine].astype(np.int64)
+            cache = kids[name].source
+            flat = np.concatenate(cache.read_rows(np.arange(cache.num_rows)))
+            want = flat[example[:, None] * SEQ + np.arange(SEQ)]
+            np.testing.assert_array_equal(tokens[mine], want, err_msg=f"{step=} {name=}")
+        assert (tokens[source == 3] // 100 == 4).any()  # the splice child's frames (cache 3's ids)
