@@ -204,7 +204,7 @@ class Permutation(KeyedShuffle):
     @classmethod
     def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
         key = typed_key(key)  # raw uint32[2] keys too
-        length_arr = jnp.asarray(length, U32)
+        length_arr = jax.device_put(np.uint32(length))  # placed: cheaper than a conversion
         network = _derive_jit(kind, compat, key, length_arr)
         return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-import jax.numpy as jnp
+import jax
+import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_optional_int
@@ -25,6 +26,12 @@ from meshbatch.kernels import BlockShuffle, Compat, EraShuffle, Kind, Permutatio
 
 MAX_LENGTH = 2**32 - 1
 Strategy = Literal["none", "full", "era", "block"]
+
+
+def _u32(value: int) -> jax.Array:
+    """A uint32 scalar on the default device: placed, not converted there (a mixture makes one
+    per child, and an on-device conversion costs several times a placement)."""
+    return jax.device_put(np.uint32(value))
 
 
 def _check_common(length: int, kind: str, compat: str | None) -> int:
@@ -73,11 +80,11 @@ def era_shuffle(
     length = _check_common(length, kind, compat)
     era_length = min(check_int("era_length", era_length, low=1), length)
     return EraShuffle(
-        length=jnp.asarray(length, jnp.uint32),
+        length=_u32(length),
         key=as_key(key),
         kind=kind,
         compat=compat,
-        era_length=jnp.asarray(era_length, jnp.uint32),
+        era_length=_u32(era_length),
     )
 
 
@@ -112,12 +119,12 @@ def block_shuffle(
     # A window wider than the dataset is the whole dataset; clamping keeps io * window in 32 bits.
     window_blocks = min(window_blocks, total_blocks)
     return BlockShuffle(
-        length=jnp.asarray(length, jnp.uint32),
+        length=_u32(length),
         key=as_key(key),
         kind=kind,
         compat=compat,
-        io_block_size=jnp.asarray(io_block_size, jnp.uint32),
-        window_blocks=jnp.asarray(window_blocks, jnp.uint32),
+        io_block_size=_u32(io_block_size),
+        window_blocks=_u32(window_blocks),
     )
 
 

@@ -54,7 +54,17 @@ def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGK
 
 def child_keys(children_key: PRNGKeyArray, names) -> dict[str, PRNGKeyArray]:
     """``{name: fold_in(children_key, crc32(name))}``: the children's half of ``derive_keys``."""
-    return {name: jax.random.fold_in(children_key, zlib.crc32(name.encode())) for name in names}
+    names = list(names)
+    crcs = np.asarray([zlib.crc32(name.encode()) for name in names], np.uint32)
+    # one fold_in over every name, then each key placed from its data: no per-child dispatch
+    data = np.asarray(jax.random.key_data(_fold_in_names(children_key, crcs)))
+    impl = jax.random.key_impl(children_key)
+    return {name: jax.random.wrap_key_data(data[i], impl=impl) for i, name in enumerate(names)}
+
+
+@jax.jit
+def _fold_in_names(key: PRNGKeyArray, crcs: UInt32[Array, " n"]) -> PRNGKeyArray:
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, crcs)
 
 
 class MixturePlan(eqx.Module):
@@ -238,17 +248,20 @@ def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDa
         children: causal windows of caches A, B (full shuffle), C (no shuffle), D (full shuffle)
         members ((0, 1, 3), (2,)): A, B, D stacked (keys and lengths [3]); C on its own
     """
+    parts = [eqx.partition(device, eqx.is_array) for device in devices]  # (arrays, the rest)
     members: list[list[int]] = []
     keys: list[tuple] = []
-    for c, device in enumerate(devices):
-        arrays, rest = eqx.partition(device, eqx.is_array)
+    for c, (arrays, rest) in enumerate(parts):
         leaves, treedef = jax.tree.flatten(arrays)
         key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
         same = next(
-            (i for i, k in enumerate(keys) if k == key
-             and bool(eqx.tree_equal(eqx.partition(devices[members[i][0]], eqx.is_array)[1], rest))),
+            (
+                i
+                for i, k in enumerate(keys)
+                if k == key and bool(eqx.tree_equal(parts[members[i][0]][1], rest))
+            ),
             None,
-        )  # fmt: skip
+        )
         if same is None:
             members.append([c])
             keys.append(key)
@@ -259,9 +272,8 @@ def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDa
         if len(part) == 1:
             stacks.append(devices[part[0]])
             continue
-        arrays = [eqx.partition(devices[c], eqx.is_array)[0] for c in part]
-        stacked = jax.tree.map(lambda *leaves: _stack(leaves), *arrays)
-        stacks.append(eqx.combine(stacked, eqx.partition(devices[part[0]], eqx.is_array)[1]))
+        stacked = jax.tree.map(lambda *leaves: _stack(leaves), *(parts[c][0] for c in part))
+        stacks.append(eqx.combine(stacked, parts[part[0]][1]))
     return tuple(tuple(m) for m in members), tuple(stacks)
 
 
