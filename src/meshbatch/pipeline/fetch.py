@@ -153,13 +153,19 @@ def _prepare_group(
     source, start, length = spans
     where = np.zeros(start.shape, np.int64)
     reads, at = [], margin
-    for s, token_source in enumerate(dataset.sources):
-        mask = (source == s) & (length > 0)
-        if mask.any():
-            read = token_source.prepare_read(start[mask], length[mask], buffer, at)
-            where[mask] = read.span_starts
-            at = read.end
-            reads.append(read)
+    # the spans grouped by source once (a sort), not a mask per source: a step's host work
+    # grows with the sources it reads, not with the sources the dataset has
+    flat = np.flatnonzero(length.reshape(-1) > 0)
+    order = flat[np.argsort(source.reshape(-1)[flat], kind="stable")]
+    present, first = np.unique(source.reshape(-1)[order], return_index=True)
+    bounds = np.append(first, order.size)
+    flat_start, flat_length, flat_where = start.reshape(-1), length.reshape(-1), where.reshape(-1)
+    for i, s in enumerate(present.tolist()):
+        mine = order[bounds[i] : bounds[i + 1]]  # this source's spans, in row order
+        read = dataset.sources[s].prepare_read(flat_start[mine], flat_length[mine], buffer, at)
+        flat_where[mine] = read.span_starts
+        at = read.end
+        reads.append(read)
     buffer[:margin] = 0
     buffer[at:] = 0
     return reads, buffer, where.astype(np.int32)
