@@ -163,3 +163,25 @@ def test_spans_back_to_back_in_request_order_are_returned_without_a_gather(flat_
     runs = flat_cache.read_runs(np.arange(0, 320, 32), 32)
     assert runs.spans().tokens is runs.buffer
     np.testing.assert_array_equal(runs.spans().tokens, np.arange(320, dtype=np.int32))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_few_spans_coalesce_as_many_do(seed, monkeypatch):
+    """Up to ``SMALL_SPANS`` spans take a plain-Python path: the same runs, offsets, span places
+    and unique count as the numpy path, over random span sets (overlaps, duplicates, touching and
+    empty spans)."""
+    from meshbatch.cache import coalesce
+
+    rng = np.random.default_rng(seed)
+    for _ in range(500):
+        n = int(rng.integers(0, coalesce.SMALL_SPANS + 1))
+        starts = rng.integers(0, 120, n).astype(np.int64)
+        lengths = rng.integers(0, 25, n).astype(np.int64) * (rng.random(n) > 0.15)
+        few = coalesce_spans(starts, lengths)
+        with monkeypatch.context() as m:
+            m.setattr(coalesce, "SMALL_SPANS", -1)
+            many = coalesce_spans(starts, lengths)
+        for field in ("run_starts", "run_lengths", "run_offsets", "span_starts"):
+            a, b = getattr(few, field), getattr(many, field)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (field, starts, lengths)
+        assert few.unique_spans == many.unique_spans

@@ -93,6 +93,8 @@ def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
         The runs and each span's position in their concatenation.
     """
     n = starts.shape[0]
+    if n <= SMALL_SPANS:
+        return _coalesce_few(starts.tolist(), lengths.tolist())
     nonempty = np.flatnonzero(lengths > 0)
     span_starts = np.zeros(n, dtype=np.int64)
     if nonempty.size == 0:
@@ -120,6 +122,38 @@ def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
     span_starts[nonempty] = located
     distinct = np.count_nonzero((np.diff(s_sorted) != 0) | (np.diff(e_sorted) != 0)) + 1
     return Coalesced(run_starts, run_lengths, run_offsets, span_starts, int(distinct))
+
+
+SMALL_SPANS = 32  # up to this many spans, plain Python beats a dozen numpy calls on tiny arrays
+
+
+def _coalesce_few(starts: list[int], lengths: list[int]) -> Coalesced:
+    """``coalesce_spans`` of a few spans in plain Python (a mixture of many sources reads a few
+    spans of each source a step): the same runs, offsets and counts."""
+    spans = sorted((s, s + n, i) for i, (s, n) in enumerate(zip(starts, lengths, strict=True)) if n > 0)
+    run_starts, run_lengths, run_offsets, located = [], [], [0], {}
+    reach = -1
+    for s, e, i in spans:
+        if s > reach:  # a new run: this span starts strictly after everything before it ends
+            run_starts.append(s)
+            run_lengths.append(0)
+            reach = s
+        reach = max(reach, e)
+        run_lengths[-1] = reach - run_starts[-1]
+        located[i] = (len(run_starts) - 1, s - run_starts[-1])
+    for length in run_lengths:
+        run_offsets.append(run_offsets[-1] + length)
+    span_starts = [0] * len(starts)
+    for i, (run, within) in located.items():
+        span_starts[i] = run_offsets[run] + within
+    distinct = len({(s, e) for s, e, _ in spans})
+    return Coalesced(
+        np.asarray(run_starts, np.int64),
+        np.asarray(run_lengths, np.int64),
+        np.asarray(run_offsets, np.int64),
+        np.asarray(span_starts, np.int64),
+        distinct,
+    )
 
 
 @dataclass(frozen=True)
