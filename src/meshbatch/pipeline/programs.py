@@ -23,10 +23,36 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from meshbatch.datasets.protocol import DeviceDataset, Plan, Rows
 
 
-@eqx.filter_jit
 def plan_program(device: DeviceDataset, rows: Rows, state):
-    """``device.plan(rows, state)``, jitted once per configuration and shape."""
+    """``device.plan(rows, state)``, jitted once per configuration and shape.
+
+    A device half with a ``plan_compiler_options`` class attribute (XLA options, e.g.
+    ``{"xla_backend_optimization_level": 0}``) gets its plan compiled with them: a plan that runs
+    once per step over one batch of rows may gain little at run time from what costs most of its
+    compile. Integer results do not depend on them.
+    """
+    options = getattr(type(device), "plan_compiler_options", None)
+    if options is None:
+        return _plan_filtered(device, rows, state)
+    arrays, static = eqx.partition((device, rows, state), eqx.is_array)
+    return _plan_with_options(static, tuple(sorted(options.items())))(arrays)
+
+
+@eqx.filter_jit
+def _plan_filtered(device: DeviceDataset, rows: Rows, state):
     return device.plan(rows, state)
+
+
+@functools.cache
+def _plan_with_options(static, options: tuple):
+    """The plan of ``static`` (``eqx.partition``'s second half of ``(device, rows, state)``),
+    compiled with XLA ``options``; one per configuration, like ``build_program``."""
+
+    def plan(arrays):
+        device, rows, state = eqx.combine(arrays, static)
+        return device.plan(rows, state)
+
+    return jax.jit(plan, compiler_options=dict(options))
 
 
 @eqx.filter_jit
