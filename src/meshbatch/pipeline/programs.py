@@ -22,20 +22,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.datasets.protocol import DeviceDataset, Plan, Rows
 
+# XLA options for a plan of few rows: the lowest backend level halves the compile of a shuffle's
+# plan; its run time grows with the rows (benchmarks/RESULTS.md, "First batch").
+FAST_COMPILE = (("xla_backend_optimization_level", 0),)
+
 
 def plan_program(device: DeviceDataset, rows: Rows, state):
     """``device.plan(rows, state)``, jitted once per configuration and shape.
 
-    A device half with a ``plan_compiler_options`` class attribute (XLA options, e.g.
-    ``{"xla_backend_optimization_level": 0}``) gets its plan compiled with them: a plan that runs
-    once per step over one batch of rows may gain little at run time from what costs most of its
-    compile. Integer results do not depend on them.
+    A device half whose class sets ``fast_compile_plan_rows`` gets plans of at most that many
+    rows compiled at XLA's lowest backend level (``FAST_COMPILE``): a plan that runs once per
+    step over one batch of rows gains little at run time from what costs most of its compile.
+    Integer results do not depend on it. The rows' count is static: no shape compiles twice.
     """
-    options = getattr(type(device), "plan_compiler_options", None)
-    if options is None:
+    if rows.position.shape[0] > getattr(type(device), "fast_compile_plan_rows", -1):
         return _plan_filtered(device, rows, state)
     arrays, static = eqx.partition((device, rows, state), eqx.is_array)
-    return _plan_with_options(static, tuple(sorted(options.items())))(arrays)
+    return _plan_with_options(static, FAST_COMPILE)(arrays)
 
 
 @eqx.filter_jit
