@@ -151,3 +151,45 @@ def test_warmup_method_and_errors(cache_path):
         ended.warmup(past)
     with pytest.raises(IndexError, match=f"step={past} is past the end"):  # raised again where used
         ended.batch(past)
+
+
+def balanced(cache_path, tmp_path_factory, **kwargs) -> Pipeline:
+    from meshbatch import TokenBalancedMixture
+    from meshbatch.cache import CacheWriter
+
+    other = tmp_path_factory.getbasetemp() / "lifecycle-other"
+    if not other.exists():
+        with CacheWriter(str(other)) as writer:
+            writer.write([np.full(i % 40 + 5, i % 97 + 2, np.int32) for i in range(150)])
+    children = {"a": CausalLMDataset(TokenCache.open(cache_path), SEQ),
+                "b": CausalLMDataset(TokenCache.open(str(other)), SEQ)}  # fmt: skip
+    return Pipeline(TokenBalancedMixture(children), mesh=mesh_of(2), batch_size=8, key=1, **kwargs)
+
+
+def test_warm_batch_of_a_stateful_dataset(cache_path, tmp_path_factory):
+    """Planning step 0 in the background leaves the carried state as planning it on demand: the
+    same batches, states and plans made, from step 0 and from a saved state."""
+    cold = balanced(cache_path, tmp_path_factory, warmup=False)
+    want = [np.asarray(cold.batch(s).tokens) for s in range(4)]
+    warm = balanced(cache_path, tmp_path_factory)
+    wait_ready(warm, 0)
+    with warm.iterate_from(0) as stream:
+        got = [np.asarray(next(stream).tokens) for _ in range(4)]
+    np.testing.assert_array_equal(np.stack(got), np.stack(want))
+    assert warm.state_dict() == cold.state_dict()
+
+    saved = balanced(cache_path, tmp_path_factory, warmup=False)
+    saved.batch(0), saved.batch(1)
+    state = saved.state_dict()
+    resumed = balanced(cache_path, tmp_path_factory, state=state)  # warms up step 2 from the state
+    wait_ready(resumed, 2)
+    planned = resumed._planner.planned
+    np.testing.assert_array_equal(np.asarray(resumed.batch(2).tokens), want[2])
+    assert resumed._planner.planned == planned == 1  # the warm plan is the plan: nothing replanned
+    np.testing.assert_array_equal(np.asarray(resumed.batch(3).tokens), want[3])
+    assert resumed.state_dict() == cold.state_dict()
+
+    reloaded = balanced(cache_path, tmp_path_factory)  # warms up step 0, then loads step 2's state
+    reloaded.load_state_dict(state)
+    assert not reloaded.ready(0) and not reloaded.ready(2)
+    np.testing.assert_array_equal(np.asarray(reloaded.batch(2).tokens), want[2])
