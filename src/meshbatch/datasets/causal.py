@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -70,6 +71,10 @@ class CausalDevice(DeviceDataset):
     shuffle_spec: ShuffleSpec = eqx.field(static=True)
     shuffle: eqx.Module | None
     window: WindowBuild
+    # A plan of up to this many rows (a shuffle of one batch of positions, once per step, on the
+    # host) compiles at XLA's lowest backend level (``programs.FAST_COMPILE``): half its compile,
+    # under 2 ms more a step (benchmarks/RESULTS.md, "First batch"); the indices are the same.
+    fast_compile_plan_rows: ClassVar[int] = 1024
 
     @property
     def seq_len(self) -> int:

@@ -23,12 +23,27 @@ the pipeline makes the final dataset (a new value) for the same key and swaps it
     pipeline = Pipeline(CausalLMDataset(cache, 4096), mesh=mesh, batch_size=256, key=key)
     with pipeline.iterate_from(step) as batches:   # O(1) to resume anywhere (stateless data)
         ...
+
+Warm-up: a new pipeline starts making its first step's batch at once, in a background thread
+(``Warm``): compiling its programs and reading its tokens while the caller does other work (builds
+its model). The step the stream will most likely start at gets it: ``iterate_from`` / ``batch``
+take it when their step is that step (it is the same batch: same step, same state), and discard
+it otherwise, after it is made (so nothing of it runs beside the step asked for).
+
+Lifetime: nothing running holds a pipeline or a stream. Stream workers and the warm-up thread
+hold the pipeline weakly (``_weak_produce``), the pipeline holds its latest stream weakly, and a
+stream holds its pipeline (so a stream alone keeps making batches). A dropped stream stops its
+workers (``Prefetcher``'s finalizer); a dropped pipeline with no stream is collected, its warm
+batch with it.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,7 +64,7 @@ from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
 from .shadow import host_work_done
 from .state_planner import StatePlanner
-from .telemetry import pipeline_stats, read_counters
+from .telemetry import StreamLog, bind, pipeline_stats, read_counters, record_read
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -75,6 +90,9 @@ class Pipeline:
             pads (``final_batch``; same shapes, nothing recompiles).
         stages: build stages applied per shard after ``build`` (``BuildStage``), in order.
         state: a ``state_dict()`` to start from (a stateful dataset's checkpoint).
+        warmup: start making the first step's batch (step 0, or ``state``'s step) at once, in the
+            background (see the module docstring; ``ready``, ``warmup()``). A dataset still
+            being written (quick start) is not warmed up unless ``warmup()`` is called.
     """
 
     def __init__(
@@ -91,6 +109,7 @@ class Pipeline:
         pad_final_batch: bool = False,
         stages: Sequence[BuildStage] = (),
         state: dict[str, Any] | None = None,
+        warmup: bool = True,
     ):
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
@@ -121,8 +140,14 @@ class Pipeline:
         self._final = dataset.length_is_final
         self._num_steps = self._count_steps()
         self._next_step = 0
+        self._warm: Warm | None = None
+        self._warm_lock = threading.Lock()
+        self._stream = None  # a weak reference to the latest stream
+        self._stream_log: StreamLog | None = None
         if state is not None:
             self.load_state_dict(state)
+        if check_bool("warmup", warmup) and self._final:
+            self._start_warmup(self._next_step)
 
     def _make_dataset(self, dataset: Dataset) -> None:
         """The dataset's device half for the pipeline's key, on the host CPU (to plan) and
@@ -188,9 +213,69 @@ class Pipeline:
         Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
         """
         step = check_step(step)
-        batch = self._make(step)
+        batch = self._take_warm(step)
+        if batch is None:
+            batch = self._make(step)
         self._took(step)
         return batch
+
+    # -- warm-up ----------------------------------------------------------------------------------
+
+    def ready(self, step: int = 0) -> bool:
+        """Whether the warm batch of ``step`` is made and waiting (``warmup``): the first
+        ``batch(step)`` or ``iterate_from(step)`` then waits for nothing."""
+        warm = self._warm
+        return warm is not None and warm.step == check_step(step) and warm.done.is_set()
+
+    def warmup(self, step: int | None = None) -> None:
+        """Blocks until the batch of ``step`` (default: the warm-up's step, else the next step
+        the consumer takes) is made and kept for the first ``batch(step)`` / ``iterate_from(step)``;
+        starts making it if no warm-up for ``step`` is under way (``warmup=False``, or another
+        step). Raises what making it raised (the step that takes it raises it again)."""
+        with self._warm_lock:
+            warm = self._warm
+            if step is None:
+                step = warm.step if warm is not None else self._next_step
+            step = check_step(step)
+            if warm is None or warm.step != step:
+                self._discard_warm_locked()
+                warm = self._start_warmup_locked(step)
+        warm.result()
+
+    def _start_warmup(self, step: int) -> None:
+        with self._warm_lock:
+            self._start_warmup_locked(step)
+
+    def _start_warmup_locked(self, step: int) -> Warm:
+        steps = self.num_steps()
+        warm = Warm(step, read_counters(self.dataset))
+        if steps is not None and step >= steps:  # nothing to make: the stream ends before it
+            warm.finish(False, IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} "
+                                          f"allows {steps} steps"))  # fmt: skip
+        else:
+            warm.start(weakref.ref(self))
+        self._warm = warm
+        return warm
+
+    def _discard_warm_locked(self) -> None:
+        """Drops the warm batch, once it is made: nothing of it runs beside what comes next (its
+        reads and planning counted, a stateful plan's state moved)."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.done.wait()
+
+    def _take_warm(self, step: int) -> Batch | None:
+        """The warm batch if it is ``step``'s (waiting for it; raising what making it raised),
+        else ``None``, the warm batch of another step discarded."""
+        with self._warm_lock:
+            warm = self._warm
+            if warm is None:
+                return None
+            if warm.step != step:
+                self._discard_warm_locked()
+                return None
+            self._warm = None
+        return warm.take()
 
     def _grow(self, step: int) -> None:
         """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
@@ -289,7 +374,10 @@ class Pipeline:
             if rest:
                 raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
         else:
-            self._planner.reset(step, self._host.load_state_dict(rest))
+            state = self._host.load_state_dict(rest)
+            with self._warm_lock:  # the warm batch was planned from another state
+                self._discard_warm_locked()
+                self._planner.reset(step, state)
         self._next_step = step
 
     # -- streams ----------------------------------------------------------------------------------
@@ -309,34 +397,52 @@ class Pipeline:
             self.load_state_dict(state, step)
             step = self._next_step
         start = 0 if step is None else check_step(step)
-        # counted before the workers start: with compiled programs shared, a step may read at once
-        self._stream_counters = read_counters(self.dataset)
-        self._stream = Prefetcher(
-            self._produce, start=start, depth=self.prefetch, workers=self.workers, on_take=self._took
+        with self._warm_lock:  # the warm batch goes to the stream if it is its first step's
+            warm = self._warm
+            if warm is not None and warm.step != start:
+                self._discard_warm_locked()
+                warm = None
+            self._warm = None
+            # counted before the workers start (with compiled programs shared, a step may read at
+            # once), or before the warm batch the stream takes was read
+            self._stream_counters = warm.counters if warm is not None else read_counters(self.dataset)
+        # The workers hold the pipeline weakly; the stream holds it (``on_take``) and the
+        # pipeline holds the stream weakly: a dropped stream stops its workers.
+        stream = Prefetcher(
+            _weak_produce(weakref.ref(self), warm),
+            start=start,
+            depth=self.prefetch,
+            workers=self.workers,
+            on_take=self._took,
         )
-        return self._stream
+        self._stream, self._stream_log = weakref.ref(stream), stream.log
+        return stream
 
     def stats(self) -> dict[str, float]:
         """What the latest ``iterate_from`` stream measured: consumer wait p50/p95/p99/max, stall
         fraction of the consumer's time, read latency p50/p99, bytes and requests per example,
         prefetch occupancy (``telemetry.pipeline_stats``); ``{}`` before any stream."""
-        stream = getattr(self, "_stream", None)
-        return {} if stream is None else pipeline_stats(self, stream, self._stream_counters)
+        if self._stream_log is None:
+            return {}
+        stream = self._stream()
+        summary = stream.stats() if stream is not None else self._stream_log.summary()
+        return pipeline_stats(self, summary, self._stream_log, self._stream_counters)
 
     def reset_stats(self) -> None:
         """Start ``stats()`` afresh on the latest stream: its measurements and the read counters
         behind ``requests_per_example`` / ``bytes_per_example`` (a step made across the reset may
         count its examples or its reads on either side). A per-report window, as the Levanter
         adapter logs it; nothing to do before any stream."""
-        stream = getattr(self, "_stream", None)
-        if stream is not None:
+        if self._stream_log is not None:
             self._stream_counters = read_counters(self.dataset)
-            stream.reset_stats()
+            self._stream_log.clear()
 
-    def _produce(self, step: int) -> Batch:
+    def _produce(self, step: int, warm: Warm | None = None) -> Batch:
         steps = self.num_steps()
         if steps is not None and step >= steps:
             raise EndOfStream
+        if warm is not None:
+            return warm.take()
         batch = self._make(step)
         if self.mesh.devices.flat[0].platform != "cpu":  # on CPU devices the build is host work too
             host_work_done()
@@ -345,6 +451,96 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
+
+
+def _weak_produce(ref: weakref.ref[Pipeline], warm: Warm | None):
+    """A stream's ``produce`` holding its pipeline weakly (a collected pipeline ends the stream);
+    the worker making ``warm``'s step takes the warm batch."""
+
+    def produce(step: int) -> Batch:
+        nonlocal warm
+        pipeline = ref()
+        if pipeline is None:
+            raise EndOfStream
+        if warm is not None and warm.step == step:  # one worker makes each step: no race
+            taken, warm = warm, None
+            return pipeline._produce(step, taken)
+        return pipeline._produce(step)
+
+    return produce
+
+
+_WARMING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # warm-up threads not yet collected
+_EXIT_TIMEOUT_S = 30.0
+_exit_hooked = False
+
+
+def _join_warming(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
+    """At interpreter exit: waits (at most ``timeout_s`` in all) for the warm-ups under way, as
+    ``prefetch.stop_all`` does for stream workers (a daemon thread inside jax or TensorStore when
+    Python finalizes ends the process with ``terminate called ...``)."""
+    deadline = time.monotonic() + timeout_s
+    for thread in list(_WARMING):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class Warm:
+    """One warm-up: the batch of ``step`` made by a background thread (``Pipeline(warmup=True)``).
+
+    Holds no reference to its pipeline: the thread holds it weakly, and strongly only while it
+    makes the batch. ``counters`` are the sources' read counters before it started (a stream that
+    takes the batch counts its reads); ``log`` its reads' latencies.
+    """
+
+    def __init__(self, step: int, counters: dict[str, int]):
+        self.step, self.counters = step, counters
+        self.log = StreamLog()
+        self.done = threading.Event()
+        self._outcome: tuple[bool, object] | None = None
+
+    def start(self, ref: weakref.ref[Pipeline]) -> None:
+        global _exit_hooked
+        if not _exit_hooked:
+            atexit.register(_join_warming)
+            _exit_hooked = True
+        thread = threading.Thread(target=self._run, args=(ref,), name="meshbatch-warmup", daemon=True)
+        _WARMING.add(thread)
+        thread.start()
+
+    def _run(self, ref: weakref.ref[Pipeline]) -> None:
+        bind(self.log)
+        pipeline = ref()
+        if pipeline is None:
+            self.finish(False, RuntimeError(f"the pipeline warming up step {self.step} was collected"))
+            return
+        try:
+            batch = pipeline._make(self.step)
+            del pipeline  # a pipeline dropped meanwhile is collected once its batch is made
+            jax.block_until_ready(batch)
+            self.finish(True, batch)
+        except BaseException as error:  # raised at the step that takes it (or by warmup())
+            logger.debug("warming up step %d failed: %r", self.step, error)
+            self.finish(False, error)
+
+    def finish(self, ok: bool, value: object) -> None:
+        self._outcome = (ok, value)
+        self.done.set()
+
+    def take(self) -> Batch:
+        """``result()``, its reads recorded in the calling thread's stream log (the stream that
+        takes the batch counts them)."""
+        batch = self.result()
+        for seconds in self.log.reads:
+            record_read(seconds)
+        return batch
+
+    def result(self) -> Batch:
+        """The batch, once made; raises what making it raised."""
+        self.done.wait()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
 
 
 def resume_step(saved, given) -> int:

@@ -22,11 +22,40 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.datasets.protocol import DeviceDataset, Plan, Rows
 
+# XLA options for a plan of few rows: the lowest backend level halves the compile of a shuffle's
+# plan; its run time grows with the rows (benchmarks/RESULTS.md, "First batch").
+FAST_COMPILE = (("xla_backend_optimization_level", 0),)
+
+
+def plan_program(device: DeviceDataset, rows: Rows, state):
+    """``device.plan(rows, state)``, jitted once per configuration and shape.
+
+    A device half whose class sets ``fast_compile_plan_rows`` gets plans of at most that many
+    rows compiled at XLA's lowest backend level (``FAST_COMPILE``): a plan that runs once per
+    step over one batch of rows gains little at run time from what costs most of its compile.
+    Integer results do not depend on it. The rows' count is static: no shape compiles twice.
+    """
+    if rows.position.shape[0] > getattr(type(device), "fast_compile_plan_rows", -1):
+        return _plan_filtered(device, rows, state)
+    arrays, static = eqx.partition((device, rows, state), eqx.is_array)
+    return _plan_with_options(static, FAST_COMPILE)(arrays)
+
 
 @eqx.filter_jit
-def plan_program(device: DeviceDataset, rows: Rows, state):
-    """``device.plan(rows, state)``, jitted once per configuration and shape."""
+def _plan_filtered(device: DeviceDataset, rows: Rows, state):
     return device.plan(rows, state)
+
+
+@functools.cache
+def _plan_with_options(static, options: tuple):
+    """The plan of ``static`` (``eqx.partition``'s second half of ``(device, rows, state)``),
+    compiled with XLA ``options``; one per configuration, like ``build_program``."""
+
+    def plan(arrays):
+        device, rows, state = eqx.combine(arrays, static)
+        return device.plan(rows, state)
+
+    return jax.jit(plan, compiler_options=dict(options))
 
 
 @eqx.filter_jit

@@ -118,16 +118,19 @@ def read_counters(dataset) -> dict[str, int]:
     return total
 
 
-def pipeline_stats(pipeline, stream, since: dict[str, int]) -> dict[str, float]:
-    """A ``Pipeline`` stream's ``stats()`` plus reads per example over the steps it made.
+def pipeline_stats(
+    pipeline, summary: dict[str, float], log: StreamLog, since: dict[str, int]
+) -> dict[str, float]:
+    """A ``Pipeline`` stream's ``stats()`` (``summary``, its ``log``) plus reads per example over
+    the steps it made.
 
     ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
     ``bytes_per_example`` the bytes they decoded, per example made since the stream began (the
     zero rows of a padded final step are no examples).
     """
-    out = stream.stats()
+    out = dict(summary)
     # a padded final step (pad_final_batch) made only its real rows' examples
-    examples = sum(pipeline._real_rows(step) for step, _ in list(stream.log.made))
+    examples = sum(pipeline._real_rows(step) for step, _ in list(log.made))
     now = read_counters(pipeline.dataset)
     out["examples_made"] = examples
     for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
