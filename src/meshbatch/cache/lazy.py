@@ -7,8 +7,8 @@ cache is opened from its ledgers alone (``TokenCache.open``'s ``eager``)::
     open        ledger(s); per shard only its ledger (one round of concurrent reads)
     first read  of tokens in a shard: its arrays opened and checked (the checks of an eager open
                 that read no bulk offsets), then its tokens; several shards at once concurrently
-    row_spans   reads only the offsets chunks holding the rows asked for, each checked (monotone,
-                within the part's tokens, against the checksum sidecar) before it is used
+    row_spans   reads only the offsets of the rows asked for (a sidecar chunk whole, summed, the
+                first time it is touched), checked (ordered, within the part's tokens) before use
     doc_offsets reads every row's offsets on its first call and keeps them
 
 Nothing is served from a shard before its checks pass, so a damaged shard raises the same named
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,7 +29,7 @@ import tensorstore as ts
 from .arrays import FieldArrays
 from .checks import CacheIntegrityError, check_dtype
 from .checksums import Checksums
-from .ledger import LEDGER_FILE_NAME, Ledger
+from .ledger import LEDGER_FILE_NAME, SHARDED, Ledger
 from .parts import _result, open_part_lazily
 from .reads import Segment
 from .shard_table import check_distinct_shards, shard_root, shard_table
@@ -73,42 +73,74 @@ class LazyPart:
             else None
         )
 
-    def offsets(self, index: np.ndarray) -> np.ndarray:
+    def offsets(self, index: np.ndarray, *, whole: bool = False) -> np.ndarray:
         """The part's offsets (starting at 0, local to the part) at ``index`` (ints in ``[0, rows]``).
 
-        Reads the chunks holding them (whole sidecar chunks when there is a sidecar to check them
-        against, else ``OFFSETS_BLOCK``-element blocks), in one batch.
-
         Raises:
-            CacheIntegrityError: a chunk that cannot be read, fails its checksum, is not monotone or
-                reaches past the part's tokens.
+            CacheIntegrityError: see ``start_offsets``.
+        """
+        with ts.Batch() as batch:
+            finish = self.start_offsets(index, batch=batch, whole=whole)
+        return finish()
+
+    def start_offsets(
+        self, index: np.ndarray, *, batch: ts.Batch, whole: bool = False
+    ) -> Callable[[], np.ndarray]:
+        """Plans reading ``offsets`` in ``batch``; the returned function waits, checks and answers.
+
+        A chunk the sidecar sums and this reader has not verified yet is read whole (sidecar
+        chunks), summed and checked monotone and within the part's tokens; every other offset is
+        read alone (one index-array read), so a later read of a few rows reads a few offsets.
+        ``whole`` reads whole blocks (``OFFSETS_BLOCK`` elements without a sidecar) throughout,
+        each checked the same way: every row's offsets (``doc_offsets``).
+
+        Raises (from the returned function):
+            CacheIntegrityError: offsets that cannot be read, fail their checksum, are not monotone
+                or lie outside the part's tokens.
         """
         index = np.asarray(index, dtype=np.int64)
-        if index.size == 0:
-            return np.zeros(0, np.int64)
         size = self._sums.chunk_elements if self._sums is not None else OFFSETS_BLOCK
-        chunks = np.unique(index // size)
-        bounds = [(int(k) * size, min((int(k) + 1) * size, self.rows + 1)) for k in chunks]
-        with ts.Batch() as batch:
-            futures = [self._offsets[lo:hi].read(batch=batch) for lo, hi in bounds]
-        order = np.argsort(index, kind="stable")
-        ordered = index[order]
-        out = np.empty(index.shape[0], np.int64)
-        for k, (lo, hi), future in zip(chunks.tolist(), bounds, futures, strict=True):
-            values = np.array(_result(future, f"offsets[{lo} : {hi}]", self._where), dtype=np.int64)
-            if self._sums is not None:
-                with self._lock:
-                    done = k in self._verified
-                if not done:
+        chunks = np.unique(index // size).tolist()
+        if whole:
+            full = chunks
+        elif self._sums is not None:
+            with self._lock:
+                full = [k for k in chunks if k not in self._verified]
+        else:
+            full = []
+        bounds = [(k * size, min((k + 1) * size, self.rows + 1)) for k in full]
+        in_full = np.isin(index // size, np.array(full, dtype=np.int64))
+        single = np.unique(index[~in_full])
+        chunk_reads = [self._offsets[lo:hi].read(batch=batch) for lo, hi in bounds]
+        single_read = self._offsets[single].read(batch=batch) if single.size else None
+
+        def finish() -> np.ndarray:
+            out = np.empty(index.shape[0], np.int64)
+            order = np.argsort(index, kind="stable")
+            ordered = index[order]
+            for k, (lo, hi), future in zip(full, bounds, chunk_reads, strict=True):
+                values = np.array(_result(future, f"offsets[{lo} : {hi}]", self._where), dtype=np.int64)
+                if self._sums is not None:
                     verify_offsets_chunk(values, k, self._sums, where=self._where)
                     with self._lock:
                         self._verified.add(k)
-            if lo == 0:
-                values[0] = 0
-            self._check(values, lo)
-            a, b = np.searchsorted(ordered, [lo, hi])
-            out[order[a:b]] = values[ordered[a:b] - lo]
-        return out
+                if lo == 0:
+                    values[0] = 0
+                self._check(values, lo)
+                a, b = np.searchsorted(ordered, [lo, hi])
+                out[order[a:b]] = values[ordered[a:b] - lo]
+            if single_read is not None:
+                what = f"offsets at {single.size} rows"
+                values = np.array(_result(single_read, what, self._where), dtype=np.int64)
+                values[single == 0] = 0
+                beyond = np.flatnonzero((values < 0) | (values > self.tokens))
+                if beyond.size:
+                    self._outside(int(single[beyond[0]]), int(values[beyond[0]]))
+                rest = ~in_full
+                out[rest] = values[np.searchsorted(single, index[rest])]
+            return out
+
+        return finish
 
     def _check(self, values: np.ndarray, lo: int) -> None:
         bad = np.flatnonzero(values[1:] < values[:-1])
@@ -118,11 +150,13 @@ class LazyPart:
             raise CacheIntegrityError(f"{self._where} not monotone: row {i} spans [{a}, {b})")
         beyond = np.flatnonzero((values < 0) | (values > self.tokens))
         if beyond.size:
-            i = lo + int(beyond[0])
-            raise CacheIntegrityError(
-                f"{self._where}: offsets[{i}] = {int(values[i - lo])} lies outside the part's "
-                f"{self.tokens} tokens (its last offset)"
-            )
+            self._outside(lo + int(beyond[0]), int(values[beyond[0]]))
+
+    def _outside(self, i: int, value: int) -> None:
+        raise CacheIntegrityError(
+            f"{self._where}: offsets[{i}] = {value} lies outside the part's {self.tokens} tokens "
+            "(its last offset)"
+        )
 
 
 def open_part(
@@ -186,7 +220,7 @@ class LazyContents:
         self._open: dict[int, LazyPart] = {}
         self._all_offsets: np.ndarray | None = None
         self.dtype: np.dtype | None = None
-        if ledger.layout == "sharded":
+        if ledger.layout == SHARDED:
             entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
             check_distinct_shards(path, [e.name for e in entries])
             self.names = tuple(e.name for e in entries)
@@ -249,13 +283,14 @@ class LazyContents:
         else:
             opened = [one(i) for i in missing]
         for part in opened:
-            where = part.segment.key if part.segment is not None else self.path
-            if part.tokens:  # a part of no tokens has no data to agree on (as an eager open)
-                check_dtype(part.dtype, self._expected, where=where)
-                with self._lock:
-                    if self.dtype is None:
-                        self.dtype = part.dtype
-                check_dtype(part.dtype, self.dtype, where=where)  # every shard agrees with the first
+            where = posixpath.join(
+                shard_root(self.path, part.name) if part.name else self.path, self.field, "data"
+            )
+            check_dtype(part.dtype, self._expected, where=where)
+            with self._lock:
+                if self.dtype is None:
+                    self.dtype = part.dtype
+            check_dtype(part.dtype, self.dtype, where=where)  # every shard agrees with the first
         with self._lock:
             for i, part in zip(missing, opened, strict=True):
                 self._open.setdefault(i, part)
@@ -279,11 +314,17 @@ class LazyContents:
         part = np.searchsorted(self.row_starts, rows, side="right") - 1
         starts, ends = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], np.int64)
         touched = np.unique(part).tolist()
-        for p, opened in zip(touched, self._open_parts(touched), strict=True):  # opened together
-            mask = part == p
-            local = rows[mask] - self.row_starts[p]
-            got = opened.offsets(np.concatenate([local, local + 1]))
-            n = local.shape[0]
+        pending = []
+        with ts.Batch() as batch:  # the offsets of every shard touched: one round of reads
+            for p, opened in zip(touched, self._open_parts(touched), strict=True):  # opened together
+                mask = part == p
+                local = rows[mask] - self.row_starts[p]
+                pending.append(
+                    (p, mask, opened.start_offsets(np.concatenate([local, local + 1]), batch=batch))
+                )
+        for p, mask, finish in pending:
+            got = finish()
+            n = got.shape[0] // 2
             starts[mask] = got[:n] + self.token_starts[p]
             ends[mask] = got[n:] + self.token_starts[p]
         bad = np.flatnonzero(ends < starts)
@@ -302,11 +343,14 @@ class LazyContents:
         with self._lock:
             if self._all_offsets is not None:
                 return self._all_offsets
-        pieces = [np.zeros(1, np.int64)]
         parts = self._open_parts(list(range(len(self.names))))
-        for i, part in enumerate(parts):
-            if part.rows:
-                pieces.append(part.offsets(np.arange(1, part.rows + 1)) + self.token_starts[i])
+        with ts.Batch() as batch:
+            pending = [
+                (i, part.start_offsets(np.arange(1, part.rows + 1), batch=batch, whole=True))
+                for i, part in enumerate(parts)
+                if part.rows
+            ]
+        pieces = [np.zeros(1, np.int64)] + [finish() + self.token_starts[i] for i, finish in pending]
         offsets = np.concatenate(pieces)
         with self._lock:
             self._all_offsets = offsets

@@ -22,7 +22,7 @@ import posixpath
 import numpy as np
 import tensorstore as ts
 
-from .arrays import FieldArrays, open_field
+from .arrays import FieldArrays, open_field, uncached
 from .checks import CacheIntegrityError, check_data_end, check_extent, check_offsets, check_row_count
 from .checksums import Checksums, check_sidecar
 from .verify import ChunkVerifier, check_last_chunk, verify_offsets
@@ -153,7 +153,8 @@ def open_part_lazily(
     Raises:
         CacheIntegrityError: see the module docstring.
     """
-    arrays = open_field(root, field, context=context)
+    offsets_context = uncached(context)  # its offsets chunks are read a few at a time, never kept
+    arrays = open_field(root, field, context=context, offsets_context=offsets_context)
     where = posixpath.join(arrays.root, "offsets")
     _, end = _read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
     check_data_end(end, data=arrays.data, recorded=recorded, where=where)
