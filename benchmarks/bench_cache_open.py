@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--no-store", action="store_true")
     parser.add_argument("--quick", action="store_true", help="10 and 100 shards, 10**5 documents, 10 steps")
+    parser.add_argument("--key", default=None, help="JSON key of this run (default: run, or quick)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.steps)))
@@ -201,8 +202,15 @@ def main() -> None:
     shard_counts = [int(s) for s in args.shards.split(",") if s]
     store_counts = {int(s) for s in args.store_shards.split(",") if s} & set(shard_counts)
     impls = {"new": str(SRC)} | ({"old": args.old_src} if args.old_src else {})
+    from harness import write_json
+
+    key = args.key or ("quick" if args.quick else "run")
     work = tempfile.mkdtemp(prefix="bench-cache-open-")
     results, servers = [], []
+
+    def record() -> None:  # after every measurement: an interrupted run keeps what it measured
+        write_json(__file__, {key: {"steps": args.steps, "span": SPAN, "spans": SPANS, "results": results}})
+
     try:
         template = os.path.join(work, "template")
         _shard_template(template)
@@ -245,16 +253,13 @@ def main() -> None:
                     row = {"cache": name, "store": place, "code": impl, **got}
                     results.append(row)
                     print(_line(row), flush=True)
+                    record()
     finally:
         for server in reversed(servers):
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(_table(results))
-    from harness import write_json
-
-    key = "quick" if args.quick else "run"
-    write_json(__file__, {key: {"steps": args.steps, "span": SPAN, "spans": SPANS, "results": results}})
 
 
 def _line(row: dict) -> str:
