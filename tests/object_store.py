@@ -19,6 +19,15 @@
   line has both on to the server, then close the client's connection instead of answering: the
   server did the work, the client never hears it (a reply lost on the network), so it retries.
 
+  ``count_rounds(key_part, quiet)`` counts the round trips a client waits for, with no clock in the
+  answer: requests whose request line has ``key_part`` are held until ``quiet`` seconds pass with
+  no other such request arriving, then all answered together, one *round*. Requests a client
+  issues at once land in one round; requests it issues one after another (each waiting for the
+  last's answer) take a round each::
+
+      with proxy.count_rounds("shard_ledger.json") as rounds:
+          TokenCache.open("gs://b/cache")   # rounds.requests == 51, rounds.rounds == 2
+
 Every start waits for the server to answer, at most ``READY_S`` seconds; ``stop()`` ends what was
 started (process or thread) and waits for it, bounded.
 """
@@ -211,6 +220,7 @@ class LatencyProxy:
         self._lose: tuple[bytes, bytes, int] | None = None  # (method, key part, replies left)
         self.lost_replies: list[str] = []  # the request lines whose reply was lost
         self._connections: set[asyncio.StreamWriter] = set()
+        self._rounds: Rounds | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -274,6 +284,8 @@ class LatencyProxy:
                     new_request[0] = False
                     losing[0] = self._loses(data)
                     await asyncio.sleep(self.delay())
+                    if self._rounds is not None:
+                        await self._rounds.hold(data)
                 server_w.write(data)
                 await server_w.drain()
             server_w.close()
@@ -294,6 +306,17 @@ class LatencyProxy:
             self._connections.discard(writer)
             writer.close()
 
+    @contextlib.contextmanager
+    def count_rounds(self, key_part: str, quiet: float = 0.5):
+        """Counts the rounds of requests with ``key_part`` in their request line (module docstring)."""
+        rounds = Rounds(key_part.encode(), quiet, self._loop)
+        self._rounds = rounds
+        try:
+            yield rounds
+        finally:
+            self._rounds = None
+            self._loop.call_soon_threadsafe(rounds.release)
+
     def retarget(self, port: int) -> None:
         """Sends new connections to ``port`` and closes the open ones (keep-alive would not move)."""
         self.target_port = port
@@ -310,6 +333,42 @@ class LatencyProxy:
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+class Rounds:
+    """The rounds of held requests of ``LatencyProxy.count_rounds`` (runs in the proxy's loop)."""
+
+    def __init__(self, key_part: bytes, quiet: float, loop: asyncio.AbstractEventLoop):
+        self.key_part, self.quiet, self._loop = key_part, quiet, loop
+        self.requests = 0  # requests held
+        self.rounds = 0  # rounds they were answered in
+        self.sizes: list[int] = []  # requests per round
+        self._release: asyncio.Future | None = None
+        self._last = 0.0
+
+    async def hold(self, data: bytes) -> None:
+        if self.key_part not in data.split(b"\r\n", 1)[0]:
+            return
+        self.requests += 1
+        self._last = self._loop.time()
+        if self._release is None:
+            self._release = self._loop.create_future()
+            self.rounds += 1
+            self.sizes.append(0)
+            self._loop.create_task(self._close_round(self._release))
+        self.sizes[-1] += 1
+        await self._release
+
+    async def _close_round(self, release: asyncio.Future) -> None:
+        while self._loop.time() - self._last < self.quiet:
+            await asyncio.sleep(self.quiet / 4)
+        if self._release is release:
+            self.release()
+
+    def release(self) -> None:
+        if self._release is not None and not self._release.done():
+            self._release.set_result(None)
+        self._release = None
 
 
 def use_servers(gcs_url: str | None, s3_url: str | None) -> dict[str, str | None]:

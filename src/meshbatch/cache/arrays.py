@@ -55,6 +55,12 @@ def shared_context() -> ts.Context:
         return _shared_context
 
 
+def uncached(context: ts.Context) -> ts.Context:
+    """``context`` with a cache pool of its own that keeps nothing: reads through it decode their
+    chunks and drop them (the other resources, request concurrency included, are ``context``'s)."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, context)
+
+
 @dataclass(frozen=True)
 class FieldArrays:
     """The open ``offsets`` and ``data`` arrays of one field of one consolidated cache directory."""
@@ -69,9 +75,17 @@ class FieldArrays:
 
 
 def open_field(
-    root: str, field: str, *, writable: bool = False, context: ts.Context | None = None
+    root: str,
+    field: str,
+    *,
+    writable: bool = False,
+    context: ts.Context | None = None,
+    offsets_context: ts.Context | None = None,
 ) -> FieldArrays:
     """Opens the existing ``<root>/<field>/{offsets,data}``; read-only unless ``writable``.
+
+    ``offsets_context`` opens the offsets array in another context than the data (``uncached``:
+    a lazily opened cache reads a few offsets at a time, and keeps none of their chunks decoded).
 
     Reads never fill in missing chunks: a chunk that is not stored fails the read
     (``fill_missing_data_reads: false``) instead of reading as zeros.
@@ -86,8 +100,9 @@ def open_field(
     field_root = posixpath.join(root, field)
     context = context or shared_context()
     mode = {"open": True, "read": True, "write": writable}
+    contexts = {"offsets": offsets_context or context, "data": context}
     futures = {
-        name: ts.open(_spec(posixpath.join(field_root, name), writable), context=context, **mode)
+        name: ts.open(_spec(posixpath.join(field_root, name), writable), context=contexts[name], **mode)
         for name in ("offsets", "data")
     }
     stores = {name: _result(future, posixpath.join(field_root, name)) for name, future in futures.items()}

@@ -46,6 +46,33 @@ class Contents:
     parts: tuple[str, ...] = ()
     arrays: FieldArrays | None = None
 
+    @property
+    def num_rows(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:
+        """The segments that tokens ``[run_starts[r], run_ends[r])`` touch, in token order."""
+        if run_starts.size == 0 or not self.segments:
+            return []
+        if len(self.segments) == 1:
+            return list(self.segments)
+        starts = np.array([s.token_start for s in self.segments], dtype=np.int64)
+        first = np.searchsorted(starts, run_starts, side="right") - 1
+        last = np.searchsorted(starts, run_ends - 1, side="right") - 1
+        touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last, strict=True)]))
+        return [self.segments[i] for i in touched.tolist()]
+
+    def row_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global token start and end of each of ``rows``."""
+        return self.offsets[rows], self.offsets[rows + 1]
+
+    def all_offsets(self) -> np.ndarray:
+        return self.offsets
+
 
 def load_contents(
     path: str,
@@ -147,7 +174,7 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
         dtype = _dtype(data, expected, dtype, where=where)
         offsets.append(shard_offsets[1:] + start)
         if entry.tokens:
-            segments.append(Segment(where, start, entry.tokens, data, path, verifier))
+            segments.append(Segment(where, start, entry.tokens, data, path, verifier, part=entry.name))
         start += entry.tokens
     parts = tuple(e.name for e in entries)
     return Contents(ledger, np.concatenate(offsets), tuple(segments), dtype, parts, None)

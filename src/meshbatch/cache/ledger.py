@@ -162,12 +162,25 @@ class LedgerFile:
     ``TokenCache`` notices, after every batch of reads, that its cache was replaced.
     """
 
-    def __init__(self, root: str, *, context: ts.Context | None = None):
+    def __init__(
+        self,
+        root: str,
+        *,
+        context: ts.Context | None = None,
+        kvstore: ts.KvStore | None = None,
+        key: str = LEDGER_FILE_NAME,
+    ):
+        """``kvstore`` and ``key``: the file as ``key`` of an already open kvstore (the shards of a
+        sharded cache share their root's: ``"part-0/shard_ledger.json"``), instead of opening one."""
         self.root = root
         self.where = posixpath.join(root, LEDGER_FILE_NAME)
-        self._kvstore = result(
-            ts.KvStore.open(kvstore_spec(root), context=context or shared_context()), what=f"opening {root}"
-        )
+        self._key = key
+        if kvstore is None:
+            kvstore = result(
+                ts.KvStore.open(kvstore_spec(root), context=context or shared_context()),
+                what=f"opening {root}",
+            )
+        self._kvstore = kvstore
         local = local_path(root)
         self._local = None if local is None else os.path.join(os.path.abspath(local), LEDGER_FILE_NAME)
 
@@ -178,13 +191,23 @@ class LedgerFile:
             FileNotFoundError: no ledger at ``root``.
             CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
         """
+        return self.start_read()()
+
+    def start_read(self) -> Callable[[], tuple[Ledger, object]]:
+        """Issues the read of ``read`` and returns the function that waits for it and parses it, so
+        many ledgers are read in one round of concurrent requests (``watch.shard_ledgers``)."""
         stamp = self._stat()
-        found = result(self._kvstore.read(LEDGER_FILE_NAME), what=f"reading {self.where}")
-        if found.state != "value":
-            raise FileNotFoundError(
-                f"no ledger at {self.where}: not a token cache, or its writer never committed a row"
-            )
-        return self.parse(bytes(found.value)), found.stamp.generation if stamp is None else stamp
+        future = self._kvstore.read(self._key)
+
+        def finish() -> tuple[Ledger, object]:
+            found = result(future, what=f"reading {self.where}")
+            if found.state != "value":
+                raise FileNotFoundError(
+                    f"no ledger at {self.where}: not a token cache, or its writer never committed a row"
+                )
+            return self.parse(bytes(found.value)), found.stamp.generation if stamp is None else stamp
+
+        return finish
 
     def changed(self, stamp) -> Callable[[], tuple[bool, Ledger | None, object]]:
         """Starts finding out whether the file still has ``stamp``; the returned function answers.
@@ -193,7 +216,7 @@ class LedgerFile:
         ``(True, None, None)`` when the file is gone, else the current ledger and its stamp.
         """
         if self._local is None:
-            future = self._kvstore.read(LEDGER_FILE_NAME, if_not_equal=stamp)
+            future = self._kvstore.read(self._key, if_not_equal=stamp)
 
             def answer():
                 found = result(future, what=f"checking {self.where}")

@@ -22,9 +22,9 @@ import posixpath
 import numpy as np
 import tensorstore as ts
 
-from .arrays import FieldArrays, open_field
+from .arrays import FieldArrays, open_field, uncached
 from .checks import CacheIntegrityError, check_data_end, check_extent, check_offsets, check_row_count
-from .checksums import check_sidecar
+from .checksums import Checksums, check_sidecar
 from .verify import ChunkVerifier, check_last_chunk, verify_offsets
 
 
@@ -103,6 +103,18 @@ def _read_offsets(
     arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
 ) -> np.ndarray:
     """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read."""
+    count, end = _read_ends(arrays, loaded, rows, finished=finished, recorded=recorded, where=where)
+    if end is None:
+        return count
+    tail = _result(arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where)
+    return np.concatenate([count, tail])
+
+
+def _read_ends(
+    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
+) -> tuple[np.ndarray, int | None]:
+    """``offsets[0]`` (checked against ``rows``) and, when ``rows > loaded``, ``offsets[rows]`` (checked
+    against ``recorded``): one small batch of reads."""
     if rows + 1 > arrays.offsets.domain.exclusive_max[0]:
         raise CacheIntegrityError(f"{where}: the ledger commits {rows} rows, beyond the offsets array")
     with ts.Batch() as batch:
@@ -110,12 +122,58 @@ def _read_offsets(
         last = arrays.offsets[rows : rows + 1].read(batch=batch) if rows > loaded else None
     check_row_count(int(_result(count, "offsets[0]", where)[0]), rows=rows, finished=finished, where=where)
     if last is None:
-        return _result(count, "offsets[0]", where)
+        return _result(count, "offsets[0]", where), None
     end = int(_result(last, f"offsets[{rows}], the end of the last row the ledger commits", where)[0])
     if recorded is not None and end != recorded:
         raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
-    tail = _result(arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where)
-    return np.concatenate([_result(count, "offsets[0]", where), tail])
+    return _result(count, "offsets[0]", where), end
+
+
+def open_part_lazily(
+    root: str,
+    field: str,
+    *,
+    rows: int,
+    recorded: int | None,
+    context: ts.Context,
+    verify: bool = True,
+    sidecar_required: bool = False,
+) -> tuple[FieldArrays, int, Checksums | None, ChunkVerifier | None]:
+    """Opens a finished part and runs every check of ``load_part`` that reads no bulk offsets.
+
+    Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk holding
+    the last token and what lies past it, and the checksum sidecar; with ``verify``, the last data
+    chunk is summed. The offsets themselves are read (and checked: monotone, within the data,
+    against the sidecar) where they are asked for (``lazy.LazyPart.offsets``).
+
+    Returns:
+        The arrays, the part's token count (its last offset), its checked sidecar (or ``None``)
+        and the data chunks' verifier (``None`` without a sidecar or with ``verify=False``).
+
+    Raises:
+        CacheIntegrityError: see the module docstring.
+    """
+    offsets_context = uncached(context)  # its offsets chunks are read a few at a time, never kept
+    arrays = open_field(root, field, context=context, offsets_context=offsets_context)
+    where = posixpath.join(arrays.root, "offsets")
+    _, end = _read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
+    check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+    check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
+    dtype = np.dtype(arrays.data.dtype.numpy_dtype)
+    sums = check_sidecar(
+        arrays.root,
+        rows=rows,
+        tokens=end,
+        finished=True,
+        dtype=dtype,
+        required=sidecar_required,
+        context=context,
+    )
+    if not verify or sums is None:
+        return arrays, end, sums, None
+    verifier = ChunkVerifier(sums, end, where=arrays.data_path)
+    check_last_chunk(verifier, arrays.data, end, cache=root)
+    return arrays, end, sums, verifier
 
 
 def _result(future: ts.Future, what: str, where: str) -> np.ndarray:

@@ -20,6 +20,7 @@ or rewritten under the reader is a ``CacheChangedError`` on the next read (see `
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -32,13 +33,17 @@ from .arrays import shared_context
 from .checks import as_index_array, as_token_dtype, check_component, check_out_buffer, check_path
 from .coalesce import Coalesced, ReadCounters, RunRead, SpanRead, as_spans, check_span_bounds, coalesce_spans
 from .contents import Contents, load_contents
-from .ledger import CONSOLIDATED, Ledger, LedgerFile
+from .lazy import LazyContents
+from .ledger import CONSOLIDATED, SHARDED, Ledger, LedgerFile
 from .lru import BlockCache
 from .reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
 from .verify import verify_default
 from .watch import LedgerWatch, ShardFiles, shard_ledgers
 
 logger = logging.getLogger(__name__)
+
+EAGER_MAX_SHARDS = 64  # ``eager=None``: a finished cache of at most this many shards ...
+EAGER_MAX_ROWS = 1 << 16  # ... and at most this many rows is loaded and checked whole at open
 
 
 class TokenCache:
@@ -51,6 +56,7 @@ class TokenCache:
         self.counters = ReadCounters()
         self._context = context
         self._contents = Contents()
+        self._lazy: LazyContents | None = None
         self._expected_dtype: np.dtype | None = None
         self._watch: LedgerWatch | None = None
         self.verify = True
@@ -66,6 +72,7 @@ class TokenCache:
         block_cache: BlockCache | None = None,
         context: ts.Context | None = None,
         verify: bool | None = None,
+        eager: bool | None = None,
     ) -> TokenCache:
         """Opens and validates the cache at ``path`` (a local path or TensorStore URL).
 
@@ -80,6 +87,14 @@ class TokenCache:
             verify: check what is read against the writer's checksum sidecar (``verify.py``):
                 the offsets and the last data chunk at open, each data chunk on its first read.
                 ``None``: on unless the environment sets ``MESHBATCH_VERIFY_READS=0``.
+            eager: load every document offset and open and check every shard at open (True), or
+                open a finished cache from its ledgers alone (False): each shard's arrays are
+                opened and checked on the first read that touches it, and offsets are read where
+                asked for (``row_spans``, ``read_rows``; ``doc_offsets`` reads them all on its first
+                call). Every check runs either way, and nothing is served from a shard before its
+                checks pass; lazily, a damaged shard's error comes at that first read instead of at
+                open. ``None``: eager for a cache still being written, and for a finished one of at
+                most ``EAGER_MAX_SHARDS`` shards and ``EAGER_MAX_ROWS`` rows; lazy otherwise.
 
         Raises:
             TypeError, ValueError: a bad argument, named.
@@ -113,40 +128,68 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
+        if eager is None:
+            shard_count = len(ledger.finished_shards) if ledger.layout == SHARDED else 1
+            small = shard_count <= EAGER_MAX_SHARDS and ledger.total_num_rows <= EAGER_MAX_ROWS
+            eager = small or not ledger.is_finished
+        else:
+            check_bool("eager", eager)
+        if not ledger.is_finished:
+            eager = True  # rows still land: ``refresh`` loads them incrementally
         try:
             shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
-            cache._load(ledger, shards)
+            if eager:
+                cache._load(ledger, shards)
+            else:
+                cache._lazy = LazyContents(
+                    path,
+                    cache.field,
+                    ledger,
+                    context=cache._context,
+                    expected=cache._expected_dtype,
+                    verify=cache.verify,
+                    shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
+                )
         except FileNotFoundError as e:
             raise FileNotFoundError(f"the cache at {path} has no readable field={field!r}: {e}") from e
         cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 
     @property
+    def _view(self) -> Contents | LazyContents:
+        return self._lazy if self._lazy is not None else self._contents
+
+    @property
+    def is_eager(self) -> bool:
+        """Whether every offset was loaded and every shard opened at open (``open``'s ``eager``)."""
+        return self._lazy is None
+
+    @property
     def num_rows(self) -> int:
-        return self._contents.offsets.shape[0] - 1
+        return self._view.num_rows
 
     @property
     def num_tokens(self) -> int:
-        return int(self._contents.offsets[-1])
+        return self._view.num_tokens
 
     @property
     def dtype(self) -> np.dtype:
         """The on-disk token dtype (int32 for a cache with no rows and no data array opened)."""
-        dtype = self._contents.dtype
+        dtype = self._view.dtype
         return dtype if dtype is not None else np.dtype(np.int32)
 
     @property
     def is_finished(self) -> bool:
-        return self._contents.ledger is not None and self._contents.ledger.is_finished
+        return self._view.ledger is not None and self._view.ledger.is_finished
 
     @property
     def ledger(self) -> Ledger:
         """The ledger whose rows this reader has loaded."""
-        return self._contents.ledger
+        return self._view.ledger
 
     @property
     def layout(self) -> str:
-        return self._contents.ledger.layout if self._contents.ledger is not None else CONSOLIDATED
+        return self._view.ledger.layout if self._view.ledger is not None else CONSOLIDATED
 
     @property
     def context(self) -> ts.Context:
@@ -155,17 +198,39 @@ class TokenCache:
 
     @property
     def num_shards(self) -> int:
-        return len(self._contents.parts)
+        return len(self._view.parts)
 
     def doc_offsets(self) -> np.ndarray:
-        """int64 ``[num_rows + 1]`` global token offsets, starting at 0 (a read-only view)."""
-        view = self._contents.offsets.view()
+        """int64 ``[num_rows + 1]`` global token offsets, starting at 0 (a read-only view).
+
+        A cache opened lazily (``open``'s ``eager``) reads them on the first call and keeps them:
+        ``row_spans`` reads only the rows it is asked for.
+        """
+        view = self._view.all_offsets().view()
         view.flags.writeable = False
         return view
 
     def doc_lengths(self) -> np.ndarray:
-        """int64 ``[num_rows]`` tokens per row, from offsets alone."""
-        return np.diff(self._contents.offsets)
+        """int64 ``[num_rows]`` tokens per row, from offsets alone (``doc_offsets``)."""
+        return np.diff(self._view.all_offsets())
+
+    def row_spans(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """Where rows (documents) lie in the global token space: int64 ``(starts, lengths)``.
+
+        Reads only the offsets of ``rows`` (lazily opened caches read the chunks holding them,
+        checked before use), never every row's.
+
+        Raises:
+            TypeError: rows that are not integers (floats, strings, bools).
+            IndexError: a row is out of range.
+            CacheIntegrityError: offsets that are damaged (see ``open``).
+        """
+        rows = as_index_array("rows", rows)
+        bad = rows[(rows < 0) | (rows >= self.num_rows)]
+        if bad.size:
+            raise IndexError(f"row {int(bad[0])} out of range for cache {self.path} of {self.num_rows} rows")
+        starts, ends = self._view.row_spans(rows.astype(np.int64))
+        return starts, ends - starts
 
     def refresh(self) -> int:
         """Re-reads the ledger and loads rows committed since; returns ``num_rows``.
@@ -174,8 +239,8 @@ class TokenCache:
             CacheChangedError: the cache was replaced or rewritten rather than grown.
         """
         ledger, stamp = self._watch.file.read()
-        if ledger != self._contents.ledger:
-            self._watch.raise_if_replaced(ledger)
+        if ledger != self._view.ledger:
+            self._watch.raise_if_replaced(ledger)  # a lazily opened cache is finished: never grows
             shards = shard_ledgers(self.path, ledger, self.field, self._context, skip=self._watch.shard_names)
             self._watch.add_shards(shards)
             self._load(ledger, shards)
@@ -263,8 +328,10 @@ class TokenCache:
         return coalesce_spans(starts, lengths)
 
     def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
+        run_ends = runs.run_starts + np.diff(runs.run_offsets)
+        segments = self._view.segments_for(runs.run_starts, run_ends)
         targets, finish, nbytes = plan_runs(
-            list(self._contents.segments),
+            segments,
             runs.run_starts,
             runs.run_offsets,
             dest,
@@ -277,7 +344,9 @@ class TokenCache:
             reads_issued=len(targets),
             bytes_read=nbytes,
         )
-        check = self._watch.start if self._watch is not None else None
+        check = None
+        if self._watch is not None:  # the ledger, and the ledgers of the shards these reads touch
+            check = functools.partial(self._watch.start, frozenset(s.part for s in segments if s.part))
         return PendingRead(
             runs.span_starts + at,
             at + int(runs.run_offsets[-1]),
@@ -299,12 +368,8 @@ class TokenCache:
             TypeError: rows that are not integers (floats, strings, bools).
             IndexError: a row is out of range.
         """
-        rows = as_index_array("rows", rows)
-        bad = rows[(rows < 0) | (rows >= self.num_rows)]
-        if bad.size:
-            raise IndexError(f"row {int(bad[0])} out of range for cache {self.path} of {self.num_rows} rows")
-        offsets = self._contents.offsets
-        got = self.read_spans(offsets[rows], offsets[rows + 1] - offsets[rows])
+        starts, lengths = self.row_spans(rows)
+        got = self.read_spans(starts, lengths)
         return [got[i] for i in range(len(got))]
 
     def __repr__(self) -> str:

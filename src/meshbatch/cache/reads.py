@@ -50,6 +50,8 @@ class Segment:
         cache: the root of the cache it belongs to, for messages.
         verifier: checks each data chunk on its first read against the writer's CRC-32
             (``verify.py``); ``None`` for a cache without checksums or with verification off.
+        part: the shard it is (``""`` for a consolidated cache): a read checks that the shards it
+            touched were not replaced (``watch.py``).
     """
 
     key: str
@@ -58,6 +60,7 @@ class Segment:
     data: ts.TensorStore
     cache: str = ""
     verifier: ChunkVerifier | None = None
+    part: str = ""
 
 
 class Target(NamedTuple):

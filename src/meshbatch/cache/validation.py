@@ -99,7 +99,7 @@ def validate_cache(
     check_bool("require_finished", require_finished)
     check_bool("deep", deep)
     try:
-        cache = TokenCache.open(path, field, require_finished=require_finished, verify=True)
+        cache = TokenCache.open(path, field, require_finished=require_finished, verify=True, eager=True)
         parts = [(part, part_sidecar(part, field, cache.dtype)) for part in _parts(cache)]
         result = verify_parts(parts, field, progress=progress) if deep else None
     except Exception as e:  # a validator reports every failure, expected or not, instead of raising

@@ -166,6 +166,22 @@ def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) 
             raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
 
 
+def verify_offsets_chunk(values: np.ndarray, k: int, sums: Checksums, *, where: str) -> None:
+    """Checks offsets chunk ``k`` (``values``: its elements as on disk, the whole chunk the sidecar
+    sums) against the sidecar, as ``verify_offsets`` does: the offsets of a cache opened without
+    loading them are checked a chunk at a time, where they are read.
+
+    Raises:
+        CacheIntegrityError: the chunk's CRC-32 differs from the recorded one.
+    """
+    lo = k * sums.chunk_elements
+    if k == 0:
+        values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
+    found = chunk_crc(values)
+    if found != sums.offsets[k]:
+        raise CacheIntegrityError(_mismatch(where, k, lo, lo + values.shape[0], sums.offsets[k], found))
+
+
 def check_last_chunk(verifier: ChunkVerifier, data, end: int, *, cache: str) -> None:
     """Reads the whole data chunk holding token ``end - 1`` and verifies it (at open: a chunk
     copied over from a smaller cache reads its zeros past that cache's end)."""

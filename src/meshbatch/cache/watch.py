@@ -10,10 +10,11 @@ conditional read on an object store). A moved ledger is parsed and compared with
     loaded {rows: 10},                                 now: no ledger                  being overwritten
 
 Only the first line is served; the others raise ``CacheChangedError`` naming the cache and what
-changed. A sharded cache's reader also watches the ledger of every finished shard it loaded: a
-shard directory replaced under it (a new ``cache_id``, or a rewritten or missing shard ledger) is a
-``CacheChangedError`` naming the shard, though the top-level ledger never changed. Each check
-costs one ``stat`` per loaded shard on a local disk (a conditional read elsewhere).
+changed. A sharded cache's reader also watches the ledger of every finished shard, as read at
+open (all in one round of concurrent reads, ``shard_ledgers``): a shard directory replaced under
+it (a new ``cache_id``, or a rewritten or missing shard ledger) is a ``CacheChangedError`` naming
+the shard, though the top-level ledger never changed. A batch of reads checks the shards it read
+(``LedgerWatch.start``): one ``stat`` per shard read on a local disk (a conditional read elsewhere).
 
 Writers commit the ledger last and an overwrite removes it first, so a read whose check
 passes read the cache its reader loaded.
@@ -27,9 +28,11 @@ from collections.abc import Callable, Collection
 
 import tensorstore as ts
 
+from .arrays import kvstore_spec
 from .checks import CacheChangedError
 from .ledger import LEDGER_FILE_NAME, SHARDED, Ledger, LedgerFile
 from .shard_table import shard_root, shard_table
+from .stores import result
 
 
 def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
@@ -55,22 +58,44 @@ def ledger_change(loaded: Ledger, now: Ledger) -> str | None:
 ShardFiles = dict[str, tuple[LedgerFile, Ledger, object]]
 
 
+LEDGER_READ_CONCURRENCY = 256  # object-store requests in flight while the shard ledgers are read
+
+
 def shard_ledgers(
     root: str, ledger: Ledger, field: str, context: ts.Context, *, skip: Collection[str] = ()
 ) -> ShardFiles:
     """The ledger file, ledger and stamp of every finished shard of a sharded ``ledger`` (read before
     its rows are loaded, so a replacement after the load changes the stamp). The shard table is
-    checked first (``shard_table``, ``shard_root``): no shard path leaves ``root``, by name or symlink."""
+    checked first (``shard_table``, ``shard_root``): no shard path leaves ``root``, by name or symlink.
+
+    Every shard ledger is read in one round of concurrent requests through one kvstore at ``root``
+    (up to ``LEDGER_READ_CONCURRENCY`` in flight on an object store): opening a cache of 1000 shards
+    waits about as long as reading a few ledgers, not a thousand one after another.
+    """
     if ledger.layout != SHARDED:
         return {}
-    out = {}
-    for name in (
-        entry.name for entry in shard_table(ledger, field, where=posixpath.join(root, LEDGER_FILE_NAME))
-    ):
-        if name not in skip:
-            file = LedgerFile(shard_root(root, name), context=context)
-            out[name] = (file, *file.read())
-    return out
+    names = [
+        entry.name
+        for entry in shard_table(ledger, field, where=posixpath.join(root, LEDGER_FILE_NAME))
+        if entry.name not in skip
+    ]
+    if not names:
+        return {}
+    roots = [shard_root(root, name) for name in names]  # before any read: no path leaves the root
+    wide = ts.Context(
+        {
+            "gcs_request_concurrency": {"limit": LEDGER_READ_CONCURRENCY},
+            "s3_request_concurrency": {"limit": LEDGER_READ_CONCURRENCY},
+        },
+        context,
+    )
+    store = result(ts.KvStore.open(kvstore_spec(root), context=wide), what=f"opening {root}")
+    files = [
+        LedgerFile(shard, kvstore=store, key=f"{name}/{LEDGER_FILE_NAME}")
+        for name, shard in zip(names, roots, strict=True)
+    ]
+    pending = [file.start_read() for file in files]  # all issued before any is awaited
+    return {name: (file, *finish()) for name, file, finish in zip(names, files, pending, strict=True)}
 
 
 class LedgerWatch:
@@ -102,13 +127,20 @@ class LedgerWatch:
         if reason is not None:
             raise CacheChangedError(f"cache {self.file.root} changed under an open reader: {reason}")
 
-    def start(self) -> Callable[[], None]:
-        """Starts the check (a ``stat``, or a conditional read); the returned function completes it."""
+    def start(self, shards: Collection[str] | None = None) -> Callable[[], None]:
+        """Starts the check (a ``stat``, or a conditional read); the returned function completes it.
+
+        Args:
+            shards: the shards whose ledgers are checked too (those a read touched); ``None``: all.
+        """
         with self._lock:
             stamp = self._stamp
         answer = self.file.changed(stamp)
         with self._lock:
-            shards = list(self._shards.items())
+            if shards is None:
+                shards = list(self._shards.items())
+            else:
+                shards = [(name, self._shards[name]) for name in shards if name in self._shards]
         shard_answers = [(name, loaded, file.changed(stamp)) for name, (file, loaded, stamp) in shards]
 
         def complete() -> None:
