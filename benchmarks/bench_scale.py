@@ -24,6 +24,14 @@ The caches are copies of one cache (each its own files), so every source reads f
 
     .venv/bin/python benchmarks/bench_scale.py                       # 1, 16, 64, 256 sources
     .venv/bin/python benchmarks/bench_scale.py --sources 1,16 --steps 10   # a quick look
+
+The corpus's other dimensions have their own scripts, run through this one with ``--part``
+(their arguments follow):
+
+    .venv/bin/python benchmarks/bench_scale.py --part shards       # bench_cache_open.py: caches of
+        # 10-10,000 shards, locally and at a store 100 ms away, and a 10^7-document cache
+    .venv/bin/python benchmarks/bench_scale.py --part first-batch  # bench_first_batch.py: one
+        # block-shuffled causal pipeline, 256 x 4096, cold and warm
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("stable", "balanced", "levanter")
+PARTS = {"shards": "bench_cache_open.py", "first-batch": "bench_first_batch.py"}
 
 
 # -- one cell, in its own process ------------------------------------------------------------------
@@ -180,7 +189,12 @@ def run_cell(kind: str, sources: int, args, compile_cache: str) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    part = argparse.ArgumentParser(add_help=False)
+    part.add_argument("--part", choices=[*sorted(PARTS), "mixtures"], default="mixtures")
+    known, rest = part.parse_known_args()
+    if known.part != "mixtures":  # the rest of the command line is that script's
+        sys.exit(subprocess.call([sys.executable, os.path.join(HERE, PARTS[known.part]), *rest]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[part])
     parser.add_argument("--sources", default="1,16,64,256")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--steps", type=int, default=20)
