@@ -45,7 +45,10 @@ start to the trainer's first ``train_step`` call (the step-0 batch handed over; 
 mean over steps 2 .. end); medians and ranges over the rounds, and the ratio of the medians.
 
     .venv-levanter/bin/python benchmarks/bench_levanter.py --part mixture64 [--components 64] \
-        [--rounds 3] [--mixture-steps 12]
+        [--rounds 3] [--mixture-steps 12] [--compat]
+
+``--compat`` adds ``compat: levanter`` and ``mixture_compat: levanter`` to meshbatch's side
+(Levanter's batches: its permutations, block order and component keys); a key of its own.
 """
 
 from __future__ import annotations
@@ -218,7 +221,7 @@ def mixture_corpus(root: pathlib.Path, components: int) -> list[str]:
     return names
 
 
-def mixture_configs(root: pathlib.Path, names: list[str]) -> dict[str, str]:
+def mixture_configs(root: pathlib.Path, names: list[str], compat: bool = False) -> dict[str, str]:
     """The tiny Llama YAML with a Levanter mixture ``data:`` block: Levanter's own, and the same
     block with ``type: stable_mixture`` added."""
     text = (root / "causal_tiny_llama.yaml").read_text()
@@ -226,7 +229,8 @@ def mixture_configs(root: pathlib.Path, names: list[str]) -> dict[str, str]:
     configs = "".join(f"    {n}: {{train_urls: [data/mix/{n}.jsonl]}}\n" for n in names)
     weights = ", ".join(f"{n}: 1.0" for n in names)
     out = {}
-    for side, typed in (("meshbatch", "  type: stable_mixture\n"), ("levanter", "")):
+    ours = "  type: stable_mixture\n" + ("  compat: levanter\n  mixture_compat: levanter\n" if compat else "")
+    for side, typed in (("meshbatch", ours), ("levanter", "")):
         block = (
             f"data:\n{typed}  tokenizer: byte_tokenizer\n  cache_dir: cache/mix\n"
             f"  shuffle: true\n  permutation_type: feistel\n  configs:\n{configs}"
@@ -275,7 +279,7 @@ def mixture64(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
         names = mixture_corpus(root, args.components)
-        configs = mixture_configs(root, names)
+        configs = mixture_configs(root, names, args.compat)
         for side, config in configs.items():  # meshbatch's side builds the caches; not timed
             print(f"  untimed first run of {side}: {timed_train(root, config, 1)}", flush=True)
         runs: dict[str, list[dict]] = {side: [] for side in configs}
@@ -289,7 +293,9 @@ def mixture64(args) -> dict:
         "train_steps": args.mixture_steps,
         "rounds": args.rounds,
         "levanter": "LMMixtureDatasetConfig (no type:), shuffle: true, permutation_type: feistel",
-        "meshbatch": "the same block + type: stable_mixture (meshbatch's default order, fast path)",
+        "meshbatch": "the same block + type: stable_mixture"
+        + (", compat: levanter, mixture_compat: levanter (Levanter's order)" if args.compat else "")
+        + " (fast path)",
     }
     for side, results in runs.items():
         out[side + " figures"] = {k: summary([r[k] for r in results]) for k in results[0]}
@@ -310,10 +316,12 @@ def main() -> None:
     parser.add_argument("--components", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mixture-steps", type=int, default=12)
+    parser.add_argument("--compat", action="store_true", help="mixture64: meshbatch in Levanter's order")
     args = parser.parse_args()
     payload = banner("bench_levanter")
     if args.part == "mixture64":
-        write_json(__file__, {f"mixture{args.components}_first_step": {**payload, **mixture64(args)}})
+        key = f"mixture{args.components}_first_step" + ("_compat_levanter" if args.compat else "")
+        write_json(__file__, {key: {**payload, **mixture64(args)}})
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
