@@ -92,6 +92,32 @@ def test_fast_path_equals_dataloader(cache, kind, devices):
     np.testing.assert_array_equal(resumed["tokens"], want[2]["tokens"])
 
 
+def test_started_stream_is_the_one_iter_from_step_returns(cache):
+    """``start(step)`` (the early start ``fast_path()`` gives ``train_lm``'s loader while the model
+    initialises) makes the batches ``iter_from_step(step)`` then yields, the same as a loader never
+    started; ``iter_from_step`` of another step closes it and starts its own."""
+    want = loader_reference(cache, "causal", 1)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+
+    def loader():
+        dataset = MeshbatchDataset(make_dataset(cache, "causal"), Pos=Pos, key=jax.random.key(3), epochs=None)
+        return PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=BATCH)
+
+    early = loader()
+    early.start(0)
+    stream = early._started[1]
+    got = [leaves(e) for _, e in zip(range(STEPS), early.iter_from_step(0), strict=False)]
+    assert early._started is None and early.pipeline._stream is stream  # the started one, not a new one
+    for step in range(STEPS):
+        np.testing.assert_array_equal(got[step]["tokens"], want[step]["tokens"])
+    other = loader()
+    other.start(0)
+    started = other._started[1]
+    np.testing.assert_array_equal(leaves(next(other.iter_from_step(2)))["tokens"], want[2]["tokens"])
+    with pytest.raises(RuntimeError, match="closed"):
+        next(started)
+
+
 @pytest.mark.slow
 def test_fast_path_equal_across_two_processes(cache, tmp_path):
     """The splice dataset's ragged fetched spans (the causal windows' Pipeline runs across 2 x 4

@@ -104,6 +104,10 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
               caches=caches)  # fmt: skip
         if dataset is not None and sources:
             dataset.metrics = StepMetrics(sources, every=self.metrics_every)
+        if dataset is not None:
+            from .fast import note_train_set  # fast imports Levanter's trainer: only when training
+
+            note_train_set(dataset)
         return dataset
 
     def cache_dirs(self) -> dict[str, str | None]:

@@ -11,14 +11,26 @@ one of a finite stream (``epochs``) included: padded with zero rows, as the ``Da
 
 ``fast_path()`` makes ``Trainer.data_loader`` return one for a ``MeshbatchDataset`` (the entry
 point ``meshbatch.levanter.train_lm`` runs inside it); any other dataset gets Levanter's loader.
+
+Early start: Levanter's ``train_lm`` makes the train set, then the model (``Trainer.initial_state``:
+its init compiles), then the loader, and asks for step 0. Within ``fast_path()``, the train set a
+meshbatch config made (``note_train_set``, from its ``announce``) gets its ``PipelineLoader`` made
+in a thread while ``initial_state`` runs, and, when the trainer has no checkpoint to resume from,
+its stream from step 0 started there too (its programs compile and its first batches are read
+beside the model's init); ``data_loader`` then hands that loader over and ``iter_from_step(0)``
+that stream. A resumed run gets the early loader and a stream from its own step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import weakref
 from collections.abc import Iterator
 
 import haliax as hax
+from levanter.checkpoint import discover_latest_checkpoint
 from levanter.layers.attention import AttentionMask
 from levanter.models.lm_model import LmExample
 from levanter.trainer import Trainer
@@ -28,6 +40,9 @@ from meshbatch.pipeline.pipeline import Pipeline
 
 from . import checkpoint_state
 from .async_datasets import MeshbatchDataset
+
+logger = logging.getLogger(__name__)
+_noted: weakref.ref | None = None  # the train set a meshbatch config made last (note_train_set)
 
 
 def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExample:
@@ -72,6 +87,7 @@ class PipelineLoader:
         if data_axes is None:
             raise ValueError(f"axis_mapping has no mesh axes for batch_axis={batch_axis!r}: {axis_mapping}")
         self.dataset, self.batch_axis, self.checkpoint_path = dataset, batch_axis, checkpoint_path
+        self._started = None  # (step, stream) of start(step)
         self.pipeline = Pipeline(
             dataset.dataset,
             mesh=mesh,
@@ -87,9 +103,25 @@ class PipelineLoader:
         O(1) resume: stateless datasets need nothing, a stateful one loads the state its
         checkpoint holds (else it replays its plans, and says so)."""
         start = 0 if step is None else int(step)
-        checkpoint_state.restore(self.pipeline, start, self.checkpoint_path)
+        started, self._started = self._started, None
+        if started is not None and started[0] == start:
+            stream = started[1]  # start(start) made it: its first batches are in the making
+        else:
+            if started is not None:
+                started[1].close()
+            checkpoint_state.restore(self.pipeline, start, self.checkpoint_path)
+            stream = self.pipeline.iterate_from(start)
+        return self._examples(stream, start)
+
+    def start(self, step: int = 0) -> None:
+        """Start making the batches from ``step`` now (the stream ``iter_from_step(step)`` then
+        returns); another step's ``iter_from_step`` closes it and starts its own."""
+        checkpoint_state.restore(self.pipeline, step, self.checkpoint_path)
+        self._started = (step, self.pipeline.iterate_from(step))
+
+    def _examples(self, stream, start: int) -> Iterator[LmExample]:
         metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
-        with self.pipeline.iterate_from(start) as stream:  # closed when the trainer drops the loop
+        with stream:  # closed when the trainer drops the loop
             for at, batch in enumerate(stream, start):
                 Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
                 yield batched_lm_example(batch, Batch_, self.dataset.Pos)
@@ -105,12 +137,10 @@ def fast_path():
     """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
     default) is a ``PipelineLoader``; the training loader's (``batch`` not given, as ``train_lm``
     asks) state goes into each checkpoint (``checkpoint_state``)."""
-    original = Trainer.data_loader
+    original, original_initial_state = Trainer.data_loader, Trainer.initial_state
 
-    def data_loader(self, dataset, batch=None):
-        if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):
-            return original(self, dataset, batch)
-        loader = PipelineLoader(
+    def make_loader(self, dataset, batch=None) -> PipelineLoader:
+        return PipelineLoader(
             dataset,
             mesh=self.device_mesh,
             axis_mapping=self.compute_axis_mapping,
@@ -118,16 +148,70 @@ def fast_path():
             batch_axis=batch.name if batch is not None else self.config.batch_axis,
             checkpoint_path=self.checkpoint_path,
         )
+
+    def initial_state(self, *args, **kwargs):
+        global _noted
+        dataset, _noted = (None if _noted is None else _noted()), None
+        if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
+            early = _Early(dataset, lambda: make_loader(self, dataset), resume=self.checkpoint_path)
+            self._meshbatch_early = early
+        return original_initial_state(self, *args, **kwargs)
+
+    def data_loader(self, dataset, batch=None):
+        if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):
+            return original(self, dataset, batch)
+        early = getattr(self, "_meshbatch_early", None)
+        loader = None
+        if batch is None and early is not None and early.dataset is dataset:
+            self._meshbatch_early = None
+            loader = early.result()
+        if loader is None:
+            loader = make_loader(self, dataset, batch)
         if batch is None:
             checkpoint_state.track(loader.pipeline)
         return loader
 
-    Trainer.data_loader = data_loader
+    Trainer.data_loader, Trainer.initial_state = data_loader, initial_state
     try:
         with checkpoint_state.saved_with_checkpoints():
             yield
     finally:
-        Trainer.data_loader = original
+        Trainer.data_loader, Trainer.initial_state = original, original_initial_state
+
+
+def note_train_set(dataset: MeshbatchDataset) -> None:
+    """The train set a meshbatch config made: within ``fast_path()``, the next
+    ``Trainer.initial_state`` makes its loader (and starts its stream) beside the model's init."""
+    global _noted
+    _noted = weakref.ref(dataset)
+
+
+class _Early:
+    """A ``PipelineLoader`` made in a thread (and its stream from step 0 started there when no
+    checkpoint under ``resume`` says the run resumes); ``result()`` joins it: the loader, or
+    ``None`` (the reason logged) for the trainer to make one itself."""
+
+    def __init__(self, dataset: MeshbatchDataset, make, *, resume: str | None):
+        self.dataset, self._loader, self._error = dataset, None, None
+        self._thread = threading.Thread(
+            target=self._run, args=(make, resume), name="meshbatch-early", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, make, resume) -> None:
+        try:
+            loader = make()
+            if resume is None or discover_latest_checkpoint(resume) is None:
+                loader.start(0)
+            self._loader = loader
+        except Exception as e:  # the trainer makes its own loader, which raises it there
+            self._error = e
+
+    def result(self) -> PipelineLoader | None:
+        self._thread.join()
+        if self._error is not None:
+            logger.warning("meshbatch: the early loader failed (%r); making it again", self._error)
+        return self._loader
 
 
 __all__ = ["PipelineLoader", "batched_lm_example", "fast_path"]
