@@ -107,7 +107,7 @@ def test_started_stream_is_the_one_iter_from_step_returns(cache):
     early.start(0)
     stream = early._started[1]
     got = [leaves(e) for _, e in zip(range(STEPS), early.iter_from_step(0), strict=False)]
-    assert early._started is None and early.pipeline._stream is stream  # the started one, not a new one
+    assert early._started is None and early.pipeline._stream() is stream  # the started one, not a new one
     for step in range(STEPS):
         np.testing.assert_array_equal(got[step]["tokens"], want[step]["tokens"])
     other = loader()
