@@ -76,19 +76,10 @@ def load_part(
     end, grew = int(offsets[-1]), rows > loaded.shape[0] - 1
     sums = None
     if end > loaded[-1] or finished or verify:
-        check_data_end(end, data=arrays.data, recorded=recorded, where=where)
-        if finished:
-            check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
-        dtype = np.dtype(arrays.data.dtype.numpy_dtype)
-        sums = check_sidecar(
-            arrays.root,
-            rows=rows,
-            tokens=end,
-            finished=finished,
-            dtype=dtype,
-            required=sidecar_required,
-            context=context,
-        )
+        sums = _check_part(
+            arrays, end, rows=rows, finished=finished, recorded=recorded, where=where,
+            sidecar_required=sidecar_required, context=context,
+        )  # fmt: skip
     if not verify or sums is None:
         return arrays, offsets, None
     if grew or finished:
@@ -157,18 +148,10 @@ def open_part_lazily(
     arrays = open_field(root, field, context=context, offsets_context=offsets_context)
     where = posixpath.join(arrays.root, "offsets")
     _, end = _read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
-    check_data_end(end, data=arrays.data, recorded=recorded, where=where)
-    check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
-    dtype = np.dtype(arrays.data.dtype.numpy_dtype)
-    sums = check_sidecar(
-        arrays.root,
-        rows=rows,
-        tokens=end,
-        finished=True,
-        dtype=dtype,
-        required=sidecar_required,
-        context=context,
-    )
+    sums = _check_part(
+        arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
+        sidecar_required=sidecar_required, context=context,
+    )  # fmt: skip
     if not verify or sums is None:
         return arrays, end, sums, None
     verifier = ChunkVerifier(sums, end, where=arrays.data_path)
@@ -181,3 +164,17 @@ def _result(future: ts.Future, what: str, where: str) -> np.ndarray:
         return future.result()
     except ValueError as e:  # TensorStore: a missing chunk (never filled) or one that does not decode
         raise CacheIntegrityError(f"{where}: cannot read {what}: {e}") from e
+
+
+def _check_part(arrays, end: int, *, rows, finished, recorded, where, sidecar_required, context):
+    """A part's data checked against the end of its offsets (``end``) and its ledger's counts
+    (the extent too once it is finished), and its checksum sidecar's sums (``None`` without one):
+    the checks an eager load and a lazy open share."""
+    check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+    if finished:
+        check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
+    dtype = np.dtype(arrays.data.dtype.numpy_dtype)
+    return check_sidecar(
+        arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, required=sidecar_required,
+        context=context,
+    )  # fmt: skip
