@@ -8,7 +8,8 @@
 - the kernels and the dataset protocol shape-checked at run time (jaxtyping + beartype): every
   call into ``SHAPE_CHECKED`` modules checks its annotations (``shape_checks.py``);
 - draccus's help text for a config field looked up once per field, not once per parse
-  (``memoize_draccus_help``).
+  (``memoize_draccus_help``);
+- every test waits for the pipeline warm-ups it started (``warmups_end_with_their_test``).
 """
 
 import os
@@ -27,6 +28,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -63,6 +65,17 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 EOS = 1
+
+
+@pytest.fixture(autouse=True)
+def warmups_end_with_their_test():
+    """Waits (bounded) for the warm-ups a test's pipelines started in the background: a pipeline
+    made and never asked for a batch keeps compiling its programs after the test, and a later
+    test in this worker that counts compiles would count them."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name == "meshbatch-warmup":
+            thread.join(timeout=300)
 
 
 @pytest.fixture(scope="session")
