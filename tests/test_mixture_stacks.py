@@ -2,11 +2,15 @@
 one program whatever the number of children (a mixture of 4 and of 64 compiles the same programs,
 of the same size, but for the token-balanced selection's tree)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compiles import count_compiles
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.arguments import as_key
@@ -100,19 +104,21 @@ def plan_size(dataset) -> int:
     """Lines of the plan program's jaxpr (its size, whatever the table shapes)."""
     device = dataset.device(as_key(KEY))
     rows = Rows(jnp.arange(16, dtype=jnp.uint32), jnp.zeros(16, jnp.uint32))
-    return len(
-        str(jax.make_jaxpr(lambda d, r, s: d.plan(r, s))(device, rows, dataset.init_state())).splitlines()
-    )
+    jaxpr = jax.make_jaxpr(lambda d, r, s: d.plan(r, s))(device, rows, dataset.init_state())
+    return len(str(jaxpr).splitlines())
 
 
-@pytest.mark.parametrize("make", [stable, balanced], ids=["stable", "token-balanced"])
-def test_4_and_64_alike_children_compile_the_same_programs(caches, make):
-    """A first batch of a mixture of 4 and of 64 block-shuffled causal children (8 devices):
-    the same number of programs compiled (or read from the persistent cache), and a plan program
-    of the same size."""
+def count_first_batches(kind: str, paths: list[str]) -> dict[int, int]:
+    """Programs compiled (or read from the persistent cache) for the first batch of a mixture of
+    3 (warming up what any size shares), then 4 and 64 children, in this fresh process."""
+    from compiles import count_compiles
+
+    caches = [TokenCache.open(p) for p in paths]
+    make = stable if kind == "stable" else balanced
 
     def first_batch(sources: int):  # no warm-up: every compile on this thread
-        pipeline = Pipeline(make(caches, sources), mesh=mesh_of(8), batch_size=16, key=KEY, warmup=False)
+        dataset = make(caches, sources)
+        pipeline = Pipeline(dataset, mesh=mesh_of(8), batch_size=16, key=KEY, warmup=False)
         return jax.block_until_ready(pipeline.batch(0))
 
     first_batch(3)
@@ -122,7 +128,32 @@ def test_4_and_64_alike_children_compile_the_same_programs(caches, make):
             batch = first_batch(sources)
         counts[sources] = len(compiles)
         assert set(np.unique(np.asarray(batch.tokens) // 100).tolist()) - {0} <= set(range(1, sources + 1))
-    assert counts[4] == counts[SOURCES] >= 1
+    return counts
+
+
+@pytest.mark.parametrize("make", [stable, balanced], ids=["stable", "token-balanced"])
+def test_4_and_64_alike_children_compile_the_same_programs(caches, make):
+    """A first batch of a mixture of 4 and of 64 block-shuffled causal children (8 devices): the
+    same number of programs compiled (or read from the persistent cache), counted in a fresh
+    process (a test worker's in-memory caches already hold some shapes); and a plan program of the
+    same size, but for the token-balanced selection's tree."""
+    kind = "stable" if make is stable else "balanced"
+    env = dict(
+        os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    script = (
+        "import json, sys, test_mixture_stacks as t; "
+        f"print('RESULT', json.dumps(t.count_first_batches({kind!r}, sys.argv[1:])))"
+    )
+    paths = [cache.path for cache in caches]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *paths], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = json.loads(
+        next(r for r in done.stdout.splitlines() if r.startswith("RESULT "))[len("RESULT ") :]
+    )
+    assert counts["4"] == counts[str(SOURCES)] >= 1, counts
     # the plan is the same program but for the token-balanced selection's tournament tree, which
     # climbs log2(sources) levels in straight-line code (interleave_tree.py)
     tree = selection_size(SOURCES) - selection_size(4) if make is balanced else 0
