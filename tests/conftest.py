@@ -28,7 +28,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import functools
-import threading
 
 import jax
 import numpy as np
@@ -73,9 +72,9 @@ def warmups_end_with_their_test():
     made and never asked for a batch keeps compiling its programs after the test, and a later
     test in this worker that counts compiles would count them."""
     yield
-    for thread in threading.enumerate():
-        if thread.name == "meshbatch-warmup":
-            thread.join(timeout=300)
+    from meshbatch.pipeline.pipeline import _join_warming
+
+    _join_warming(timeout_s=300)
 
 
 @pytest.fixture(scope="session")

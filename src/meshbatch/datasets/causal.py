@@ -72,8 +72,8 @@ class CausalDevice(DeviceDataset):
     shuffle: eqx.Module | None
     window: WindowBuild
     # A plan of up to this many rows (a shuffle of one batch of positions, once per step, on the
-    # host) compiles at XLA's lowest backend level (``programs.FAST_COMPILE``): half its compile,
-    # under 2 ms more a step (benchmarks/RESULTS.md, "First batch"); the indices are the same.
+    # host) compiles at XLA's lowest backend level (``programs.FAST_COMPILE``): a shorter compile
+    # for a little more run time a step (benchmarks/RESULTS.md, "First batch"); the same indices.
     fast_compile_plan_rows: ClassVar[int] = 1024
 
     @property

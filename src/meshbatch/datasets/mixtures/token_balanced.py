@@ -84,7 +84,7 @@ class BalancedDevice(CompositeDevice):
         n = rows.position.shape[0]
         if n * self.seq_len >= 2**32 - 1:
             raise ValueError(f"a step of {n} rows of {self.seq_len} tokens: counts would pass 2^32")
-        lengths = jnp.asarray(np.asarray(self.lengths, np.uint32))
+        lengths = _u32(self.lengths)
         picked = select_least_consumed(state.tokens, self._upcoming_tokens(state, n, lengths), self.salts)
         source = picked.source
         position, epoch = _advance(state.position[source], state.epoch[source], picked.nth, lengths[source])
@@ -172,21 +172,24 @@ class TokenBalancedMixture(Composite):
         count wrapped exactly when its high word went down (``2^32 - 1 -> 0``), and an epoch when
         it went down.
         """
-        hi_before, hi_after = np.asarray(before.tokens.hi), np.asarray(after.tokens.hi)
-        wrapped = [name for name, b, a in zip(self.names, hi_before, hi_after, strict=True) if a < b]
+        wrapped = self._went_down(before.tokens.hi, after.tokens.hi)
         if wrapped:
             raise CountOverflowError(
                 f"step {step}: the token-balanced count of specs {wrapped} (of {list(self.names)}) "
                 "would pass 2^64 - 1 consumed tokens and wrap; refused (reset the counts with "
                 "load_state_dict)"
             )
-        epoch_before, epoch_after = np.asarray(before.epoch), np.asarray(after.epoch)
-        wrapped = [name for name, b, a in zip(self.names, epoch_before, epoch_after, strict=True) if a < b]
+        wrapped = self._went_down(before.epoch, after.epoch)
         if wrapped:
             raise CountOverflowError(
                 f"step {step}: a child of the token-balanced mixture of specs {list(self.names)} "
                 f"would start its 2^32-th epoch (epochs are 32 bits); refused: {wrapped}"
             )
+
+    def _went_down(self, before, after) -> list[str]:
+        """The specs whose per-spec word is lower ``after`` the step than ``before`` it."""
+        down = np.asarray(after) < np.asarray(before)
+        return [name for name, went in zip(self.names, down, strict=True) if went]
 
     # -- checkpoints ----------------------------------------------------------------------------
 
