@@ -6,7 +6,7 @@ of 1-3 tokens. A shard is written once by ``CacheWriter`` and copied (files as w
 checksum sidecar, zarr arrays) under ``p0 .. p{N-1}``; the top-level ledger is written as
 ``ShardedCacheWriter.finish`` writes it. The large consolidated cache is written in Levanter's
 layout directly (``create_field`` and one bulk write of each array, no checksum sidecar), as
-Levanter writes it. Caches live on local disk and, uploaded, in a bucket of a fake-gcs-server on
+Levanter writes it. Caches live on local disk and, preloaded, in a bucket of a fake-gcs-server on
 127.0.0.1 reached through a ``LatencyProxy`` (``tests/object_store.py``) that holds every request
 ``uniform(80, 120)`` ms: an object store at about 100 ms a request.
 
@@ -142,27 +142,6 @@ def build_many_docs(root: str, docs: int) -> None:
     )
 
 
-def upload(local: str, url: str) -> None:
-    import tensorstore as ts
-
-    from meshbatch.cache.arrays import kvstore_spec
-
-    context = ts.Context({"gcs_request_concurrency": {"limit": 64}})
-    store = ts.KvStore.open(kvstore_spec(url), context=context).result()
-    pending = []
-    for parent, _, names in os.walk(local):
-        for name in names:
-            path = os.path.join(parent, name)
-            with open(path, "rb") as f:
-                pending.append(store.write(os.path.relpath(path, local), f.read()))
-            if len(pending) >= 512:
-                for future in pending:
-                    future.result()
-                pending = []
-    for future in pending:
-        future.result()
-
-
 def measure(src: str, path: str, steps: int, timeout: float, env: dict) -> dict:
     command = [sys.executable, __file__, "--child", path, "--steps", str(steps)]
     full_env = {**os.environ, **env, "PYTHONPATH": src, "JAX_PLATFORMS": "cpu"}
@@ -225,26 +204,21 @@ def main() -> None:
             build_many_docs(os.path.join(work, "docs"), args.docs)
             print(f"built {args.docs} documents in {time.perf_counter() - start:.1f}s", flush=True)
             caches.append((f"{args.docs} docs", os.path.join(work, "docs"), True))
-        env = {}
-        proxy = None
+        env, proxy, urls = {}, None, {}
         if not args.no_store:
             from object_store import ENV, GCSServer, LatencyProxy
 
-            gcs = GCSServer((BUCKET,))
+            urls = {path: f"{BUCKET}/{uuid.uuid4().hex}" for _, path, on_store in caches if on_store}
+            start = time.perf_counter()
+            gcs = GCSServer((BUCKET,), preload={prefix: path for path, prefix in urls.items()})
             servers.append(gcs)
+            print(f"started the store holding {len(urls)} caches in {time.perf_counter() - start:.1f}s")
             proxy = LatencyProxy(gcs.port, low=0.0, high=0.0, seed=0)
             servers.append(proxy)
             env = {**ENV, "TENSORSTORE_GCS_HTTP_URL": proxy.url}
             os.environ.update(env)
-        for name, path, on_store in caches:
-            places = [("local", path)]
-            if proxy is not None and on_store:
-                url = f"gs://{BUCKET}/{uuid.uuid4().hex}"
-                proxy.low = proxy.high = 0.0
-                start = time.perf_counter()
-                upload(path, url)
-                print(f"uploaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
-                places.append(("gcs 100 ms", url))
+        for name, path, _ in caches:
+            places = [("local", path)] + ([("gcs 100 ms", f"gs://{urls[path]}")] if path in urls else [])
             for place, where in places:
                 if proxy is not None:
                     proxy.low, proxy.high = (0.08, 0.12) if place != "local" else (0.0, 0.0)

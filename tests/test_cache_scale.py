@@ -1,9 +1,10 @@
 """Opening caches of many shards and many documents: concurrent shard reads, no offsets at open.
 
 A cache is opened eagerly (every offset loaded, every shard opened and checked at open) or lazily
-(from its ledgers: a shard's arrays are opened and checked on the first read that touches it, and
-offsets are read where asked for). Here: the shard ledgers are read in one round of concurrent
-requests (counted at a real fake-gcs-server); a lazy open holds nothing per document; lazy reads
+(from the cache's ledger: a shard's ledger and arrays are read and checked on the first read that
+touches it, and offsets are read where asked for). Here: an eager open reads the shard ledgers in
+one round of concurrent requests and a lazy one reads none but the first shard's (counted at a
+real fake-gcs-server); a lazy open holds nothing per document; lazy reads
 equal eager ones; and a damaged shard raises the error an eager open raises, before any of its
 tokens are served.
 """
@@ -92,12 +93,21 @@ def test_shard_ledgers_are_read_in_one_round_of_requests(object_stores, tmp_path
     url = f"gs://meshbatch/{uuid.uuid4().hex}/cache"
     _upload(local, url)
     proxy = object_stores["gcs_front"]
-    for eager in (False, True):
-        with proxy.count_rounds("shard_ledger.json") as rounds:
-            cache = TokenCache.open(url, eager=eager)
-        assert rounds.requests == shards + 1  # the cache's ledger, then every shard's
-        assert rounds.rounds == 2, rounds.sizes  # not one round per shard: [1, shards]
-        assert cache.num_rows == 4 * shards
+    with proxy.count_rounds("shard_ledger.json") as rounds:
+        eager = TokenCache.open(url, eager=True)
+    assert rounds.requests == shards + 1  # the cache's ledger, then every shard's
+    assert rounds.rounds == 2, rounds.sizes  # not one round per shard: [1, shards]
+    assert eager.num_rows == 4 * shards
+    with proxy.count_rounds("shard_ledger.json") as rounds:
+        lazy = TokenCache.open(url, eager=False)
+    assert rounds.requests == 2, rounds.sizes  # the cache's ledger, and the first shard's (its dtype)
+    with proxy.count_rounds("shard_ledger.json") as rounds:
+        lazy.read_rows(list(range(4, 4 * shards, 4)))  # a row of every other shard
+    # their ledgers in one round, then only the checks after the read (the cache's ledger and theirs)
+    assert rounds.sizes[0] == shards - 1 and rounds.requests <= 2 * shards, rounds.sizes
+    with proxy.count_rounds("shard_ledger.json") as rounds:
+        lazy.read_rows([5, 9])
+    assert rounds.requests <= 3, rounds.sizes  # only the checks: each shard's ledger is read once
 
 
 def test_a_lazy_open_opens_one_shard_and_a_read_only_the_shards_it_touches(object_stores, tmp_path):
@@ -289,22 +299,35 @@ def test_a_damaged_shard_raises_before_any_of_its_tokens_are_served(tmp_path, ca
             reader.read_spans([0], [reader.num_tokens])
 
 
-def test_a_missing_shard_ledger_is_named_at_open(tmp_path):
+def test_a_missing_shard_ledger_is_named_at_open_or_at_the_first_read_of_the_shard(tmp_path):
     root, _ = _two_shards(tmp_path)
     os.remove(os.path.join(root, "p1", "shard_ledger.json"))
-    for eager in (True, False):
-        with pytest.raises(FileNotFoundError, match=re.escape(f"no ledger at {root}/p1/shard_ledger.json")):
-            TokenCache.open(root, eager=eager)
+    missing = re.escape(f"no ledger at {root}/p1/shard_ledger.json")
+    with pytest.raises(FileNotFoundError, match=missing):
+        TokenCache.open(root, eager=True)
+    lazy = TokenCache.open(root, eager=False)  # reads only the cache's ledger and p0
+    with pytest.raises(FileNotFoundError, match=missing):
+        lazy.read_rows([45])
 
 
-def test_a_shard_replaced_before_its_first_read_is_a_changed_cache(tmp_path):
+def test_a_shard_replaced_after_its_first_read_is_a_changed_cache(tmp_path):
     root, docs = _two_shards(tmp_path)
     lazy = TokenCache.open(root, eager=False)
+    np.testing.assert_array_equal(lazy.read_rows([45])[0], docs[45])  # p1's ledger is read here
     shutil.rmtree(os.path.join(root, "p1"))
     _consolidated(os.path.join(root, "p1"), docs[30:])  # the same rows, another cache_id
     with pytest.raises(CacheChangedError, match="shard 'p1' was replaced"):
         lazy.read_rows([45])
     np.testing.assert_array_equal(lazy.read_rows([3])[0], docs[3])  # p0 is still the one opened
+
+
+def test_a_shard_replaced_by_other_rows_before_its_first_read_is_refused(tmp_path):
+    root, docs = _two_shards(tmp_path)
+    lazy = TokenCache.open(root, eager=False)
+    shutil.rmtree(os.path.join(root, "p1"))
+    _consolidated(os.path.join(root, "p1"), docs[31:])  # one row fewer than the cache's ledger says
+    with pytest.raises(CacheIntegrityError, match="p1"):
+        lazy.read_rows([45])
 
 
 def test_damaged_offsets_of_a_lazily_opened_cache_are_named_where_read(tmp_path):

@@ -4,23 +4,26 @@ Reading tokens needs only where each data array sits in the global token space, 
 gives: a consolidated cache's token count, a sharded cache's per-shard counts. So a large finished
 cache is opened from its ledgers alone (``TokenCache.open``'s ``eager``)::
 
-    open        ledger(s); per shard only its ledger (one round of concurrent reads)
-    first read  of tokens in a shard: its arrays opened and checked (the checks of an eager open
-                that read no bulk offsets), then its tokens; several shards at once concurrently
+    open        the cache's ledger (a sharded one's per-shard rows and tokens place every shard),
+                and the first part holding tokens (its dtype); no other shard is read
+    first read  of tokens in a shard: its ledger read (watched from then on, ``watch.py``), its
+                arrays opened and checked (the checks of an eager open that read no bulk
+                offsets), then its tokens; several shards at once concurrently
     row_spans   reads only the offsets of the rows asked for (a sidecar chunk whole, summed, the
                 first time it is touched), checked (ordered, within the part's tokens) before use
     doc_offsets reads every row's offsets on its first call and keeps them
 
 Nothing is served from a shard before its checks pass, so a damaged shard raises the same named
 error an eager open raises, at the first read that touches it rather than at open. Memory after
-open grows with the number of shards (a few integers each), not with the number of documents.
+open grows with the number of shards (a few integers each), not with the number of documents, and
+its time with neither: opening 10,000 shards on an object store is a few requests.
 """
 
 from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -34,6 +37,7 @@ from .parts import _result, open_part_lazily
 from .reads import Segment
 from .shard_table import check_distinct_shards, shard_root, shard_table
 from .verify import ChunkVerifier, verify_offsets_chunk
+from .watch import ShardFiles, read_shard_ledgers
 
 OFFSETS_BLOCK = 1 << 16  # offsets read together where no sidecar fixes the chunk (512 KiB of int64)
 OPEN_THREADS = 32  # shards opened at once (each open is a few dependent requests)
@@ -211,11 +215,13 @@ class LazyContents:
         context: ts.Context,
         expected: np.dtype | None,
         verify: bool,
-        shard_sidecars: Mapping[str, bool] | None = None,
+        watch_shards: Callable[[ShardFiles], None],
     ):
+        """``watch_shards`` is given the ledgers of the shards this reader opens, as it opens them
+        (read before their arrays: a shard replaced after it was opened is noticed)."""
         self.path, self.field, self.ledger = path, field, ledger
         self._context, self._expected, self._verify = context, expected, verify
-        self._sidecars = dict(shard_sidecars or {})
+        self._watch_shards = watch_shards
         self._lock = threading.Lock()
         self._open: dict[int, LazyPart] = {}
         self._all_offsets: np.ndarray | None = None
@@ -258,6 +264,9 @@ class LazyContents:
         """The parts at ``indices``, opening (concurrently) and checking those not open yet."""
         with self._lock:
             missing = [i for i in dict.fromkeys(indices) if i not in self._open]
+        named = [self.names[i] for i in missing if self.names[i]]
+        ledgers = read_shard_ledgers(self.path, named, self._context)  # one round, before the arrays
+        self._watch_shards(ledgers)
 
         def one(i: int) -> LazyPart:
             recorded = None if self._recorded is None else int(self._recorded[i])
@@ -271,7 +280,7 @@ class LazyContents:
                 context=self._context,
                 verify=self._verify,
                 sidecar_required=(
-                    self._sidecars.get(self.names[i], False)
+                    ledgers[self.names[i]][1].meshbatch_checksums
                     if self.names[i]
                     else self.ledger.meshbatch_checksums
                 ),

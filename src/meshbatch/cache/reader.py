@@ -88,7 +88,7 @@ class TokenCache:
                 the offsets and the last data chunk at open, each data chunk on its first read.
                 ``None``: on unless the environment sets ``MESHBATCH_VERIFY_READS=0``.
             eager: load every document offset and open and check every shard at open (True), or
-                open a finished cache from its ledgers alone (False): each shard's arrays are
+                open a finished cache from its ledger alone (False): each shard's ledger and arrays are
                 opened and checked on the first read that touches it, and offsets are read where
                 asked for (``row_spans``, ``read_rows``; ``doc_offsets`` reads them all on its first
                 call). Every check runs either way, and nothing is served from a shard before its
@@ -137,10 +137,12 @@ class TokenCache:
         if not ledger.is_finished:
             eager = True  # rows still land: ``refresh`` loads them incrementally
         try:
-            shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: see watch.py
             if eager:
+                shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: watch.py
                 cache._load(ledger, shards)
-            else:
+                cache._watch = LedgerWatch(file, ledger, stamp, shards)
+            else:  # each shard's ledger is read when the shard is first opened
+                cache._watch = LedgerWatch(file, ledger, stamp)
                 cache._lazy = LazyContents(
                     path,
                     cache.field,
@@ -148,11 +150,10 @@ class TokenCache:
                     context=cache._context,
                     expected=cache._expected_dtype,
                     verify=cache.verify,
-                    shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
+                    watch_shards=cache._watch.add_shards,
                 )
         except FileNotFoundError as e:
             raise FileNotFoundError(f"the cache at {path} has no readable field={field!r}: {e}") from e
-        cache._watch = LedgerWatch(file, ledger, stamp, shards)
         return cache
 
     @property

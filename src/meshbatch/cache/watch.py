@@ -10,11 +10,13 @@ conditional read on an object store). A moved ledger is parsed and compared with
     loaded {rows: 10},                                 now: no ledger                  being overwritten
 
 Only the first line is served; the others raise ``CacheChangedError`` naming the cache and what
-changed. A sharded cache's reader also watches the ledger of every finished shard, as read at
-open (all in one round of concurrent reads, ``shard_ledgers``): a shard directory replaced under
-it (a new ``cache_id``, or a rewritten or missing shard ledger) is a ``CacheChangedError`` naming
-the shard, though the top-level ledger never changed. A batch of reads checks the shards it read
-(``LedgerWatch.start``): one ``stat`` per shard read on a local disk (a conditional read elsewhere).
+changed. A sharded cache's reader also watches the ledger of every shard it reads, as read before
+its first read of that shard (at open, all in one round of concurrent reads, ``shard_ledgers``; a
+lazily opened cache when it first touches the shard, ``read_shard_ledgers``): a shard directory
+replaced under it (a new ``cache_id``, or a rewritten or missing shard ledger) is a
+``CacheChangedError`` naming the shard, though the top-level ledger never changed. A batch of reads
+checks the shards it read (``LedgerWatch.start``): one ``stat`` per shard read on a local disk (a
+conditional read elsewhere).
 
 Writers commit the ledger last and an overwrite removes it first, so a read whose check
 passes read the cache its reader loaded.
@@ -67,10 +69,6 @@ def shard_ledgers(
     """The ledger file, ledger and stamp of every finished shard of a sharded ``ledger`` (read before
     its rows are loaded, so a replacement after the load changes the stamp). The shard table is
     checked first (``shard_table``, ``shard_root``): no shard path leaves ``root``, by name or symlink.
-
-    Every shard ledger is read in one round of concurrent requests through one kvstore at ``root``
-    (up to ``LEDGER_READ_CONCURRENCY`` in flight on an object store): opening a cache of 1000 shards
-    waits about as long as reading a few ledgers, not a thousand one after another.
     """
     if ledger.layout != SHARDED:
         return {}
@@ -79,6 +77,17 @@ def shard_ledgers(
         for entry in shard_table(ledger, field, where=posixpath.join(root, LEDGER_FILE_NAME))
         if entry.name not in skip
     ]
+    return read_shard_ledgers(root, names, context)
+
+
+def read_shard_ledgers(root: str, names: Collection[str], context: ts.Context) -> ShardFiles:
+    """The ledger file, ledger and stamp of each shard in ``names`` (from a checked shard table).
+
+    Every ledger is read in one round of concurrent requests through one kvstore at ``root`` (up to
+    ``LEDGER_READ_CONCURRENCY`` in flight on an object store): reading a thousand shard ledgers
+    waits about as long as reading a few, not a thousand one after another.
+    """
+    names = list(names)
     if not names:
         return {}
     roots = [shard_root(root, name) for name in names]  # before any read: no path leaves the root
