@@ -52,9 +52,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check src kernels tests benchmarks examples
 	$(PY) -m ruff format --check src kernels tests benchmarks examples
 
+# `make bench` writes its JSON under BENCH_OUT, never into the checkout (benchmarks/*.json are the
+# runs RESULTS.md cites: a script run by hand without MESHBATCH_BENCH_OUT records there).
+BENCH_OUT ?= $(or $(TMPDIR),/tmp)/meshbatch-bench
+
 bench: $(STAMP)
-	$(PY) benchmarks/bench_permutation.py
-	$(PY) benchmarks/bench_permutation_quality.py
+	$(VENV)/bin/meshbatch bench --all --out $(BENCH_OUT)
+	MESHBATCH_BENCH_OUT=$(BENCH_OUT) $(PY) benchmarks/bench_permutation.py
+	MESHBATCH_BENCH_OUT=$(BENCH_OUT) $(PY) benchmarks/bench_permutation_quality.py
 
 clean:
 	rm -rf $(VENV) $(LEVANTER_VENV)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import pathlib
 import platform
-import statistics
 import time
 from collections.abc import Callable
 
 import jax
+
+from meshbatch.bench import distribution
 
 
 def banner(title: str) -> dict:
@@ -28,7 +30,8 @@ def banner(title: str) -> dict:
 
 
 def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn()``; ``fn`` must block until its result is ready."""
+    """Median wall time of ``fn()`` (``meshbatch.bench.distribution``); ``fn`` must block until
+    its result is ready."""
     for _ in range(warmup):
         fn()
     times = []
@@ -36,7 +39,7 @@ def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return distribution(times)["median_s"]
 
 
 def rotating_times(
@@ -79,10 +82,18 @@ def keep_freed_memory() -> str:
 
 
 def write_json(script: str, payload: dict) -> pathlib.Path:
-    """Write ``payload`` into ``<script stem>.json`` beside the script: its keys replace the
-    file's, and every other key the file holds stays (``RESULTS.md`` cites recorded runs by key,
-    e.g. ``run_1`` or ``selection_run12``: a new run must not erase them)."""
+    """Write ``payload`` into ``<script stem>.json``: its keys replace the file's, and every other
+    key the file holds stays (``RESULTS.md`` cites recorded runs by key, e.g. ``run_1`` or
+    ``selection_run12``: a new run must not erase them).
+
+    The file is beside the script (a run recorded for ``RESULTS.md``), or in the directory
+    ``MESHBATCH_BENCH_OUT`` names (``make bench`` sets it: a run that records nothing leaves the
+    checkout as it was)."""
+    out = os.environ.get("MESHBATCH_BENCH_OUT")
     path = pathlib.Path(script).with_suffix(".json")
+    if out:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+        path = pathlib.Path(out) / path.name
     recorded = json.loads(path.read_text()) if path.exists() else {}
     kept = sorted(set(recorded) - set(payload))
     path.write_text(json.dumps(recorded | payload, indent=2, sort_keys=True) + "\n")

@@ -58,6 +58,8 @@ def memoize_draccus_help() -> None:
         )
 
 
+pytest_plugins = ["meshbatch.bench.pytest_plugin"]  # the jit_bench fixture users load the same way
+
 install_shape_checks()
 memoize_draccus_help()
 jax.config.update("jax_numpy_dtype_promotion", "strict")

@@ -3,6 +3,7 @@
 meshbatch validate-cache /data/cache          # prints a report; exit 0 valid, 1 invalid
 meshbatch validate-cache /data/cache --deep   # also reads every chunk and verifies its checksum
 meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
+meshbatch bench --all --out /tmp/bench               # kernel and pipeline-step microbenchmarks
 
 A failure prints one line, ``meshbatch <command>: error: <what went wrong>``, and exits 1; ``-v``
 shows the traceback instead. Ctrl-C prints one line saying how to go on (``build-cache``: run the
@@ -16,6 +17,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .bench.bench_cli import add_bench
 from .datasets.preblocked.block_cli import add_preblock, add_validate_blocks
 
 
@@ -106,7 +108,7 @@ _AFTER_INTERRUPT = {
     "build-cache": "the rows committed so far are kept: run the same command again to resume",
     "preblock": "the output is incomplete: run the same command again to rebuild it",
 }
-_SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks)
+_SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks, add_bench)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,326 @@
+"""The kernel families ``meshbatch bench`` measures, each at shapes a user gives or realistic
+defaults: a pure function, its arguments at step 0 with key 0, and the same at another step and
+another key (which must compile nothing new).
+
+Each case runs what the pipeline runs: a shuffle's plan of one step's rows, a causal build of a
+fetched buffer, a splice dataset's device plan and frames, a stable mixture's row lookup, a
+token-balanced mixture's plan from its state, the preblocked packing plan and block build, MLM
+masking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meshbatch.arguments import check_int
+
+U32 = np.uint32
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The shapes every case derives its inputs from (``meshbatch bench`` flags).
+
+    Attributes:
+        rows: rows of one step (a global batch).
+        seq_len: tokens per row.
+        examples: examples per epoch (the shuffles' length).
+        sources: components of a mixture.
+        docs: documents of a splice pool and of a packing plan.
+        doc_tokens: mean tokens per document.
+    """
+
+    rows: int = 1024
+    seq_len: int = 2048
+    examples: int = 1 << 30
+    sources: int = 16
+    docs: int = 4096
+    doc_tokens: int = 1024
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            check_int(field.name, getattr(self, field.name), low=1)
+        check_int("examples", self.examples, low=self.rows, high=2**32 - 1)
+
+
+TINY = Shapes(rows=16, seq_len=32, examples=4096, sources=3, docs=32, doc_tokens=48)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One measured function: ``fn(*args)`` at step 0 / key 0, and ``variants``."""
+
+    name: str
+    family: str
+    fn: Callable
+    args: tuple
+    variants: tuple[tuple[str, tuple], ...]
+    config: dict[str, Any]
+
+
+def _rows(shapes: Shapes, step: int) -> jnp.ndarray:
+    return jnp.asarray((np.arange(shapes.rows) + step * shapes.rows) % shapes.examples, U32)
+
+
+def _shuffle_case(name: str, family: str, make, shapes: Shapes, config: dict) -> Case:
+    def fn(shuffle, positions):
+        return shuffle(positions)
+
+    key0, key1 = jax.random.key(0), jax.random.key(1)
+    return Case(
+        name,
+        family,
+        fn,
+        (make(key0), _rows(shapes, 0)),
+        (("step 1", (make(key0), _rows(shapes, 1))), ("key 1", (make(key1), _rows(shapes, 0)))),
+        config | {"rows": shapes.rows, "examples": shapes.examples},
+    )
+
+
+def permutation_case(shapes: Shapes) -> Case:
+    from meshbatch.shuffles import permutation
+
+    return _shuffle_case(
+        "permutation",
+        "permutations",
+        lambda key: permutation("feistel", shapes.examples, key),
+        shapes,
+        {"kind": "feistel"},
+    )
+
+
+def era_shuffle_case(shapes: Shapes) -> Case:
+    from meshbatch.shuffles import era_shuffle
+
+    era = min(65536, shapes.examples)
+    return _shuffle_case(
+        "era_shuffle",
+        "era and block shuffles",
+        lambda key: era_shuffle(shapes.examples, era_length=era, key=key),
+        shapes,
+        {"era_length": era},
+    )
+
+
+def block_shuffle_case(shapes: Shapes) -> Case:
+    from meshbatch.shuffles import block_shuffle
+
+    io, window = 256, 64
+    return _shuffle_case(
+        "block_shuffle",
+        "era and block shuffles",
+        lambda key: block_shuffle(shapes.examples, io_block_size=io, window_blocks=window, key=key),
+        shapes,
+        {"io_block_size": io, "window_blocks": window},
+    )
+
+
+def causal_build_case(shapes: Shapes) -> Case:
+    """``CausalDevice.build``'s work: windows cut from a fetched buffer, loss mask, segment ids."""
+    from meshbatch.datasets.causal import WindowBuild
+    from meshbatch.datasets.protocol import Content, Plan, Rows
+
+    build = WindowBuild(shapes.seq_len, 0, None)
+    n, s = shapes.rows, shapes.seq_len
+
+    def inputs(seed: int):
+        rng = np.random.default_rng(seed)
+        tokens = jnp.asarray(rng.integers(0, 50000, n * s, dtype=np.int32))
+        offsets = jnp.asarray((rng.permutation(n) * s).astype(np.int32)[:, None])
+        rows = Rows(jnp.zeros(n, U32), jnp.zeros(n, U32))
+        plan = Plan(rows=rows, source=jnp.zeros(n, jnp.int32), example=jnp.zeros(n, U32))
+        return plan, Content(tokens, offsets)
+
+    def fn(plan, content):
+        return build(plan, content)
+
+    return Case(
+        "causal_build",
+        "causal build",
+        fn,
+        inputs(0),
+        (("step 1", inputs(1)), ("key 1", inputs(2))),
+        {"rows": n, "seq_len": s},
+    )
+
+
+def _docs(shapes: Shapes, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(2, shapes.doc_tokens // 4), shapes.doc_tokens * 2, shapes.docs)
+    return [rng.integers(3, 50000, int(k), dtype=np.int32) for k in lengths]
+
+
+def splice_frames_case(shapes: Shapes) -> Case:
+    """A pooled splice dataset's per-shard program: each row's placement, then its frame."""
+    from meshbatch.datasets import Rows, SpliceLMDataset
+
+    dataset = SpliceLMDataset(_docs(shapes), seq_len=shapes.seq_len, pad_token_id=0, eos_token_id=1)
+    rows = min(shapes.rows, dataset.num_examples)
+
+    def rows_at(step: int) -> Rows:
+        positions = (np.arange(rows) + step * rows) % dataset.num_examples
+        return Rows(jnp.asarray(positions, U32), jnp.zeros(rows, U32))
+
+    def fn(device, rows):
+        plan, _ = device.plan(rows, None)
+        return device.build(plan, None)
+
+    d0, d1 = dataset.device(jax.random.key(0)), dataset.device(jax.random.key(1))
+    return Case(
+        "splice_frames",
+        "splice frames",
+        fn,
+        (d0, rows_at(0)),
+        (("step 1", (d0, rows_at(1))), ("key 1", (d1, rows_at(0)))),
+        {"rows": rows, "seq_len": shapes.seq_len, "docs": shapes.docs},
+    )
+
+
+def stable_mixture_case(shapes: Shapes) -> Case:
+    """The stable mixture's lookup: each global row's (source, index, source epoch)."""
+    from meshbatch.datasets.mixtures import mixture_schedule
+    from meshbatch.kernels import mixture_locate
+
+    names = [f"s{i}" for i in range(shapes.sources)]
+    lengths = {name: shapes.examples // shapes.sources + i for i, name in enumerate(names)}
+    weights = {name: 1.0 + i for i, name in enumerate(names)}
+    block = 2048
+
+    def schedule(key):
+        return mixture_schedule(lengths, weights, block_size=block, key=key)
+
+    def fn(schedule, rows, epoch):
+        return mixture_locate(schedule, rows, epoch)
+
+    s0, s1, epoch = schedule(jax.random.key(0)), schedule(jax.random.key(1)), jnp.asarray(0, U32)
+    return Case(
+        "stable_mixture_lookup",
+        "mixture selection",
+        fn,
+        (s0, _rows(shapes, 0), epoch),
+        (("step 1", (s0, _rows(shapes, 1), epoch)), ("key 1", (s1, _rows(shapes, 0), epoch))),
+        {"rows": shapes.rows, "sources": shapes.sources, "block_size": block},
+    )
+
+
+def token_balanced_case(shapes: Shapes, cache) -> Case:
+    """A token-balanced mixture's plan of one step from its state: the least-consumed selection
+    and each chosen child's plan."""
+    from meshbatch.datasets import CausalLMDataset
+    from meshbatch.datasets.mixtures import TokenBalancedMixture
+    from meshbatch.datasets.protocol import Rows
+    from meshbatch.shuffles import ShuffleSpec
+
+    seq = max(1, min(shapes.seq_len, cache.num_tokens // 2))
+    children = {
+        f"s{i}": CausalLMDataset(cache, seq, shuffle=ShuffleSpec("full")) for i in range(shapes.sources)
+    }
+    mixture = TokenBalancedMixture(children)
+    state = mixture.init_state()
+    rows = Rows(jnp.asarray(np.arange(shapes.rows), U32), jnp.zeros(shapes.rows, U32))
+
+    def fn(device, rows, state):
+        return device.plan(rows, state)
+
+    d0, _ = mixture.make(jax.random.key(0))
+    d1, _ = mixture.make(jax.random.key(1))
+    _, after = jax.jit(lambda *a: fn(*a))(d0, rows, state)  # not fn's jit: its compile is measured
+    return Case(
+        "token_balanced_plan",
+        "mixture selection",
+        fn,
+        (d0, rows, state),
+        (("step 1", (d0, rows, after)), ("key 1", (d1, rows, state))),
+        {"rows": shapes.rows, "sources": shapes.sources},
+    )
+
+
+def packing_case(shapes: Shapes) -> Case:
+    """The preblocked packing plan (first-fit decreasing in buffers) of a stream of documents."""
+    from meshbatch.kernels import pack_plan
+
+    def lengths(seed: int):
+        rng = np.random.default_rng(seed)
+        return jnp.asarray(rng.integers(1, shapes.doc_tokens * 2, shapes.docs, dtype=np.int32))
+
+    def fn(lengths):
+        return pack_plan(lengths, block_size=shapes.seq_len, rule="ffd", buffer_docs=min(1024, shapes.docs))
+
+    return Case(
+        "preblocked_packing",
+        "preblocked packing",
+        fn,
+        (lengths(0),),
+        (("step 1", (lengths(1),)), ("key 1", (lengths(2),))),
+        {"docs": shapes.docs, "block_size": shapes.seq_len},
+    )
+
+
+def block_build_case(shapes: Shapes) -> Case:
+    """Preblocked rows' build: loss mask and segment ids of ``[DOC] ... [EOD]`` blocks."""
+    from meshbatch.kernels import block_batch
+
+    def tokens(seed: int):
+        rng = np.random.default_rng(seed)
+        t = rng.integers(4, 50000, (shapes.rows, shapes.seq_len), dtype=np.int32)
+        t[:, 0] = 1
+        t[:, -1] = 2
+        return jnp.asarray(t)
+
+    def fn(tokens):
+        return block_batch(tokens, doc_id=1, eod_id=2, pad_id=0)
+
+    return Case(
+        "preblocked_block_build",
+        "preblocked packing",
+        fn,
+        (tokens(0),),
+        (("step 1", (tokens(1),)), ("key 1", (tokens(2),))),
+        {"rows": shapes.rows, "seq_len": shapes.seq_len},
+    )
+
+
+def mlm_case(shapes: Shapes) -> Case:
+    """MLM masking of one step's rows, each row keyed by its stream position."""
+    from meshbatch.kernels import mlm_mask, row_keys
+
+    def inputs(step: int, seed: int):
+        rng = np.random.default_rng(step)
+        tokens = jnp.asarray(rng.integers(4, 50000, (shapes.rows, shapes.seq_len), dtype=np.int32))
+        return tokens, row_keys(jax.random.key(seed), _rows(shapes, step))
+
+    def fn(tokens, keys):
+        return mlm_mask(
+            tokens, keys, rate=0.15, mask_id=3, vocab_size=50000, special_ids=(0, 1, 2), ignore_id=-100
+        )
+
+    return Case(
+        "mlm_masking",
+        "MLM masking",
+        fn,
+        inputs(0, 0),
+        (("step 1", inputs(1, 0)), ("key 1", inputs(0, 1))),
+        {"rows": shapes.rows, "seq_len": shapes.seq_len, "rate": 0.15},
+    )
+
+
+# name -> (family, maker); makers that read a token cache take it as a second argument
+CASES: dict[str, tuple[str, Callable]] = {
+    "permutation": ("permutations", permutation_case),
+    "era_shuffle": ("era and block shuffles", era_shuffle_case),
+    "block_shuffle": ("era and block shuffles", block_shuffle_case),
+    "causal_build": ("causal build", causal_build_case),
+    "splice_frames": ("splice frames", splice_frames_case),
+    "stable_mixture_lookup": ("mixture selection", stable_mixture_case),
+    "token_balanced_plan": ("mixture selection", token_balanced_case),
+    "preblocked_packing": ("preblocked packing", packing_case),
+    "preblocked_block_build": ("preblocked packing", block_build_case),
+    "mlm_masking": ("MLM masking", mlm_case),
+}
+NEEDS_CACHE = ("token_balanced_plan",)

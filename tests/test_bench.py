@@ -1,0 +1,150 @@
+"""meshbatch bench: the JSON of every kernel family and the pipeline step, recompiles reported,
+the CI gates."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+from meshbatch.bench import ALL, TINY, count_compiles, measure
+from meshbatch.bench.gates import assert_no_recompiles, assert_no_regression
+from meshbatch.bench.report import checkout_root, write_report
+from meshbatch.cli import main
+
+RESULT_KEYS = {
+    "name",
+    "family",
+    "config",
+    "trace_s",
+    "lower_s",
+    "compile_s",
+    "run",
+    "device_run",
+    "dispatch",
+    "recompiles",
+    "recompiles_by_variant",
+    "cost",
+    "memory",
+    "bandwidth_fraction",
+}
+RUN_KEYS = {"median_s", "p10_s", "p90_s", "min_s", "max_s", "mean_s", "calls", "timing"}
+FAMILIES = {
+    "permutations",
+    "era and block shuffles",
+    "causal build",
+    "splice frames",
+    "mixture selection",
+    "preblocked packing",
+    "MLM masking",
+    "pipeline step",
+}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert (
+        main(["bench", "--all", "--tiny", "--repeats", "20", "--dispatch-calls", "10", "--out", str(out)])
+        == 0
+    )
+    (path,) = out.glob("bench-*.json")
+    return json.loads(path.read_text())
+
+
+def test_bench_all_writes_every_family_with_split_times_distributions_recompiles_and_bytes(report):
+    env = report["environment"]
+    assert env["jax"] == jax.__version__ and env["jaxlib"] and env["device_kind"] and env["devices"] == 8
+    assert env["timing"] == "wall"  # the tests run on CPU devices: no device clock
+    assert report["shapes"]["rows"] == TINY.rows and report["shapes"]["repeats"] == 20
+    assert report["copy_bandwidth_bytes_per_s"] > 0
+    names = [r["name"] for r in report["results"]]
+    assert names == list(ALL)
+    assert {r["family"] for r in report["results"]} == FAMILIES
+    for r in report["results"]:
+        assert RESULT_KEYS <= set(r), (r["name"], RESULT_KEYS - set(r))
+        assert set(r["run"]) == RUN_KEYS and r["run"]["calls"] >= 20, r["name"]
+        assert 0 < r["run"]["p10_s"] <= r["run"]["median_s"] <= r["run"]["p90_s"], r["name"]
+        assert r["trace_s"] > 0 and r["lower_s"] > 0 and r["compile_s"] > 0, r["name"]
+        assert r["dispatch"]["calls_per_s"] > 0, r["name"]
+        assert r["recompiles"] == 0 and set(r["recompiles_by_variant"]) >= {"key 1"}, r
+        assert r["cost"]["bytes_accessed"] > 0 and r["memory"]["output_bytes"] > 0, r["name"]
+        assert r["device_run"] is None
+        if r["name"] != "pipeline_step":
+            assert 0 < r["bandwidth_fraction"], r["name"]
+    step = report["results"][-1]
+    assert step["first_step_compiles"] >= 1 and step["bytes_read_per_step"] > 0
+    assert step["config"]["devices"] == 8 and {"plan", "fetch", "build"} <= set(step["phases_median_s"])
+
+
+class Stepped(eqx.Module):
+    """A step counter kept as a static field: a new step is a new program (the classic retrace)."""
+
+    x: jax.Array
+    step: int = eqx.field(static=True)
+
+
+def retracing(m: Stepped):
+    return m.x * m.step
+
+
+def test_a_retracing_function_is_reported_as_recompiling():
+    x = jnp.arange(8, dtype=jnp.int32)
+    m = measure(
+        retracing,
+        (Stepped(x, 0),),
+        name="retracing",
+        repeats=20,
+        dispatch_calls=2,
+        variants=[("step 1", (Stepped(x, 1),)), ("step 2", (Stepped(x, 2),)), ("step 0", (Stepped(x, 0),))],
+    )
+    # a new step compiles (or reads back from the persistent compilation cache) a program
+    assert m.recompiles_by_variant["step 1"] >= 1 and m.recompiles_by_variant["step 2"] >= 1
+    assert m.recompiles_by_variant["step 0"] == 0 and m.recompiles >= 2
+    # a program already compiled is no recompile: the gate sees step 3's, new to this process
+    with pytest.raises(AssertionError, match=r"recompiled.*step 3"):
+        assert_no_recompiles(retracing, (Stepped(x, 0),), [("step 3", (Stepped(x, 3),))])
+    assert_no_recompiles(lambda x: x * 2, (x,), [("step 1", (x + 1,))])  # the same shapes: none
+
+
+def test_the_regression_gate_compares_medians_and_recompiles(report):
+    results = report["results"]
+    assert_no_regression(results, report, tolerance=0.0)  # equal to itself
+    faster = json.loads(json.dumps(report))
+    for r in faster["results"]:
+        r["run"]["median_s"] /= 4
+    with pytest.raises(AssertionError, match="causal_build: median"):
+        assert_no_regression(results, faster, tolerance=0.5)
+    fewer = json.loads(json.dumps(report))
+    worse = json.loads(json.dumps(results))
+    worse[0]["recompiles"] = 1
+    with pytest.raises(AssertionError, match="permutation: 1 recompiles"):
+        assert_no_regression(worse, fewer)
+    with pytest.raises(ValueError, match="no 'results'"):
+        assert_no_regression(results, {"rows": []})
+
+
+def test_results_are_never_written_into_the_checkout(report):
+    root = checkout_root()
+    assert root is not None
+    with pytest.raises(ValueError, match="inside the meshbatch checkout"):
+        write_report(report, root / "benchmarks")
+
+
+def test_the_pytest_fixture_counts_and_gates(jit_bench):
+    x = jnp.arange(4)
+    with jit_bench.count_compiles() as compiled:
+        jax.jit(lambda v: v + 3)(x)
+    assert len(compiled) == 1
+    with pytest.raises(AssertionError, match="recompiled"):
+        jit_bench.assert_no_recompiles(retracing, (Stepped(x, 0),), [("step 5", (Stepped(x, 5),))])
+
+
+def test_bench_refuses_unknown_names_and_too_few_repeats(tmp_path, capsys):
+    assert main(["bench", "no_such_kernel", "--out", str(tmp_path)]) == 1
+    assert "unknown benchmark 'no_such_kernel'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="repeats=5"):
+        measure(lambda v: v, (jnp.zeros(2),), name="few", repeats=5)
+    with count_compiles():
+        pass
