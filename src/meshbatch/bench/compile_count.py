@@ -24,6 +24,7 @@ import jax
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT = "/jax/compilation_cache/cache_hits"
+REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
 # jax.monitoring's duration events of one compile's stages -> the names bench reports them under
 STAGES = {
     "/jax/core/compile/jaxpr_trace_duration": "trace_s",
@@ -32,55 +33,77 @@ STAGES = {
 }
 
 
+class _Programs:
+    """Counts programs obtained: one per backend compile or persistent-cache hit. JAX 0.10 also
+    times a cache hit as a backend compile (the hit, then the duration, in one thread); earlier
+    versions do not. A hit therefore marks its thread until that thread's duration event or its
+    next compile request (``compile_requests_use_cache``), so each program counts once."""
+
+    def __init__(self, this_thread: bool):
+        self.me = threading.get_ident() if this_thread else None
+        self.events: list[str] = []
+        self._hit: set[int] = set()
+
+    def _mine(self) -> int | None:
+        thread = threading.get_ident()
+        return thread if self.me is None or thread == self.me else None
+
+    def event(self, name, **kwargs) -> None:
+        thread = self._mine()
+        if thread is None:
+            return
+        if name == REQUEST:
+            self._hit.discard(thread)
+        elif name == CACHE_HIT:
+            self._hit.add(thread)
+            self.events.append(name)
+
+    def duration(self, name, seconds, **kwargs) -> None:
+        thread = self._mine()
+        if thread is None or name != BACKEND_COMPILE:
+            return
+        if thread in self._hit:  # the hit's own timing (JAX >= 0.10): counted at the hit
+            self._hit.discard(thread)
+        else:
+            self.events.append(name)
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        jax.monitoring.register_event_duration_secs_listener(self.duration)
+        jax.monitoring.register_event_listener(self.event)
+        try:
+            yield
+        finally:
+            jax.monitoring.unregister_event_duration_listener(self.duration)
+            jax.monitoring.unregister_event_listener(self.event)
+
+
 @contextlib.contextmanager
 def count_compiles(*, this_thread: bool = False) -> Iterator[list[str]]:
     """Yields a list that collects one entry per program compiled (or read back from the
     persistent compilation cache) inside the block; with ``this_thread``, only those of the
     calling thread."""
-    events: list[str] = []
-    me = threading.get_ident()
-
-    def mine() -> bool:
-        return not this_thread or threading.get_ident() == me
-
-    def duration(name, seconds, **kwargs):
-        if name == BACKEND_COMPILE and mine():
-            events.append(name)
-
-    def hit(name, **kwargs):
-        if name == CACHE_HIT and mine():
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(duration)
-    jax.monitoring.register_event_listener(hit)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(duration)
-        jax.monitoring.unregister_event_listener(hit)
+    programs = _Programs(this_thread)
+    with programs.listening():
+        yield programs.events
 
 
 @contextlib.contextmanager
 def compile_seconds(*, this_thread: bool = False) -> Iterator[dict[str, float]]:
     """Yields ``{"trace_s", "lower_s", "compile_s", "compiles"}`` summed over the compiles inside
-    the block (``compiles`` counts backend compiles and persistent-cache hits)."""
+    the block (``compiles`` counts programs as ``count_compiles`` does; ``compile_s`` includes
+    the time to read a program back from the persistent compilation cache)."""
     totals = {"trace_s": 0.0, "lower_s": 0.0, "compile_s": 0.0, "compiles": 0}
-    me = threading.get_ident()
+    programs = _Programs(this_thread)
 
     def duration(name, seconds, **kwargs):
-        if name in STAGES and (not this_thread or threading.get_ident() == me):
+        if name in STAGES and programs._mine() is not None:
             totals[STAGES[name]] += float(seconds)
-            if name == BACKEND_COMPILE:
-                totals["compiles"] += 1
-
-    def hit(name, **kwargs):
-        if name == CACHE_HIT and (not this_thread or threading.get_ident() == me):
-            totals["compiles"] += 1
 
     jax.monitoring.register_event_duration_secs_listener(duration)
-    jax.monitoring.register_event_listener(hit)
     try:
-        yield totals
+        with programs.listening():
+            yield totals
+            totals["compiles"] = len(programs.events)
     finally:
         jax.monitoring.unregister_event_duration_listener(duration)
-        jax.monitoring.unregister_event_listener(hit)
