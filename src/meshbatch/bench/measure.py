@@ -7,7 +7,13 @@ distribution, dispatch rate, recompiles, bytes.
     m.dispatch                              # calls/s of jitted(*args) without waiting between calls
     m.recompiles                            # programs compiled for the variants (0: none)
     m.cost, m.memory                        # XLA's cost_analysis / memory_analysis, in bytes
-    m.bandwidth_fraction                    # bytes accessed per run / run time / copy bandwidth
+    m.bandwidth_fraction                    # XLA's bytes accessed / run time / copy bandwidth
+    m.io_bandwidth_fraction                 # (argument + output bytes) / run time / copy bandwidth
+
+XLA's ``bytes accessed`` counts every operand and result of every operation, wherever it lives:
+a program whose working set stays in the caches moves far fewer bytes through memory, and its
+fraction can pass 1. The arguments and results must cross memory at least once: that fraction
+is a floor of the traffic.
 
 Run time: each call is ``compiled(*args)`` then ``jax.block_until_ready`` (wall time, the host's
 dispatch included). On a GPU or TPU the device's own time per call is also read from a
@@ -52,6 +58,7 @@ class Measurement:
     cost: dict[str, float]
     memory: dict[str, int]
     bandwidth_fraction: float | None
+    io_bandwidth_fraction: float | None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,11 +222,13 @@ def measure(
             jax.block_until_ready(jitted(*variant))
         by_variant[label] = len(compiled_now)
     cost, memory = cost_of(compiled), memory_of(compiled)
-    fraction = None
-    if "bytes_accessed" in cost:
-        bandwidth = bandwidth if bandwidth is not None else copy_bandwidth()
-        best = (device_run or run)["median_s"]
-        fraction = cost["bytes_accessed"] / best / bandwidth if best > 0 else None
+    bandwidth = bandwidth if bandwidth is not None else copy_bandwidth()
+    seconds = (device_run or run)["median_s"]
+    fraction = io_fraction = None
+    if "bytes_accessed" in cost and seconds > 0:
+        fraction = cost["bytes_accessed"] / seconds / bandwidth
+    if "argument_bytes" in memory and seconds > 0:
+        io_fraction = (memory["argument_bytes"] + memory["output_bytes"]) / seconds / bandwidth
     return Measurement(
         name=name,
         family=family or name,
@@ -235,4 +244,5 @@ def measure(
         cost=cost,
         memory=memory,
         bandwidth_fraction=fraction,
+        io_bandwidth_fraction=io_fraction,
     )

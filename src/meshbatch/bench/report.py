@@ -133,7 +133,7 @@ def format_table(report: dict[str, Any]) -> str:
     """A Markdown table of ``report``: split times, run distribution, dispatch, recompiles, bytes."""
     head = (
         "| benchmark | trace ms | lower ms | compile ms | run p10 / median / p90 ms | dispatch /s "
-        "| recompiles | bytes accessed | memory (arg+out+temp) | of copy bw |"
+        "| recompiles | bytes accessed | memory (arg+out+temp) | of copy bw (accessed / in+out) |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in report["results"]:
@@ -142,13 +142,13 @@ def format_table(report: dict[str, Any]) -> str:
         mem_bytes = (
             sum(mem.get(k, 0) for k in ("argument_bytes", "output_bytes", "temp_bytes")) if mem else None
         )
-        frac = r.get("bandwidth_fraction")
+        frac, io = r.get("bandwidth_fraction"), r.get("io_bandwidth_fraction")
         lines.append(
             f"| {r['name']} | {_ms(r['trace_s'])} | {_ms(r['lower_s'])} | {_ms(r['compile_s'])} "
             f"| {_ms(run['p10_s'])} / {_ms(run['median_s'])} / {_ms(run['p90_s'])} "
             f"| {r['dispatch']['calls_per_s']:.0f} | {r['recompiles']} "
             f"| {_bytes(r['cost'].get('bytes_accessed'))} | {_bytes(mem_bytes)} "
-            f"| {'-' if frac is None else f'{frac:.1%}'} |"
+            f"| {_pct(frac)} / {_pct(io)} |"
         )
     env = report["environment"]
     lines.append("")
@@ -168,3 +168,7 @@ def _bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.1%}"
