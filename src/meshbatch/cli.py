@@ -4,6 +4,7 @@ meshbatch validate-cache /data/cache          # prints a report; exit 0 valid, 1
 meshbatch validate-cache /data/cache --deep   # also reads every chunk and verifies its checksum
 meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
 meshbatch bench --all --out /tmp/bench               # kernel and pipeline-step microbenchmarks
+meshbatch provenance my_project.data:make_pipeline --step 1200   # where step 1200's rows came from
 
 A failure prints one line, ``meshbatch <command>: error: <what went wrong>``, and exits 1; ``-v``
 shows the traceback instead. Ctrl-C prints one line saying how to go on (``build-cache``: run the
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 from .bench.bench_cli import add_bench
 from .datasets.preblocked.block_cli import add_preblock, add_validate_blocks
+from .pipeline.provenance_cli import add_provenance
 
 
 def _add_validate_cache(sub: argparse._SubParsersAction) -> None:
@@ -108,7 +110,14 @@ _AFTER_INTERRUPT = {
     "build-cache": "the rows committed so far are kept: run the same command again to resume",
     "preblock": "the output is incomplete: run the same command again to rebuild it",
 }
-_SUBCOMMANDS = (_add_validate_cache, _add_build_cache, add_preblock, add_validate_blocks, add_bench)
+_SUBCOMMANDS = (
+    _add_validate_cache,
+    _add_build_cache,
+    add_preblock,
+    add_validate_blocks,
+    add_bench,
+    add_provenance,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

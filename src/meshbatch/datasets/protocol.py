@@ -43,6 +43,8 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree, UInt32
 
 from meshbatch.kernels import Batch
 
+from .provenance import RowSources, from_spans
+
 Tables = PyTree
 State = PyTree
 
@@ -237,6 +239,13 @@ class Dataset(abc.ABC):
     def spans(self, plan: Plan) -> Spans:
         """Host: the token spans each planned row reads (``plan``'s leaves are numpy arrays)."""
         raise NotImplementedError(f"{type(self).__name__} has no sources to read spans from")
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Host: where each planned row's tokens come from (``meshbatch.datasets.provenance``),
+        without reading a token; ``plan``'s leaves are numpy arrays. Default: the rows' spans,
+        laid one after another in each row (causal windows, preblocked blocks)."""
+        spans = self.spans(plan)
+        return from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
 
     def spans_key(self) -> object | None:
         """A hashable value such that datasets with equal keys read the same spans for the same

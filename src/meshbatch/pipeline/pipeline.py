@@ -53,6 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.arguments import as_key, check_bool, check_int, check_names, check_optional_int, check_step
 from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
+from meshbatch.datasets.provenance import Provenance, RowSources, content_fingerprint
 from meshbatch.kernels import Batch
 
 from ..batch_schedule import BatchSchedule
@@ -154,6 +155,7 @@ class Pipeline:
         replicated on the local devices (to build; every batch size builds on the same devices),
         and its host half (spans, lengths)."""
         device, self._host = dataset.make(self._key)
+        self._device_half = device  # provenance plans a device-resident dataset's rows with it
         if self._host_plans:
             self._plan_device = jax.device_put(device, self._cpu)
         local_mesh = next(iter(self._layouts.values())).local_mesh
@@ -327,6 +329,71 @@ class Pipeline:
             with phase("pad"):
                 batch = pad_rows(batch, real)
         return batch
+
+    # -- provenance ---------------------------------------------------------------------------------
+
+    def provenance(self, step: int, state: dict[str, Any] | None = None) -> Provenance:
+        """Where every row of ``step`` came from: its stream coordinates, its component (in a
+        mixture), example, source, document (row) id, token range and place in the row
+        (``meshbatch.datasets.provenance``). Computed from the step's plan, without reading a
+        token: the same work as planning one step, at any step of a stateless dataset.
+
+        A stateful dataset (token-balanced) plans from ``state``, a ``state_dict()`` saved before
+        ``step`` (as a checkpoint holds it; its ``step`` must be ``step``), else from the states
+        this pipeline holds (the steps it has planned; others replay from the last one it knows,
+        as ``batch`` does). Neither moves the stream.
+
+        Raises:
+            IndexError: ``step`` past the end of a finite stream.
+            ValueError: a ``state`` of another step, or one given for a stateless dataset.
+        """
+        step = check_step(step)
+        if not self._final:
+            self._grow(step)
+        steps = self.num_steps()
+        if steps is not None and step >= steps:
+            raise IndexError(
+                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
+            )
+        rows = np.arange(self.schedule.batch_size(step))
+        if self._planner is None:
+            if state is not None:
+                raise ValueError(f"{type(self.dataset).__name__} is stateless: provenance takes no state")
+            if self._host_plans:
+                plan, _ = self._plan_rows(step, rows)
+            else:  # planned on its devices: planned here with the device half, where it was made
+                plan, _ = plan_program(self._device_half, Rows(*self._rows(step, rows)), None)
+        else:
+            if state is None:
+                before = self._planner.state(step)
+            elif not isinstance(state, dict):
+                raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
+            else:
+                resume_step(state.get("step"), step)
+                saved = {k: v for k, v in state.items() if k not in ("version", "step")}
+                before = self._host.load_state_dict(saved)
+            plan, _ = self._plan_rows(step, rows, before)
+        plan = jax.tree.map(np.asarray, plan)
+        sources = self._host.provenance(plan)
+        position, epoch = self._rows(step, rows)
+        padding = rows >= self._real_rows(step)
+        if padding.any():  # a padded final step's zero rows came from nowhere
+            sources.put(np.flatnonzero(padding), RowSources.empty(int(padding.sum()), sources.slots))
+        offset = self.schedule.offset(step)
+        return Provenance(
+            step=step,
+            stream_index=np.asarray([offset + int(r) for r in rows], object),
+            position=np.asarray(position, np.int64),
+            epoch=np.asarray(epoch, np.int64),
+            padding=padding,
+            rows=sources,
+        )
+
+    def content_fingerprint(self) -> str:
+        """A digest of what the dataset draws from (``datasets.provenance.content_fingerprint``):
+        its components, their caches' identities and the weights. Keep it with checkpoints and
+        logs: a re-bucketed or rewritten corpus gives another one."""
+        return content_fingerprint(self.dataset)
 
     # -- checkpoints --------------------------------------------------------------------------------
 

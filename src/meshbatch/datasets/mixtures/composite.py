@@ -43,6 +43,7 @@ import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from meshbatch.datasets.provenance import RowSources, content_fingerprint
 from meshbatch.kernels import WRAPPED, Batch
 
 
@@ -388,6 +389,33 @@ class Composite(Dataset):
             out.start[mine, :k] = part.start
             out.length[mine, :k] = part.length
         return out
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Each row's component (its name; a nested mixture's ``outer/inner``) and where that
+        child's row comes from (the child's ``provenance`` of its rows); no token is read."""
+        source = np.asarray(plan.source)
+        if source.size and source.min() < 0:
+            bad = int(np.flatnonzero(source < 0)[0])
+            raise IndexError(f"row {bad} of the batch has no source (source {int(source[bad])}) in {self!r}")
+        parts = []
+        for c, (name, child) in enumerate(zip(self.names, self.children, strict=True)):
+            mine = np.flatnonzero(source == c)
+            if mine.size:
+                sub = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c))
+                part = child.provenance(sub)
+                part.component[:] = [name if not inner else f"{name}/{inner}" for inner in part.component]
+                parts.append((mine, part))
+        out = RowSources.empty(source.shape[0], max((p.slots for _, p in parts), default=1))
+        for mine, part in parts:
+            out.put(mine, part)
+        return out
+
+    def content_fingerprint(self) -> str:
+        """A hash of what the mixture draws from: its components' names, kinds and the identities
+        of their caches (``cache_id``, path, rows and tokens), and its weights. Equal for the
+        same data and weights; a re-bucketed corpus, a rewritten cache or new weights change it.
+        (``meshbatch.datasets.provenance.content_fingerprint``)."""
+        return content_fingerprint(self)
 
     def _span_groups(self, group_of: tuple[int, ...]) -> list[list[int]]:
         """Children whose spans one call reads (equal ``spans_key``, one build group's plan): a

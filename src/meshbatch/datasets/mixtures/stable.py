@@ -95,6 +95,7 @@ class Mixture(Composite):
         )
         self.num_examples = int(self.rows["num_rows"])
         self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
+        self.weights = weights  # as given (stages in rows): part of content_fingerprint
 
     def make(self, key: PRNGKeyArray) -> tuple[MixtureDevice, Composite]:
         """The mixture's schedule under its key and the children's halves under theirs."""

@@ -33,6 +33,7 @@ from jaxtyping import PRNGKeyArray
 from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
 from meshbatch.datasets.protocol import Dataset, Plan, Spans
+from meshbatch.datasets.provenance import RowSources, from_spans
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_device import BlockDevice
@@ -250,6 +251,25 @@ class BlockDataset(Dataset):
             offsets[mine] = doc_offsets[doc[mine]]
         start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
         return Spans(source.astype(np.int32), start, length)
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Preblocked: each row is one block of its store (``doc``: the block). Packed on the fly:
+        each piece of a cache document, where it lands in the row (after its ``[DOC]`` marker
+        when it is the document's first); no token is read."""
+        if not self.legacy:  # a store's rows are its blocks
+            out = super().provenance(plan)
+            out.doc[:] = np.where(out.length > 0, out.start // self.seq_len, -1)
+            out.doc_start[:] = 0
+            return out
+        spans = self.spans(plan)
+        d = plan.detail
+        out = from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
+        used = spans.length > 0
+        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        out.doc[:] = np.where(used, self._entry_doc[d.entry], -1)
+        out.doc_start[:] = np.where(used, token_lo, 0)
+        out.row_offset[:] = np.where(used, d.row_start + token_lo + 1 - d.slot_start, 0)
+        return out
 
     # -- conveniences --------------------------------------------------------------------------
 

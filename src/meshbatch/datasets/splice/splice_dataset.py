@@ -22,12 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import check_bool
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from meshbatch.datasets.provenance import RowSources, source_name
 from meshbatch.kernels import Batch, DocumentPool, SpliceSchedule, lookup_rows, pool_frames, splice_frames
 
 from .splice_schedule import build_schedule, epoch_rows
@@ -157,6 +159,8 @@ class SpliceLMDataset(Dataset):
             self._init(docs=cache.read_rows(indices), source=None, doc_offsets=None, **spec)
         else:
             self._init(docs=None, source=cache, doc_offsets=(offsets[indices], lengths), **spec)
+        # provenance: the selected documents are rows ``indices`` of ``cache``
+        self.doc_source, self.doc_rows, self._doc_starts = cache, indices, offsets[indices]
         return self
 
     def _init(self, *, docs, source, doc_offsets, **spec):
@@ -170,6 +174,9 @@ class SpliceLMDataset(Dataset):
         if docs is not None:
             self.pool = document_pool(docs, margin=self.spec.seq_len)
             self.doc_lengths = check_lengths([len(d) for d in docs])
+            # provenance of documents given as arrays: their concatenation, document d at its start
+            self.doc_source, self.doc_rows = None, np.arange(len(self.doc_lengths), dtype=np.int64)
+            self._doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
         else:
             self.pool = None
             self._doc_starts, lengths = (np.asarray(a, dtype=np.int64) for a in doc_offsets)
@@ -202,6 +209,29 @@ class SpliceLMDataset(Dataset):
         starts = self._doc_starts[detail.doc.astype(np.int64)] + detail.t
         lengths = detail.copy_len.astype(np.int64)
         return Spans(np.zeros((starts.shape[0], 1), np.int32), starts[:, None], lengths[:, None])
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Each row's copied tokens: ``copy_len`` tokens of its document from ``t``, at frame
+        position ``s`` (cyclic rows: the document's end, then its start); no token is read."""
+        d = jax.tree.map(np.asarray, plan.detail)
+        doc, t, s, copy = (np.asarray(x, np.int64) for x in (d.doc, d.t, d.s, d.copy_len))
+        n = doc.shape[0]
+        out = RowSources.empty(n, 2 if self.cyclic else 1)
+        out.example[:] = np.asarray(plan.example, np.int64)
+        name = source_name(self.doc_source) if self.doc_source is not None else "documents"
+        head = np.minimum(copy, self.doc_lengths[doc] - t) if self.cyclic else copy
+        pieces = [(t, head, s)]
+        if self.cyclic:
+            pieces.append((np.zeros(n, np.int64), copy - head, s + head))
+        for j, (begin, length, at) in enumerate(pieces):
+            used = length > 0
+            out.source[used, j] = name
+            out.doc[used, j] = self.doc_rows[doc[used]]
+            out.doc_start[:, j] = np.where(used, begin, 0)
+            out.start[:, j] = np.where(used, self._doc_starts[doc] + begin, 0)
+            out.length[:, j] = np.where(used, length, 0)
+            out.row_offset[:, j] = np.where(used, at, 0)
+        return out
 
     def __repr__(self) -> str:
         mode = "fetch" if self.fetches else "pool"
