@@ -495,6 +495,14 @@ class Pipeline:
         summary = stream.stats() if stream is not None else self._stream_log.summary()
         return pipeline_stats(self, summary, self._stream_log, self._stream_counters)
 
+    def serve_metrics(self, *, port: int = 0, addr: str = "127.0.0.1"):
+        """``stats()`` as Prometheus metrics at ``http://addr:port/metrics`` (``port=0``: a free
+        one), Grain's names where the meaning is the same (docs/observing.md); returns the server
+        (``url``, ``close()``). Needs the ``prometheus`` extra."""
+        from .prometheus_export import serve_metrics
+
+        return serve_metrics(self, port=port, addr=addr)
+
     def reset_stats(self) -> None:
         """Start ``stats()`` afresh on the latest stream: its measurements and the read counters
         behind ``requests_per_example`` / ``bytes_per_example`` (a step made across the reset may

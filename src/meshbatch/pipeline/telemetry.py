@@ -35,6 +35,36 @@ def quantiles(values, prefix: str, unit: str = "s") -> dict[str, float]:
     return out
 
 
+# Histogram buckets of the exported durations, in nanoseconds as Grain's: powers of 2 up to an hour
+# for the consumer's next() (Grain's next_duration_ns), powers of 4 for reads (source_read_time_ns).
+NEXT_BUCKETS_NS = tuple(float(2**k) for k in range(42))
+READ_BUCKETS_NS = tuple(float(4**k) for k in range(21))
+
+
+class Cumulative:
+    """Counts of durations per bucket since a stream began, their sum and count: what a
+    report window (``StreamLog.clear``) forgets is kept here, so exported histograms only grow."""
+
+    def __init__(self, bounds_ns: tuple[float, ...]):
+        self.bounds_ns = np.asarray(bounds_ns)
+        self.counts = np.zeros(len(bounds_ns) + 1, np.int64)  # the last: above every bound
+        self.sum_s = 0.0
+
+    def add(self, seconds) -> None:
+        values = np.asarray(seconds, np.float64)
+        if values.size:
+            index = np.searchsorted(self.bounds_ns, values * 1e9, side="left")
+            self.counts += np.bincount(index, minlength=len(self.counts))
+            self.sum_s += float(values.sum())
+
+    def merged(self, seconds) -> Cumulative:
+        """A copy with ``seconds`` added (the values not yet retired)."""
+        out = Cumulative(tuple(self.bounds_ns))
+        out.counts, out.sum_s = self.counts.copy(), self.sum_s
+        out.add(list(seconds))
+        return out
+
+
 @dataclass
 class StreamLog:
     """Everything one stream recorded (appends are atomic under the GIL; lists only grow)."""
@@ -51,6 +81,15 @@ class StreamLog:
     recent_asked: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_made: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
 
+    # what ``clear`` forgot of the waits and reads (for ``cumulative``)
+    retired_waits: Cumulative = field(default_factory=lambda: Cumulative(NEXT_BUCKETS_NS))
+    retired_reads: Cumulative = field(default_factory=lambda: Cumulative(READ_BUCKETS_NS))
+
+    def cumulative(self) -> tuple[Cumulative, Cumulative]:
+        """The consumer's waits in ``next()`` and the batches of reads since the stream began,
+        as bucket counts (``NEXT_BUCKETS_NS``, ``READ_BUCKETS_NS``), across report windows."""
+        return self.retired_waits.merged(list(self.waits)), self.retired_reads.merged(list(self.reads))
+
     def add_ask(self, when: float) -> None:
         self.asked.append(when)
         self.recent_asked.append(when)
@@ -62,6 +101,8 @@ class StreamLog:
     def clear(self) -> None:
         """Starts the summary afresh (a report window); the ``recent_*`` windows stay."""
         self.started = time.perf_counter()
+        self.retired_waits.add(list(self.waits))
+        self.retired_reads.add(list(self.reads))
         for values in (self.asked, self.waits, self.ready, self.made, self.reads, self.depth, self.held):
             values.clear()
 
