@@ -72,7 +72,7 @@ def test_bench_all_writes_every_family_with_split_times_distributions_recompiles
         assert r["cost"]["bytes_accessed"] > 0 and r["memory"]["output_bytes"] > 0, r["name"]
         assert r["device_run"] is None
         if r["name"] != "pipeline_step":
-            assert 0 < r["bandwidth_fraction"] and 0 < r["io_bandwidth_fraction"], r["name"]
+            assert 0 < r["bandwidth_fraction"] and 0 < r["output_bandwidth_fraction"], r["name"]
     step = report["results"][-1]
     assert step["first_step_compiles"] >= 1 and step["bytes_read_per_step"] > 0
     assert step["config"]["devices"] == 8 and {"plan", "fetch", "build"} <= set(step["phases_median_s"])

@@ -118,7 +118,7 @@ def measure_pipeline_step(cache: TokenCache, shapes: Shapes, *, repeats: int = M
         "cost": cost_of(compiled),
         "memory": memory_of(compiled),
         "bandwidth_fraction": None,
-        "io_bandwidth_fraction": None,
+        "output_bandwidth_fraction": None,
     }
 
 

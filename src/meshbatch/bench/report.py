@@ -133,7 +133,7 @@ def format_table(report: dict[str, Any]) -> str:
     """A Markdown table of ``report``: split times, run distribution, dispatch, recompiles, bytes."""
     head = (
         "| benchmark | trace ms | lower ms | compile ms | run p10 / median / p90 ms | dispatch /s "
-        "| recompiles | bytes accessed | memory (arg+out+temp) | of copy bw (accessed / in+out) |"
+        "| recompiles | bytes accessed | memory (arg+out+temp) | of copy bw (accessed / output) |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in report["results"]:
@@ -142,7 +142,7 @@ def format_table(report: dict[str, Any]) -> str:
         mem_bytes = (
             sum(mem.get(k, 0) for k in ("argument_bytes", "output_bytes", "temp_bytes")) if mem else None
         )
-        frac, io = r.get("bandwidth_fraction"), r.get("io_bandwidth_fraction")
+        frac, io = r.get("bandwidth_fraction"), r.get("output_bandwidth_fraction")
         lines.append(
             f"| {r['name']} | {_ms(r['trace_s'])} | {_ms(r['lower_s'])} | {_ms(r['compile_s'])} "
             f"| {_ms(run['p10_s'])} / {_ms(run['median_s'])} / {_ms(run['p90_s'])} "
