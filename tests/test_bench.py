@@ -148,3 +148,35 @@ def test_bench_refuses_unknown_names_and_too_few_repeats(tmp_path, capsys):
         measure(lambda v: v, (jnp.zeros(2),), name="few", repeats=5)
     with count_compiles():
         pass
+
+
+def _meta(pid, tid, kind, name):
+    return {"ph": "M", "pid": pid, "tid": tid, "name": kind, "args": {"name": name}}
+
+
+def test_device_time_reads_a_tpu_like_and_a_gpu_like_trace():
+    from meshbatch.bench.device_time import per_call_seconds
+
+    tpu = {"traceEvents": [
+        _meta(1, 0, "process_name", "/device:TPU:0"), _meta(1, 7, "thread_name", "XLA Modules"),
+        _meta(1, 8, "thread_name", "XLA Ops"), _meta(2, 0, "process_name", "/host:CPU"),
+        *({"ph": "X", "pid": 1, "tid": 7, "ts": 10 * i, "dur": 2.0 + i} for i in range(3)),
+        {"ph": "X", "pid": 1, "tid": 8, "ts": 0, "dur": 1.0},  # an op inside a module: not a call
+        {"ph": "X", "pid": 2, "tid": 0, "ts": 0, "dur": 500.0},  # host work: not device time
+    ]}  # fmt: skip
+    assert per_call_seconds(tpu, 3) == pytest.approx([2e-6, 3e-6, 4e-6])
+    gpu = {"traceEvents": [
+        _meta(3, 0, "process_name", "/device:GPU:0"), _meta(3, 1, "thread_name", "Stream #13"),
+        *({"ph": "X", "pid": 3, "tid": 1, "ts": i, "dur": 5.0} for i in range(8)),
+    ]}  # fmt: skip
+    assert per_call_seconds(gpu, 4) == pytest.approx([10e-6] * 4)
+    with pytest.raises(RuntimeError, match="no device process"):
+        per_call_seconds({"traceEvents": [_meta(2, 0, "process_name", "/host:CPU")]}, 1)
+
+
+def test_device_time_refuses_a_cpu_profile():
+    from meshbatch.bench.device_time import device_seconds
+
+    compiled = jax.jit(lambda v: v * 3).lower(jnp.arange(16)).compile()
+    with pytest.raises(RuntimeError, match=r"device process|perfetto"):
+        device_seconds(compiled, (jnp.arange(16),), calls=2)
