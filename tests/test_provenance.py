@@ -272,3 +272,12 @@ def test_the_cli_prints_each_rows_provenance_and_the_fingerprint(cache_path, tmp
     assert lines[1:] == pipeline.provenance(5).records() + pipeline.provenance(BIG).records()
     assert main(["provenance", "provenance_factory", "--step", "1"]) == 1
     assert "must be module:function" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["stable_mixture", "packed_on_the_fly"])
+def test_a_pipeline_logs_its_content_fingerprint(kind, cache_path, second_cache, store, caplog):
+    dataset, _ = datasets(cache_path, second_cache, store)[kind]
+    with caplog.at_level("INFO", logger="meshbatch.pipeline.pipeline"):
+        pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=BATCH, key=7, warmup=False)
+    assert f"content fingerprint {pipeline.content_fingerprint()}" in caplog.text
+    assert "Logging error" not in caplog.text

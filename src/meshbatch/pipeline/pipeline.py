@@ -147,6 +147,8 @@ class Pipeline:
         self._stream_log: StreamLog | None = None
         if state is not None:
             self.load_state_dict(state)
+        if logger.isEnabledFor(logging.INFO):  # for the run's log: what the data was drawn from
+            logger.info("pipeline over %r: content fingerprint %s", self._host, self.content_fingerprint())
         if check_bool("warmup", warmup) and self._final:
             self._start_warmup(self._next_step)
 
@@ -393,7 +395,7 @@ class Pipeline:
         """A digest of what the dataset draws from (``datasets.provenance.content_fingerprint``):
         its components, their caches' identities and the weights. Keep it with checkpoints and
         logs: a re-bucketed or rewritten corpus gives another one."""
-        return content_fingerprint(self.dataset)
+        return content_fingerprint(self._host)  # the host half: a packing made for the key known
 
     # -- checkpoints --------------------------------------------------------------------------------
 
