@@ -281,3 +281,18 @@ def test_a_pipeline_logs_its_content_fingerprint(kind, cache_path, second_cache,
         pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=BATCH, key=7, warmup=False)
     assert f"content fingerprint {pipeline.content_fingerprint()}" in caplog.text
     assert "Logging error" not in caplog.text
+
+
+def test_a_padded_final_steps_zero_rows_have_no_provenance(cache_path, second_cache, store):
+    dataset, _ = datasets(cache_path, second_cache, store)["causal"]
+    pipeline = Pipeline(
+        dataset, mesh=mesh_of(8), batch_size=BATCH, key=7, warmup=False, max_epochs=1, pad_final_batch=True
+    )
+    last = pipeline.num_steps() - 1
+    real = dataset.num_examples - pipeline.schedule.offset(last)
+    assert 0 < real < BATCH  # the cache's windows end inside the last step
+    prov = pipeline.provenance(last)
+    assert prov.padding.tolist() == [row >= real for row in range(BATCH)]
+    assert (prov.rows.length[real:] == 0).all() and (prov.rows.length[:real] == SEQ).all()
+    assert all(not r["spans"] for r in prov.records()[real:])
+    assert rebuild_and_compare(pipeline, last, {"": {0}}) == real  # padding rows: zeros only
