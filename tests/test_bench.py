@@ -180,3 +180,24 @@ def test_device_time_refuses_a_cpu_profile():
     compiled = jax.jit(lambda v: v * 3).lower(jnp.arange(16)).compile()
     with pytest.raises(RuntimeError, match=r"device process|perfetto"):
         device_seconds(compiled, (jnp.arange(16),), calls=2)
+
+
+def test_the_cli_gates_against_a_baseline(report, tmp_path, capsys):
+    faster = json.loads(json.dumps(report))
+    for r in faster["results"]:
+        r["run"]["median_s"] /= 1000
+    (tmp_path / "faster.json").write_text(json.dumps(faster))
+    (tmp_path / "same.json").write_text(json.dumps(report))
+    args = [
+        "bench",
+        "preblocked_block_build",
+        "--tiny",
+        "--dispatch-calls",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert main([*args, "--baseline", str(tmp_path / "faster.json")]) == 1
+    assert "regression against" in capsys.readouterr().err
+    assert main([*args, "--baseline", str(tmp_path / "same.json"), "--tolerance", "1000"]) == 0
+    assert "no regression" in capsys.readouterr().out

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import sys
 import tempfile
 
 
@@ -29,6 +31,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds; what the tests run)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per benchmark (>= 20)")
     p.add_argument("--dispatch-calls", type=int, default=100, help="calls of the dispatch-throughput mode")
+    p.add_argument("--baseline", help="a meshbatch bench JSON: exit 1 on a slower median or a new recompile")
+    p.add_argument("--tolerance", type=float, default=0.25, help="with --baseline: slowdown allowed (0.25)")
     for field in dataclasses.fields(Shapes):
         flag = "--" + field.name.replace("_", "-")
         p.add_argument(flag, type=int, default=None, help=f"default {getattr(defaults, field.name)}")
@@ -53,4 +57,15 @@ def _bench(args: argparse.Namespace) -> int:
     path = write_report(report, args.out)
     print(format_table(report))
     print(f"wrote {path}")
+    if args.baseline:
+        from .gates import assert_no_regression
+
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+        try:
+            assert_no_regression(report["results"], baseline, tolerance=args.tolerance)
+        except AssertionError as failed:
+            print(f"meshbatch bench: regression against {args.baseline}: {failed}", file=sys.stderr)
+            return 1
+        print(f"no regression against {args.baseline} (tolerance {args.tolerance:.0%})")
     return 0
