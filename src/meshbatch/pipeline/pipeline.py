@@ -148,7 +148,12 @@ class Pipeline:
         if state is not None:
             self.load_state_dict(state)
         if logger.isEnabledFor(logging.INFO):  # for the run's log: what the data was drawn from
-            logger.info("pipeline over %r: content fingerprint %s", self._host, self.content_fingerprint())
+            logger.info(
+                "pipeline over a %s of %d sources: content fingerprint %s",
+                type(self._host).__name__,
+                len(self._host.sources),
+                self.content_fingerprint(),
+            )
         if check_bool("warmup", warmup) and self._final:
             self._start_warmup(self._next_step)
 
