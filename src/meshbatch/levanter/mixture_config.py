@@ -33,6 +33,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
+from .hints import source_type
 from .sources import ConfigError, MixtureBaseConfig, _checked
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         for name, source in self.configs.items():
             if not isinstance(source.format, TextLmDatasetFormat):
                 raise ConfigError(
-                    f"configs[{name!r}].format={source.format!r}: a meshbatch mixture mixes text "
-                    "components; train a chat/supervised source with causal_lm"
+                    f"configs[{name!r}].format={type(source.format).__name__}: a meshbatch mixture "
+                    f"mixes text components; train this source alone with type: {source_type(source)}, "
+                    "or this mixture with Levanter's own loader (no type: line)"
                 )
 
     def shuffle_spec(self) -> ShuffleSpec:

@@ -25,6 +25,7 @@ from meshbatch.datasets.splice.splice_spec import SpliceSpec
 from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
 from .fields import refuse
+from .hints import source_type
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
 
@@ -143,7 +144,8 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         if not isinstance(source.format, TextLmDatasetFormat):
             raise ConfigError(
                 f"{where}.format={source.format!r}: a splice config splices text documents (a chat/"
-                "supervised format's masks would be dropped); use a text format, or train it with causal_lm"
+                "supervised format's masks would be dropped); use a text format, or train it with type: "
+                f"{source_type(source)}"
             )
         for field_name in ("validation_urls", "tags"):
             if getattr(source, field_name, None):

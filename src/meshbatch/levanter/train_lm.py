@@ -20,7 +20,12 @@ from levanter.main import train_lm as _train_lm
 
 from .config import MeshbatchLMConfig
 from .fast import fast_path
+from .hints import register
 from .splice_config import SpliceMultiDocumentLMConfig
+
+DataConfig = Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig]  # noqa: UP007
+# a meshbatch type: decodes as that type alone, its error first; without type: Levanter's own
+register(DataConfig, (SingleDatasetLMConfig, LMMixtureDatasetConfig))
 
 
 @dataclass
@@ -28,9 +33,7 @@ class TrainLmConfig(_train_lm.TrainLmConfig):
     """Levanter's ``TrainLmConfig``; ``data`` also takes ``type: splice_multi_document``,
     ``splice_single_document``, ``causal_lm``, ``stable_mixture`` or ``token_balanced_mixture``."""
 
-    data: Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig] = field(  # noqa: UP007
-        default_factory=SpliceMultiDocumentLMConfig
-    )
+    data: DataConfig = field(default_factory=SpliceMultiDocumentLMConfig)
 
 
 def main(config: TrainLmConfig) -> None:
