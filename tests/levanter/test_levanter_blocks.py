@@ -3,9 +3,9 @@ from Levanter's config/data with local paths) train through ``python -m
 meshbatch.levanter.train_lm`` after adding only a ``type:`` line, offline: the tokenizers are hub
 *names* (``gpt2``, ``EleutherAI/gpt-neox-20b``) served from a Hugging Face cache this test writes
 (a byte tokenizer under ``HF_HOME/hub/models--<name>/snapshots/<hash>/``, ``HF_HUB_OFFLINE=1``).
-With Levanter's order (the default, no shuffle, for the single source; ``mixture_compat:
-levanter`` for the mixture) the training losses equal those of Levanter's own loader (the same
-block without ``type:``, run by the same entry point) bit for bit over 32 steps.
+With Levanter's order (the default, for the single source and the mixture) the training losses
+equal those of Levanter's own loader (the same block without ``type:``, run by the same entry
+point) bit for bit over 32 steps.
 """
 
 import gzip
@@ -189,16 +189,17 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
     assert _evaluated(ours) == _evaluated(theirs) != set()
 
 
-@pytest.mark.slow  # three runs (type only; mixture_compat; Levanter's own) over 22 components
+@pytest.mark.slow  # two runs (type only; Levanter's own) over 22 components
 def test_pile_mixture_block_trains_with_type_and_equals_levanter(root):
-    ours, log = _train(root, "pile_mixture.yaml", "type: stable_mixture\n", "pile-type", 2, "gpt2", 2)
-    assert sorted(_losses(ours)) == [0, 1] and "meshbatch: data type=stable_mixture" in log
+    """Issue 34: Levanter's mixture order is the default: ``type: stable_mixture`` alone trains
+    on Levanter's batches (before, ``mixture_compat: levanter`` had to be added)."""
+    ours, log = _train(root, "pile_mixture.yaml", "type: stable_mixture\n", "pile-type", 32, "gpt2", 16)
+    assert "meshbatch: data type=stable_mixture" in log
     assert len([k for k in _evaluated(ours) if k.count("/") == 2]) >= 10  # an eval set per component
-    compat, _ = _train(root, "pile_mixture.yaml", "type: stable_mixture\nmixture_compat: levanter\n",
-                       "pile-compat", 32, "gpt2", 1000)  # fmt: skip
-    theirs, _ = _train(root, "pile_mixture.yaml", "", "pile-levanter", 32, "gpt2", 1000)
-    losses, want = _losses(compat), _losses(theirs)
+    theirs, _ = _train(root, "pile_mixture.yaml", "", "pile-levanter", 32, "gpt2", 16)
+    losses, want = _losses(ours), _losses(theirs)
     assert sorted(losses) == list(range(32)) and losses == want
+    assert _evaluated(ours) == _evaluated(theirs)
 
 
 @pytest.mark.parametrize(("block", "tokenizer"), [("pretokenized_passthrough.yaml", "gpt2"),

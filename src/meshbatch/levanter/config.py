@@ -6,10 +6,12 @@ subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``bas
 config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
 ``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
-``n``); meshbatch's orders (block shuffle, strong permutations, splice, token balancing) are
-opt-in fields. Levanter's machinery builds the caches (``caches.py``); meshbatch replaces what
-``train_set`` and the validation sets return. Every Levanter field is honoured or refused at
-parse time (``fields.py``).
+``n``) and Levanter's orders (``compat: levanter``, ``mixture_compat: levanter``: the defaults),
+so the batches are Levanter's; meshbatch's orders (``compat: strong``, ``mixture_compat: exact``,
+block shuffle, splice, token balancing) are opt-in fields. The Python API keeps its own
+defaults (``ShuffleSpec(compat=None)``, ``Mixture(compat=None)``). Levanter's machinery builds
+the caches (``caches.py``); meshbatch replaces what ``train_set`` and the validation sets return.
+Every Levanter field is honoured or refused at parse time (``fields.py``).
 
     data:
       type: causal_lm                      # the one added line
@@ -164,9 +166,9 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
             f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
             f"shuffle={shuffle!r}, which keeps cache order)"
         )
-    # compat: levanter without a shuffle is honoured as it is: cache order is Levanter's order too
+    # without a shuffle compat is honoured as it is: cache order is Levanter's order and meshbatch's
     # (one compat line serves every shuffle value of a run, as the mixtures' compat does)
-    compat = None if strategy == "none" else config.compat
+    compat = "levanter" if strategy != "none" and config.compat == "levanter" else None
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
     return ShuffleSpec(
@@ -182,8 +184,10 @@ class _CausalFields:
 
     shuffle: ShuffleField = False  # type: ignore[assignment]
     """Levanter's (false, true, an era length) or meshbatch's ``none | full | era | block``."""
-    compat: Literal["levanter"] | None = None
-    """``levanter``: Levanter's permutations bit for bit; ``None``: meshbatch's."""
+    compat: Literal["levanter", "strong"] = "levanter"
+    """``levanter`` (the default): Levanter's permutations and era shuffle bit for bit (marin's
+    order for ``shuffle: block``), so a Levanter block with ``type:`` added keeps its batches;
+    ``strong``: meshbatch's strong permutations (the Python API's default)."""
     era_length: int | None = None
     io_block_size: int | None = None
     window_blocks: int = 8

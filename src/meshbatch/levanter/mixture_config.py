@@ -162,7 +162,11 @@ class StableMixtureLMConfig(_MixtureConfig):
 
     KIND = "stable_mixture"
     stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"  # type: ignore[assignment]
-    mixture_compat: Literal["levanter"] | None = None
+    mixture_compat: Literal["levanter", "exact"] = "levanter"
+    """``levanter`` (the default): Levanter's ``MixtureDataset`` rows (its block counts and block
+    order) and component keys (``key_iterator`` over the built components, in ``configs`` order);
+    ``exact``: meshbatch's exact largest-remainder shares per block and components keyed by name
+    (adding or removing one leaves the others' orders), the Python API's ``Mixture`` default."""
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
         if not any(w > 0 for _, weights in self.stages() for w in weights.values()):
@@ -178,17 +182,17 @@ class StableMixtureLMConfig(_MixtureConfig):
                 "skips them yet keeps their weights in each block's total, which mixture_compat: "
                 "levanter does not reproduce (give them train data, or weight 0)"
             )
-        if unbuilt:
+        if unbuilt:  # mixture_compat: exact
             logger.warning("meshbatch: configs %s have no train data or cache: mixing the others", unbuilt)
         stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
         weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
-        kind = LevanterKeyedMixture if self.mixture_compat == "levanter" else Mixture
-        return kind(
+        levanter = self.mixture_compat == "levanter"
+        return (LevanterKeyedMixture if levanter else Mixture)(
             children,
             weights,
             block_size=self.mixture_block_size,
             stop_strategy=self.stop_strategy,
-            compat=self.mixture_compat,
+            compat="levanter" if levanter else None,
             batch_size=batch_size,
         )
 
