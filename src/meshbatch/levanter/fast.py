@@ -38,7 +38,7 @@ from levanter.trainer import Trainer
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.pipeline import Pipeline
 
-from . import checkpoint_state
+from . import checkpoint_state, order
 from .async_datasets import MeshbatchDataset
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class PipelineLoader:
                 Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
                 yield batched_lm_example(batch, Batch_, self.dataset.Pos)
                 if metrics is not None:
-                    metrics.after(at, self.pipeline)
+                    metrics.after(at, self.pipeline, first=at == start)
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)
@@ -155,7 +155,12 @@ def fast_path():
         if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
             early = _Early(dataset, lambda: make_loader(self, dataset), resume=self.checkpoint_path)
             self._meshbatch_early = early
-        return original_initial_state(self, *args, **kwargs)
+        state = original_initial_state(self, *args, **kwargs)
+        record = order.noted()
+        if record is not None and int(state.step) > 0:  # resumed: in the checkpoint's data order?
+            saved, where = checkpoint_state.find_order(self.checkpoint_path, int(state.step))
+            order.check(saved, record, where)
+        return state
 
     def data_loader(self, dataset, batch=None):
         if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):

@@ -19,7 +19,6 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import draccus
 from draccus.parsers.decoding import decode_choice_class, get_decoding_fn
 from draccus.utils import DecodingError
 
@@ -93,6 +92,22 @@ def decoder(levanter_members: tuple[type, ...]) -> Callable[[Any, tuple], Any]:
 
 
 def register(data_type, levanter_members: tuple[type, ...]) -> None:
-    """Decode ``data_type`` (the ``Union`` annotation of ``TrainLmConfig.data``) with ``decoder``."""
-    fn = decoder(levanter_members)
-    draccus.decode.register(data_type, lambda cls, raw, path=(): fn(raw, path), include_subclasses=True)
+    """Decode ``data_type`` (the ``Union`` annotation of ``TrainLmConfig.data``) with ``decoder``.
+
+    Not through ``draccus.decode.register``: draccus's command line treats a type with its own
+    decoder as one opaque value, so ``--data.type causal_lm`` (and ``--data.<field>``) would no
+    longer parse. draccus builds a union's decoder with ``decoding.decode_union``; that function
+    is wrapped to return ``decoder`` for exactly these members, every other union unchanged."""
+    import typing
+
+    from draccus.parsers import decoding
+
+    members = set(typing.get_args(data_type))
+    original = getattr(decoding.decode_union, "meshbatch_original", decoding.decode_union)
+
+    def decode_union(*types):
+        return decoder(levanter_members) if set(types) == members else original(*types)
+
+    decode_union.meshbatch_original = original  # type: ignore[attr-defined]
+    decoding.decode_union = decode_union
+    decoding.get_decoding_fn.cache_clear()  # a decoder of the union made before is made again

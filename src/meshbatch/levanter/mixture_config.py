@@ -30,6 +30,7 @@ from meshbatch.datasets.causal import CausalLMDataset
 from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture, child_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
+from . import order
 from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
@@ -149,7 +150,12 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         sources = {name: child.source for name, child in zip(dataset.names, dataset.children, strict=True)}
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
         paths = {name: cache.path for name, cache in sources.items()}
-        return self.announce(self.KIND, self.shuffle, self.compat, paths, train, sources)
+        return self.announce(self.KIND, self.order(dataset.names), paths, train, sources, key=key)
+
+    def order(self, names: list[str]) -> dict:
+        """The train set's order record (``order.py``) over the built components ``names``."""
+        source = order.source_order(self.shuffle_spec())
+        return {"config": "mixture", "components": list(names), "sources": {n: source for n in names}}
 
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")
@@ -199,6 +205,15 @@ class StableMixtureLMConfig(_MixtureConfig):
     def dataset(self, seq_len: int, batch_schedule=None) -> Mixture:
         return self.mixture(seq_len, getattr(batch_schedule, "schedule", batch_schedule))
 
+    def order(self, names: list[str]) -> dict:
+        rows = {
+            "mixture_compat": self.mixture_compat,
+            "mixture_block_size": self.mixture_block_size,
+            "stop_strategy": self.stop_strategy,
+            "train_weights": order.stages(self.train_weights, names),
+        }
+        return super().order(names) | rows
+
 
 @MeshbatchLMConfig.register_subclass("token_balanced_mixture")
 @dataclass(frozen=True)
@@ -218,6 +233,9 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
 
     def dataset(self, seq_len: int, batch_schedule=None) -> TokenBalancedMixture:
         return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)
+
+    def order(self, names: list[str]) -> dict:
+        return super().order(names) | {"config": "token_balanced_mixture", "baseline": self.baseline}
 
 
 __all__ = [

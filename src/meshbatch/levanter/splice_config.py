@@ -218,7 +218,10 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         path = os.path.join(str(cache_dir), "train")
         kind = type(self).__name__
         sources = {name: dataset.sources[0]} if dataset.sources else {}  # documents read up front: none
-        return self.announce(kind, "splice schedule", None, {name: path}, train, sources)
+        selection = {f.name: getattr(self, f.name) for f in dataclasses.fields(_SelectionFields)}
+        record = {"config": kind, "component": name, "splice": {f: getattr(self, f) for f in SPLICE_FIELDS},
+                  "selection": selection}  # fmt: skip
+        return self.announce(kind, record, {name: path}, train, sources, key=key)
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}

@@ -43,7 +43,29 @@ def main(config: TrainLmConfig) -> None:
         logging.INFO
     )  # the start line and cache progress in Levanter's log
     with fast_path():
+        if not isinstance(config.data, MeshbatchLMConfig):
+            levanter_data(config)
         _train_lm.main(config)
+
+
+def levanter_data(config: TrainLmConfig) -> None:
+    """A Levanter config (no meshbatch ``type:``): its start line, and its order (the one
+    Levanter's own ``train_set`` gives, keyed as ``train_lm`` keys it) recorded with each
+    checkpoint and checked on resume, as a meshbatch config's."""
+    import jax
+
+    from . import observe, order
+
+    key = jax.random.split(jax.random.PRNGKey(config.trainer.seed), 4)[0]  # train_lm's data_key
+    if config.data_seed is not None:
+        key = jax.random.PRNGKey(config.data_seed)
+    record = order.levanter_order(config.data, key)
+    if record is None:
+        return
+    order.note(record)
+    observe.start(type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
+                  why="Levanter's own config (no meshbatch type: under data:)", builder="Levanter's",
+                  caches={})  # fmt: skip
 
 
 if __name__ == "__main__":
