@@ -121,12 +121,18 @@ class PipelineLoader:
 
     def _examples(self, stream, start: int) -> Iterator[LmExample]:
         metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
+        at = start - 1
         with stream:  # closed when the trainer drops the loop
             for at, batch in enumerate(stream, start):
                 Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
                 yield batched_lm_example(batch, Batch_, self.dataset.Pos)
                 if metrics is not None:
                     metrics.after(at, self.pipeline, first=at == start)
+        logger.info(  # a finite stream ran out: the trainer stops here, whatever num_train_steps says
+            "meshbatch: the data ends after %s epoch(s) (epoch: %s): step %d was the last step with data, so "
+            "training stops there, as Levanter's loader stops it",
+            self.dataset.epochs, self.dataset.epochs, at,
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)
