@@ -14,11 +14,12 @@ between two others), four ``train_lm`` runs of a tiny Llama, 6 steps, a checkpoi
   uninterrupted run's;
 * ``ours -> theirs``: ``ours``' step-3 checkpoint resumed by Levanter's own loader: the same.
 
-Then ``ours``' checkpoint resumed under another order (``compat: strong``, ``mixture_compat:
-exact``) is refused by name, naming the line to add. ``ours``' log and tracker summary name the
-order family per source and for the mixture, the loader path and the cache state, and its data
-metrics appear from the first step of this short run (``metrics_every`` at its default, 10).
-The caches are built by the first (meshbatch) run in process; Levanter's own runs find them.
+Then ``ours``' checkpoint resumed under another order (``compat: strong``) is refused by name,
+naming the line to add (the mixture's record against ``mixture_compat: exact`` in process).
+``ours``' log and tracker summary name the order family per source and for the mixture, the
+loader path and the cache state, and its data metrics appear from the first step of this short
+run (``metrics_every`` at its default, 10). The caches are built by the first (meshbatch) run
+in process; Levanter's own runs find them.
 """
 
 import json
@@ -32,6 +33,7 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import ByteTokenizer
+from meshbatch.levanter.order import DataOrderMismatch, check
 
 pytestmark = pytest.mark.train
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at".split()
@@ -195,7 +197,7 @@ def test_a_single_shuffled_source_switches_both_ways_and_says_what_ran(root):
     assert "To continue its order, set under data: compat: levanter" in output
 
 
-@pytest.mark.slow  # five runs of a three-component mixture
+@pytest.mark.slow  # four runs of a three-component mixture
 def test_a_shuffled_mixture_switches_both_ways_and_says_what_ran(root):
     ours, log = switch_both_ways(root, "mixture", MIXTURE, "stable_mixture")
     line = next(line for line in log.splitlines() if "meshbatch: data type=stable_mixture" in line)
@@ -206,6 +208,10 @@ def test_a_shuffled_mixture_switches_both_ways_and_says_what_ran(root):
     assert {f"meshbatch/{what}/{name}" for what in ("order", "cache") for name in ("web", "code")} <= set(
         summary
     )
-    output = refused(root, "mixture", MIXTURE, "stable_mixture", "mixture_compat: exact\n")
-    assert "mixture_compat: checkpoint levanter, this run exact" in output
-    assert "set under data: mixture_compat: levanter" in output
+    # the mixture's refusal (mixture_compat: exact) without a sixth run: its checkpoint's record
+    # against the record such a run makes (tests/test_levanter_order.py checks the message)
+    saved = root / "ckpt" / "mixture-ours" / "run" / f"step-{CHECKPOINT}" / "meshbatch_data_order.json"
+    recorded = json.loads(saved.read_text())["order"]
+    assert recorded["mixture_compat"] == "levanter" and recorded["components"] == ["web", "code"]
+    with pytest.raises(DataOrderMismatch, match="set under data: mixture_compat: levanter"):
+        check(recorded, {**recorded, "mixture_compat": "exact"}, str(saved.parent))
