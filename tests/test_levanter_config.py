@@ -28,6 +28,7 @@ from meshbatch.levanter import (
     StableMixtureLMConfig,
     TokenBalancedMixtureLMConfig,
 )
+from meshbatch.levanter.mixture_config import LevanterKeyedMixture
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SEQ = 64
@@ -179,10 +180,10 @@ def test_causal_yaml_reaches_the_dataset(root):
         "era", kind="linear", compat="levanter", era_length=16, reshuffle_each_epoch=True
     )
     assert dataset.seq_len == SEQ and dataset.eos_id == 256
-    block = parse(
-        root, f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/causal\nshuffle: block\n"
-    ).data
-    assert block.shuffle_spec() == ShuffleSpec("block", window_blocks=8)
+    block = f"type: causal_lm\ntokenizer: {root}/tok\ncache_dir: {root}/cache/causal\nshuffle: block\n"
+    assert parse(root, block).data.shuffle_spec() == ShuffleSpec("block", compat="levanter")
+    strong = parse(root, block + "compat: strong\n").data  # meshbatch's order: one line away
+    assert strong.shuffle_spec() == ShuffleSpec("block", window_blocks=8)
 
 
 def test_levanter_yamls_still_parse(root):
@@ -262,10 +263,14 @@ eos_id: 256
 
 
 def test_stable_mixture_yaml_reaches_the_mixture(root):
+    """meshbatch's own orders, asked for (``compat: strong``, ``mixture_compat: exact``), reach
+    ``Mixture``; without them the mixture and its components are Levanter's."""
     staged = "[[0, {web: 0.7, code: 0.3}], [4, {web: 0.2, code: 0.8}]]"
-    config = parse(
-        root, MIXTURE.format(type="stable_mixture", root=root, weights=staged) + "mixture_block_size: 16\n"
-    ).data
+    block = MIXTURE.format(type="stable_mixture", root=root, weights=staged) + "mixture_block_size: 16\n"
+    default = parse(root, block).data.mixture(SEQ, batch_size=4)
+    assert type(default) is LevanterKeyedMixture and default.compat == "levanter"
+    assert all(child.shuffle_spec.compat == "levanter" for child in default.children)
+    config = parse(root, block + "compat: strong\nmixture_compat: exact\n").data
     assert isinstance(config, StableMixtureLMConfig)
     assert config.stages() == [(0, {"web": 0.7, "code": 0.3}), (4, {"web": 0.2, "code": 0.8})]
     mixture = config.mixture(SEQ, batch_size=4)

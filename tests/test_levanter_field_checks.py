@@ -109,7 +109,11 @@ def test_a_field_that_cannot_be_honoured_fails_at_parse_time_naming_its_value(ro
 def test_levanter_drops_permutation_type_without_a_shuffle_and_so_do_we(root):
     config = parse(root, CAUSAL + "permutation_type: feistel\n")
     assert config.shuffle_spec() == ShuffleSpec("none")
-    assert parse(root, CAUSAL + "shuffle: block\nio_block_size: 64\nwindow_blocks: 3\n").shuffle_spec() == (
+    block = CAUSAL + "shuffle: block\nio_block_size: 64\nwindow_blocks: 3\n"
+    assert parse(root, block).shuffle_spec() == (  # the default order: marin's block shuffle
+        ShuffleSpec("block", io_block_size=64, window_blocks=3, compat="levanter")
+    )
+    assert parse(root, block + "compat: strong\n").shuffle_spec() == (
         ShuffleSpec("block", io_block_size=64, window_blocks=3)
     )
 

@@ -4,6 +4,8 @@ padded last one included, equals the ``DataLoader``'s over Levanter's own datase
 (``EpochDataset(CausalLmDataset(TokenSeqDataset(...)))``, what Levanter's ``train_set`` makes),
 leaf for leaf; the ``DataLoader`` over a ``MeshbatchDataset`` (the async path) too."""
 
+import logging
+
 import haliax as hax
 import jax
 import numpy as np
@@ -85,8 +87,10 @@ def test_fast_path_pads_the_final_batch_as_levanter(levanter_cache, devices, epo
     assert_same(async_path, want, "async path")
 
 
-def test_fast_path_drops_the_final_batch_when_asked(levanter_cache):
-    """``pad_final_batch=False`` (as ``DataLoader(pad_final_batch=False)``): 13 full batches."""
+def test_fast_path_drops_the_final_batch_when_asked(levanter_cache, caplog):
+    """``pad_final_batch=False`` (as ``DataLoader(pad_final_batch=False)``): 13 full batches; the
+    end of the data says where training stops (issue 34: a run with ``epoch:`` stopped before
+    ``num_train_steps`` without a word)."""
     loader = PipelineLoader(
         meshbatch_dataset(levanter_cache, 1),
         mesh=mesh_of(1),
@@ -95,7 +99,9 @@ def test_fast_path_drops_the_final_batch_when_asked(levanter_cache):
         pad_final_batch=False,
     )
     assert loader.pipeline.num_steps() == 13
-    assert sum(1 for _ in loader.iter_from_step(0)) == 13
+    with caplog.at_level(logging.INFO, logger="meshbatch.levanter.fast"):
+        assert sum(1 for _ in loader.iter_from_step(0)) == 13
+    assert "the data ends after 1 epoch(s) (epoch: 1): step 12 was the last step with data" in caplog.text
 
 
 def test_fast_path_pads_a_splice_dataset_as_the_dataloader(levanter_cache):

@@ -152,15 +152,16 @@ def test_weights_with_nothing_to_train_fail_naming_them(root, weights):
 
 def test_a_weighted_component_without_train_data_is_refused_in_levanter_mode(root, caplog):
     """Levanter skips ``c`` (no train data, no cache) but keeps its weight in every block's total
-    (here a: 6, b: 2 rows of 8 instead of 5 and 3); ``mixture_compat: levanter`` refuses to
-    differ silently, the default mixes the built ones and warns."""
+    (here a: 6, b: 2 rows of 8 instead of 5 and 3); ``mixture_compat: levanter`` (the default)
+    refuses to differ silently, ``mixture_compat: exact`` mixes the built ones and warns."""
     block = BLOCK.replace("  b: {", '  c: {{validation_urls: ["{root}/b.jsonl"]}}\n  b: {')
     data = dict(root=root, shuffle="false", weights="{a: 0.6, b: 0.4, c: 0.5}")
-    ours = parse(root, block.format(type="type: stable_mixture", extra=OURS, **data))
-    with pytest.raises(ValueError, match=r"configs \['c'\] have a positive train weight"):
-        ours.mixture(SEQ)
-    default = parse(root, block.format(type="type: stable_mixture", extra="", **data))
-    assert default.mixture(SEQ).names == ["a", "b"] and "['c']" in caplog.text
+    for extra in (OURS, ""):  # Levanter's order: asked for, and the default
+        ours = parse(root, block.format(type="type: stable_mixture", extra=extra, **data))
+        with pytest.raises(ValueError, match=r"configs \['c'\] have a positive train weight"):
+            ours.mixture(SEQ)
+    exact = parse(root, block.format(type="type: stable_mixture", extra="mixture_compat: exact\n", **data))
+    assert exact.mixture(SEQ).names == ["a", "b"] and "['c']" in caplog.text
 
 
 def test_validation_sets_are_levanters(root):

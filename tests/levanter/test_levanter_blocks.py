@@ -3,9 +3,9 @@ from Levanter's config/data with local paths) train through ``python -m
 meshbatch.levanter.train_lm`` after adding only a ``type:`` line, offline: the tokenizers are hub
 *names* (``gpt2``, ``EleutherAI/gpt-neox-20b``) served from a Hugging Face cache this test writes
 (a byte tokenizer under ``HF_HOME/hub/models--<name>/snapshots/<hash>/``, ``HF_HUB_OFFLINE=1``).
-With Levanter's order (the default, no shuffle, for the single source; ``mixture_compat:
-levanter`` for the mixture) the training losses equal those of Levanter's own loader (the same
-block without ``type:``, run by the same entry point) bit for bit over 32 steps.
+With Levanter's order (the default, for the single source and the mixture) the training losses
+equal those of Levanter's own loader (the same block without ``type:``, run by the same entry
+point) bit for bit over 32 steps.
 """
 
 import gzip
@@ -142,14 +142,16 @@ def _evaluated(metrics) -> set[str]:
 
 
 def _check_pipeline_stats(m: dict, step: int) -> None:
-    """Issue 20: every field of ``Pipeline.stats()`` reaches the tracker, over the 10 steps since
-    the last report, with values that make sense (4 rows of 32 tokens a step)."""
+    """Issue 20: every field of ``Pipeline.stats()`` reaches the tracker, over the steps since the
+    last report (10; 9 at step 9, the first report being step 0's), with values that make sense
+    (4 rows of 32 tokens a step)."""
     stats = {k.removeprefix("data/meshbatch/"): v for k, v in m.items() if k.startswith("data/meshbatch/")}
     assert set(PIPELINE_STATS) <= set(stats), sorted(set(PIPELINE_STATS) - set(stats))
-    assert stats["batches"] == 10, (step, stats)  # the window: stats are reset at each report
+    batches = 9 if step == 9 else 10
+    assert stats["batches"] == batches, (step, stats)  # the window: stats are reset at each report
     waits = [stats[f"wait_{q}_s"] for q in ("p50", "p95", "p99", "max")]
     assert 0 <= waits[0] <= waits[1] <= waits[2] <= waits[3] <= stats["wait_total_s"], (step, stats)
-    assert stats["wait_total_s"] == pytest.approx(10 * stats["wait_mean_s"])
+    assert stats["wait_total_s"] == pytest.approx(batches * stats["wait_mean_s"])
     assert 0 <= stats["stall_fraction"] <= 1 and stats["step_p50_s"] > 0, (step, stats)
     assert 0 <= stats["ready_min"] <= stats["ready_mean"] <= stats["depth"], (step, stats)
     assert stats["depth"] >= 1, (step, stats)
@@ -165,12 +167,13 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
     ours, log = _train(
         root, "openwebtext_source.yaml", "type: causal_lm\n", "owt-meshbatch", 32, "gpt2", 1000
     )
-    assert "meshbatch: data type=causal_lm shuffle=False" in log
-    # Must-show 5: the json_logger output holds the start line's facts and, every 10 steps, the
-    # rows and tokens read per source, reads per example and the consumer's wait.
+    assert 'meshbatch: data type=causal_lm order=cache order {"shuffle": false} loader=fast path' in log
+    # Must-show 5: the json_logger output holds the start line's facts and, at the first step and
+    # every 10 steps, the rows and tokens read per source, reads per example and the consumer's wait.
     summary = ours["summary"]
-    assert (summary["meshbatch/type"], summary["meshbatch/shuffle"], summary["meshbatch/fast_path"]) == (
-        "causal_lm", "False", True)  # fmt: skip
+    assert (summary["meshbatch/type"], summary["meshbatch/order"], summary["meshbatch/fast_path"]) == (
+        "causal_lm", 'cache order {"shuffle": false}', True)  # fmt: skip
+    assert "data/meshbatch/default/rows" in ours[0]  # from the first step on
     assert summary["meshbatch/cache/default"].startswith("built")  # built by this run
     for step in (9, 19, 29):
         m = ours[step]
@@ -189,23 +192,30 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
     assert _evaluated(ours) == _evaluated(theirs) != set()
 
 
-@pytest.mark.slow  # three runs (type only; mixture_compat; Levanter's own) over 22 components
+@pytest.mark.slow  # two runs (type only; Levanter's own) over 22 components
 def test_pile_mixture_block_trains_with_type_and_equals_levanter(root):
-    ours, log = _train(root, "pile_mixture.yaml", "type: stable_mixture\n", "pile-type", 2, "gpt2", 2)
-    assert sorted(_losses(ours)) == [0, 1] and "meshbatch: data type=stable_mixture" in log
+    """Issue 34: Levanter's mixture order is the default: ``type: stable_mixture`` alone trains
+    on Levanter's batches (before, ``mixture_compat: levanter`` had to be added)."""
+    ours, log = _train(root, "pile_mixture.yaml", "type: stable_mixture\n", "pile-type", 32, "gpt2", 16)
+    assert "meshbatch: data type=stable_mixture" in log
     assert len([k for k in _evaluated(ours) if k.count("/") == 2]) >= 10  # an eval set per component
-    compat, _ = _train(root, "pile_mixture.yaml", "type: stable_mixture\nmixture_compat: levanter\n",
-                       "pile-compat", 32, "gpt2", 1000)  # fmt: skip
-    theirs, _ = _train(root, "pile_mixture.yaml", "", "pile-levanter", 32, "gpt2", 1000)
-    losses, want = _losses(compat), _losses(theirs)
+    theirs, _ = _train(root, "pile_mixture.yaml", "", "pile-levanter", 32, "gpt2", 16)
+    losses, want = _losses(ours), _losses(theirs)
     assert sorted(losses) == list(range(32)) and losses == want
+    assert _evaluated(ours) == _evaluated(theirs)
 
 
 @pytest.mark.parametrize(("block", "tokenizer"), [("pretokenized_passthrough.yaml", "gpt2"),
                                                   ("supervised_source.yaml", "gpt2")])  # fmt: skip
 def test_passthrough_and_supervised_blocks_train_with_type(root, block, tokenizer):
-    metrics, _ = _train(root, block, "type: causal_lm\n", block.split("_")[0], 3, tokenizer, 3)
+    metrics, log = _train(root, block, "type: causal_lm\n", block.split("_")[0], 3, tokenizer, 3)
     assert sorted(_losses(metrics)) == [0, 1, 2], sorted(metrics)
     assert all(np.isfinite(v) for v in _losses(metrics).values())
     if block.startswith("supervised"):
         assert _evaluated(metrics), "the validation set was not evaluated"
+        # issue 34: a supervised format trains through Levanter's own loader, and says so
+        assert "loader=Levanter's DataLoader (a chat/supervised format trains Levanter's own" in log
+        summary = metrics["summary"]
+        assert not summary["meshbatch/fast_path"] and summary["meshbatch/loader"] == "Levanter's DataLoader"
+    else:
+        assert "loader=fast path" in log and metrics["summary"]["meshbatch/fast_path"] is True

@@ -2,7 +2,7 @@
 
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
   meshbatch dataset, the seed-named splice datasets, marin's ``BlockShufflingDataset``);
-* ``config``, ``splice_config``, ``mixture_config``, ``sources``: the ``data:`` config types a
+* ``config``, ``splice_config``, ``mixture_config``, ``sources``, ``hints``: the ``data:`` config types a
   Levanter YAML names (draccus), Levanter's own config classes extended; ``caches``: caches
   built by Levanter's machinery; ``fields``: every Levanter field honoured or refused;
 * ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop;

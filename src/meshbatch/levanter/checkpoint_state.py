@@ -13,6 +13,9 @@ checkpoint's own directory (process 0; it is deleted with the checkpoint), and o
 
 A checkpoint without the file (written before this, or by Levanter's own loader) is said so in
 one WARNING line, then the plans are replayed from step 0 with the planner's progress lines.
+
+Every checkpoint also records the train set's data order (``order.py``) as
+``meshbatch_data_order.json``, any dataset, stateful or not; a resume checks it (``fast.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import jax
 from levanter.checkpoint import Checkpointer
 
 from meshbatch.pipeline.pipeline import Pipeline
+
+from . import order
 
 logger = logging.getLogger(__name__)
 SAID = (__name__, "meshbatch.pipeline.state_planner")  # loggers whose INFO lines reach Levanter's log
@@ -57,11 +62,7 @@ def write_state(directory: str, step: int) -> str | None:
         )  # fmt: skip
         return None
     path = os.path.join(directory, STATE_FILE)
-    if jax.process_index() == 0:
-        fs, plain = fsspec.core.url_to_fs(path)
-        fs.makedirs(os.path.dirname(plain), exist_ok=True)
-        with fs.open(plain, "w") as out:
-            json.dump(state, out)
+    _write_json(path, state)
     return path
 
 
@@ -79,6 +80,7 @@ def saved_with_checkpoints():
     def save_checkpoint(self, info, destination, commit_callback=None, *, is_temporary=False):
         original(self, info, destination, commit_callback, is_temporary=is_temporary)
         write_state(os.path.join(self.base_path, destination), int(info.state.step))
+        write_order(os.path.join(self.base_path, destination), int(info.state.step))
 
     Checkpointer.save_checkpoint = save_checkpoint
     try:
@@ -86,21 +88,55 @@ def saved_with_checkpoints():
     finally:
         Checkpointer.save_checkpoint = original
         _Training.pipeline = None
+        order.note(None)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def _write_json(path: str, value: dict) -> None:
+    if jax.process_index() == 0:
+        fs, plain = fsspec.core.url_to_fs(path)
+        fs.makedirs(os.path.dirname(plain), exist_ok=True)
+        with fs.open(plain, "w") as out:
+            json.dump(value, out)
+
+
+def write_order(directory: str, step: int) -> str | None:
+    """Write the train set's data order (``order.noted()``) into the checkpoint ``directory``
+    as ``meshbatch_data_order.json``; the path, or ``None`` when no order was noted."""
+    record = order.noted()
+    if record is None:
+        return None
+    path = os.path.join(directory, order.ORDER_FILE)
+    _write_json(path, {"version": 1, "step": step, "order": record})
+    return path
+
+
+def _find(checkpoint_path: str, name: str, step: int) -> tuple[str, dict] | None:
+    fs, root = fsspec.core.url_to_fs(checkpoint_path)
+    for path in [os.path.join(root, name), *sorted(fs.glob(os.path.join(root, "*", name)))]:
+        if fs.exists(path):
+            with fs.open(path) as f:
+                saved = json.load(f)
+            if saved.get("step") == step:
+                return path, saved
+    return None
+
+
+def find_order(checkpoint_path: str, step: int) -> tuple[dict | None, str]:
+    """The data order recorded with the checkpoint of ``step`` under ``checkpoint_path`` (``None``
+    when it has none: written by Levanter's own loader), and where it was looked for."""
+    found = _find(checkpoint_path, order.ORDER_FILE, step)
+    if found is None:
+        return None, f"{checkpoint_path} (step {step})"
+    path, saved = found
+    return saved["order"], os.path.dirname(path)
 
 
 def find_state(checkpoint_path: str, step: int) -> tuple[str, dict] | None:
     """The saved data state whose ``step`` is ``step`` in ``checkpoint_path`` (a checkpoint or the
     folder of a run's checkpoints, as Levanter's ``load_checkpoint_path``), or ``None``."""
-    fs, root = fsspec.core.url_to_fs(checkpoint_path)
-    for path in [os.path.join(root, STATE_FILE), *sorted(fs.glob(os.path.join(root, "*", STATE_FILE)))]:
-        if fs.exists(path):
-            with fs.open(path) as f:
-                state = json.load(f)
-            if state.get("step") == step:
-                return path, state
-    return None
+    return _find(checkpoint_path, STATE_FILE, step)
 
 
 def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
@@ -122,4 +158,13 @@ def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
     return True
 
 
-__all__ = ["STATE_FILE", "find_state", "restore", "saved_with_checkpoints", "track", "write_state"]
+__all__ = [
+    "STATE_FILE",
+    "find_order",
+    "find_state",
+    "restore",
+    "saved_with_checkpoints",
+    "track",
+    "write_order",
+    "write_state",
+]

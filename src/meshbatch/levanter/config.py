@@ -6,10 +6,12 @@ subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``bas
 config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
 ``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
-``n``); meshbatch's orders (block shuffle, strong permutations, splice, token balancing) are
-opt-in fields. Levanter's machinery builds the caches (``caches.py``); meshbatch replaces what
-``train_set`` and the validation sets return. Every Levanter field is honoured or refused at
-parse time (``fields.py``).
+``n``) and Levanter's orders (``compat: levanter``, ``mixture_compat: levanter``: the defaults),
+so the batches are Levanter's; meshbatch's orders (``compat: strong``, ``mixture_compat: exact``,
+block shuffle, splice, token balancing) are opt-in fields. The Python API keeps its own
+defaults (``ShuffleSpec(compat=None)``, ``Mixture(compat=None)``). Levanter's machinery builds
+the caches (``caches.py``); meshbatch replaces what ``train_set`` and the validation sets return.
+Every Levanter field is honoured or refused at parse time (``fields.py``).
 
     data:
       type: causal_lm                      # the one added line
@@ -42,10 +44,11 @@ from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import GROWING_ORDERS, CausalLMDataset
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
+from . import order
 from .async_datasets import MeshbatchDataset, ShuffledDataset
 from .caches import build_split, source_format
 from .fields import refuse
-from .observe import StepMetrics, start
+from .observe import FAST, LEVANTER_LOADER, StepMetrics, start
 from .sources import ConfigError, _checked
 
 logger = logging.getLogger(__name__)
@@ -97,12 +100,16 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
             fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id
         )
 
-    def announce(self, kind: str, shuffle, compat, caches: Mapping[str, str], dataset=None, sources=None):
-        """The start line and summary (``observe.start``); ``dataset`` (a ``MeshbatchDataset``)
-        gets the per-step metrics of ``sources`` (name -> ``TokenCache``)."""
-        start(kind, shuffle=shuffle, compat=compat, fast_path=self.fast_path, builder=self.cache_builder,
+    def announce(self, kind: str, record: dict, caches: Mapping[str, str], dataset, sources=None, *, key):
+        """The start line and summary (``observe.start``) of the train set ``dataset`` in the data
+        order ``record`` (``order.py``; its ``data_key`` is ``key``'s), which the next checkpoints
+        record and a resume is checked against; a ``MeshbatchDataset`` gets the per-step metrics
+        of ``sources`` (name -> ``TokenCache``)."""
+        record = {**record, "data_key": order.key_hex(key)}
+        order.note(record)
+        start(kind, record, loader=(path := loader_path(dataset))[0], why=path[1], builder=self.cache_builder,
               caches=caches)  # fmt: skip
-        if dataset is not None and sources:
+        if isinstance(dataset, MeshbatchDataset) and sources:
             dataset.metrics = StepMetrics(sources, every=self.metrics_every)
         if dataset is not None:
             from .fast import note_train_set  # fast imports Levanter's trainer: only when training
@@ -131,6 +138,18 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         for fields, path in self.cache_dirs().items():
             if path is None:
                 raise ConfigError(f"{fields}: no directory to build and find the cache in; set one")
+
+
+def loader_path(dataset) -> tuple[str, str]:
+    """Which loader trains ``dataset`` inside the entry point, and why."""
+    if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
+        return FAST, "meshbatch.Pipeline builds each global batch on the devices (PipelineLoader)"
+    if isinstance(dataset, MeshbatchDataset):
+        return LEVANTER_LOADER, "fast_path: false"
+    return LEVANTER_LOADER, (
+        "a chat/supervised format trains Levanter's own packed dataset (its loss masks), in the "
+        "shuffle's order"
+    )
 
 
 def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
@@ -164,9 +183,9 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
             f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
             f"shuffle={shuffle!r}, which keeps cache order)"
         )
-    # compat: levanter without a shuffle is honoured as it is: cache order is Levanter's order too
+    # without a shuffle compat is honoured as it is: cache order is Levanter's order and meshbatch's
     # (one compat line serves every shuffle value of a run, as the mixtures' compat does)
-    compat = None if strategy == "none" else config.compat
+    compat = "levanter" if strategy != "none" and config.compat == "levanter" else None
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
     return ShuffleSpec(
@@ -182,8 +201,10 @@ class _CausalFields:
 
     shuffle: ShuffleField = False  # type: ignore[assignment]
     """Levanter's (false, true, an era length) or meshbatch's ``none | full | era | block``."""
-    compat: Literal["levanter"] | None = None
-    """``levanter``: Levanter's permutations bit for bit; ``None``: meshbatch's."""
+    compat: Literal["levanter", "strong"] = "levanter"
+    """``levanter`` (the default): Levanter's permutations and era shuffle bit for bit (marin's
+    order for ``shuffle: block``), so a Levanter block with ``type:`` added keeps its batches;
+    ``strong``: meshbatch's strong permutations (the Python API's default)."""
     era_length: int | None = None
     io_block_size: int | None = None
     window_blocks: int = 8
@@ -254,12 +275,16 @@ class _CausalLM:
         if not self.text:
             if self.build_split(self, "train", self.cache_dir) is None:
                 raise ValueError("No training set!")
-            self.announce(self.KIND, self.shuffle, self.compat, {"": path})
             dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
-            return ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
+            train = ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
+            return self.announce(self.KIND, self.order(), {"": path}, train, key=key)
         dataset = self.dataset(Pos.size)
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
-        return self.announce(self.KIND, self.shuffle, self.compat, {"": path}, train, {"": dataset.source})
+        return self.announce(self.KIND, self.order(), {"": path}, train, {"": dataset.source}, key=key)
+
+    def order(self) -> dict:
+        """The train set's order record (``order.py``): one source."""
+        return {"config": "single source", "sources": {"": order.source_order(self.shuffle_spec())}}
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}

@@ -38,7 +38,7 @@ from levanter.trainer import Trainer
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.pipeline import Pipeline
 
-from . import checkpoint_state
+from . import checkpoint_state, order
 from .async_datasets import MeshbatchDataset
 
 logger = logging.getLogger(__name__)
@@ -121,12 +121,18 @@ class PipelineLoader:
 
     def _examples(self, stream, start: int) -> Iterator[LmExample]:
         metrics = getattr(self.dataset, "metrics", None)  # observe.StepMetrics, set by a data config
+        at = start - 1
         with stream:  # closed when the trainer drops the loop
             for at, batch in enumerate(stream, start):
                 Batch_ = hax.Axis(self.batch_axis, batch.tokens.shape[0])
                 yield batched_lm_example(batch, Batch_, self.dataset.Pos)
                 if metrics is not None:
-                    metrics.after(at, self.pipeline)
+                    metrics.after(at, self.pipeline, first=at == start)
+        logger.info(  # a finite stream ran out: the trainer stops here, whatever num_train_steps says
+            "meshbatch: the data ends after %s epoch(s) (epoch: %s): step %d was the last step with data, so "
+            "training stops there, as Levanter's loader stops it",
+            self.dataset.epochs, self.dataset.epochs, at,
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[LmExample]:
         return self.iter_from_step(0)
@@ -155,7 +161,12 @@ def fast_path():
         if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
             early = _Early(dataset, lambda: make_loader(self, dataset), resume=self.checkpoint_path)
             self._meshbatch_early = early
-        return original_initial_state(self, *args, **kwargs)
+        state = original_initial_state(self, *args, **kwargs)
+        record = order.noted()
+        if record is not None and int(state.step) > 0:  # resumed: in the checkpoint's data order?
+            saved, where = checkpoint_state.find_order(self.checkpoint_path, int(state.step))
+            order.check(saved, record, where)
+        return state
 
     def data_loader(self, dataset, batch=None):
         if not (isinstance(dataset, MeshbatchDataset) and dataset.fast_path):

@@ -165,7 +165,13 @@ _MESHBATCH = {
 }
 _ORDER = {
     name: (HONOURED, "a ShuffleSpec field, refused by name where the shuffle does not use it")
-    for name in ("compat", "era_length", "io_block_size", "window_blocks", "reshuffle_each_epoch")
+    for name in ("era_length", "io_block_size", "window_blocks", "reshuffle_each_epoch")
+} | {
+    "compat": (
+        HONOURED,
+        "levanter (the default): Levanter's permutations and era shuffle (marin's block shuffle); "
+        "strong: meshbatch's strong permutations",
+    )
 }
 _QUICK = (HONOURED, "causal_lm's growing train cache (text, era or no shuffle, fast path)")
 _MIXTURE_OWN = {
@@ -204,7 +210,14 @@ OWN: dict[str, dict[str, tuple[str, str]]] = {
         **_ORDER,
         "quick_start": (REFUSED, "quick start tokenizes train_urls files; build an HF source's cache first"),
     },
-    "stable_mixture": {**_MIXTURE_OWN, "mixture_compat": (HONOURED, "Levanter's MixtureDataset rows")},
+    "stable_mixture": {
+        **_MIXTURE_OWN,
+        "mixture_compat": (
+            HONOURED,
+            "levanter (the default): Levanter's MixtureDataset rows and component keys; exact: "
+            "meshbatch's exact shares per block, components keyed by name",
+        ),
+    },
     "token_balanced_mixture": {**_MIXTURE_OWN, "baseline": (HONOURED, "TokenBalancedMixture baseline")},
     "splice": _SPLICE_OWN,
     "splice base": {

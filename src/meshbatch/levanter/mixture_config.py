@@ -30,9 +30,11 @@ from meshbatch.datasets.causal import CausalLMDataset
 from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture, child_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
+from . import order
 from .async_datasets import MeshbatchDataset
 from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
 from .fields import refuse
+from .hints import source_type
 from .sources import ConfigError, MixtureBaseConfig, _checked
 
 logger = logging.getLogger(__name__)
@@ -87,8 +89,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         for name, source in self.configs.items():
             if not isinstance(source.format, TextLmDatasetFormat):
                 raise ConfigError(
-                    f"configs[{name!r}].format={source.format!r}: a meshbatch mixture mixes text "
-                    "components; train a chat/supervised source with causal_lm"
+                    f"configs[{name!r}].format={type(source.format).__name__}: a meshbatch mixture "
+                    f"mixes text components; train this source alone with type: {source_type(source)}, "
+                    "or this mixture with Levanter's own loader (no type: line)"
                 )
 
     def shuffle_spec(self) -> ShuffleSpec:
@@ -147,7 +150,12 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         sources = {name: child.source for name, child in zip(dataset.names, dataset.children, strict=True)}
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
         paths = {name: cache.path for name, cache in sources.items()}
-        return self.announce(self.KIND, self.shuffle, self.compat, paths, train, sources)
+        return self.announce(self.KIND, self.order(dataset.names), paths, train, sources, key=key)
+
+    def order(self, names: list[str]) -> dict:
+        """The train set's order record (``order.py``) over the built components ``names``."""
+        source = order.source_order(self.shuffle_spec())
+        return {"config": "mixture", "components": list(names), "sources": {n: source for n in names}}
 
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")
@@ -160,7 +168,11 @@ class StableMixtureLMConfig(_MixtureConfig):
 
     KIND = "stable_mixture"
     stop_strategy: Literal["restart", "first_exhausted", "all_exhausted"] = "restart"  # type: ignore[assignment]
-    mixture_compat: Literal["levanter"] | None = None
+    mixture_compat: Literal["levanter", "exact"] = "levanter"
+    """``levanter`` (the default): Levanter's ``MixtureDataset`` rows (its block counts and block
+    order) and component keys (``key_iterator`` over the built components, in ``configs`` order);
+    ``exact``: meshbatch's exact largest-remainder shares per block and components keyed by name
+    (adding or removing one leaves the others' orders), the Python API's ``Mixture`` default."""
 
     def mixture(self, seq_len: int, batch_size=None) -> Mixture:
         if not any(w > 0 for _, weights in self.stages() for w in weights.values()):
@@ -176,22 +188,31 @@ class StableMixtureLMConfig(_MixtureConfig):
                 "skips them yet keeps their weights in each block's total, which mixture_compat: "
                 "levanter does not reproduce (give them train data, or weight 0)"
             )
-        if unbuilt:
+        if unbuilt:  # mixture_compat: exact
             logger.warning("meshbatch: configs %s have no train data or cache: mixing the others", unbuilt)
         stages = [(start, stage_weights(weights, children)) for start, weights in self.stages()]
         weights = stages[0][1] if len(stages) == 1 and stages[0][0] == 0 else stages
-        kind = LevanterKeyedMixture if self.mixture_compat == "levanter" else Mixture
-        return kind(
+        levanter = self.mixture_compat == "levanter"
+        return (LevanterKeyedMixture if levanter else Mixture)(
             children,
             weights,
             block_size=self.mixture_block_size,
             stop_strategy=self.stop_strategy,
-            compat=self.mixture_compat,
+            compat="levanter" if levanter else None,
             batch_size=batch_size,
         )
 
     def dataset(self, seq_len: int, batch_schedule=None) -> Mixture:
         return self.mixture(seq_len, getattr(batch_schedule, "schedule", batch_schedule))
+
+    def order(self, names: list[str]) -> dict:
+        rows = {
+            "mixture_compat": self.mixture_compat,
+            "mixture_block_size": self.mixture_block_size,
+            "stop_strategy": self.stop_strategy,
+            "train_weights": order.stages(self.train_weights, names),
+        }
+        return super().order(names) | rows
 
 
 @MeshbatchLMConfig.register_subclass("token_balanced_mixture")
@@ -212,6 +233,9 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
 
     def dataset(self, seq_len: int, batch_schedule=None) -> TokenBalancedMixture:
         return TokenBalancedMixture(self.children(seq_len), baseline=self.baseline)
+
+    def order(self, names: list[str]) -> dict:
+        return super().order(names) | {"config": "token_balanced_mixture", "baseline": self.baseline}
 
 
 __all__ = [

@@ -1,19 +1,22 @@
 """meshbatch at work, in Levanter's log and tracker.
 
-* ``start(...)``: one INFO line when a train set is made (dataset type, shuffle, compat, fast
-  path, each cache found or built) and the same facts as the tracker's summary
-  (``meshbatch/...``; json_logger writes them as a ``summary`` event).
-* ``StepMetrics``: every ``every`` steps of the fast path, per source the rows and tokens read so
-  far (the cache's ``ReadCounters``: a causal window is one span), reads issued per row read, and
-  every field of the ``Pipeline``'s ``stats()`` since the last report (consumer wait
-  p50/p95/p99/max, stall fraction, requests and bytes per example, read latency, prefetch
-  occupancy and depth; ``Pipeline.reset_stats`` after each report) as ``data/meshbatch/<key>``
-  metrics of that step::
+* ``start(...)``: one INFO line when a train set is made (dataset type, the order family and
+  fields of each source and of the mixture, the loader and why, the builder, each cache found or
+  built) and the same facts as the tracker's summary (``meshbatch/...``; json_logger writes them
+  as a ``summary`` event).
+* ``StepMetrics``: at the stream's first step and every ``every`` steps of the fast path, per
+  source the rows and tokens read so far (the cache's ``ReadCounters``: a causal window is one
+  span), reads issued per row read, and every field of the ``Pipeline``'s ``stats()`` since the
+  last report (consumer wait p50/p95/p99/max, stall fraction, requests and bytes per example,
+  read latency, prefetch occupancy and depth; ``Pipeline.reset_stats`` after each report) as
+  ``data/meshbatch/<key>`` metrics of that step::
 
     step 9: data/meshbatch/default/rows=48, data/meshbatch/wait_p99_s=0.0004,
             data/meshbatch/stall_fraction=0.01, data/meshbatch/requests_per_example=0.25, ...
 
-    meshbatch: data type=causal_lm shuffle=False compat=None fast_path=True caches={'': 'found'}
+    meshbatch: data type=causal_lm order=levanter {"shuffle": true, "permutation_type": "linear",
+        "compat": "levanter"} loader=fast path (meshbatch.Pipeline ...) cache_builder=in_process
+        caches={'': 'found (cache/owt/train)'}
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from collections.abc import Mapping
 
 logger = logging.getLogger(__name__)
 CACHE_STATUS: dict[str, str] = {}  # cache path -> "found" | "built" (this process)
+FAST = "fast path"  # the loader of a MeshbatchDataset inside the entry point (PipelineLoader)
+LEVANTER_LOADER = "Levanter's DataLoader"
 
 
 def _tracker(method: str, *args, **kwargs) -> None:
@@ -37,15 +42,26 @@ def _tracker(method: str, *args, **kwargs) -> None:
             logger.debug("meshbatch: not logged to a tracker: %s", error)
 
 
-def start(kind: str, *, shuffle, compat, fast_path: bool, builder: str, caches: Mapping[str, str]) -> None:
-    """The start line and summary; ``caches`` maps a source name to its cache path."""
+def start(
+    kind: str, record: Mapping, *, loader: str, why: str, builder: str, caches: Mapping[str, str]
+) -> None:
+    """The start line and summary: the data ``record`` (``order.py``: each source's order family
+    and fields, the mixture's), the loader path and why, the builder and each cache's state
+    (``caches`` maps a source name to its cache path)."""
+    from .order import describe
+
     status = {name: f"{CACHE_STATUS.get(path, 'found')} ({path})" for name, path in caches.items()}
+    order, per_source = describe(record)
     logger.info(
-        "meshbatch: data type=%s shuffle=%s compat=%s fast_path=%s cache_builder=%s caches=%s",
-        kind, shuffle, compat, fast_path, builder, status,
+        "meshbatch: data type=%s order=%s loader=%s (%s) cache_builder=%s caches=%s",
+        kind, order, loader, why, builder, status,
     )  # fmt: skip
-    summary = {"meshbatch/type": kind, "meshbatch/shuffle": str(shuffle), "meshbatch/compat": str(compat),
-               "meshbatch/fast_path": fast_path, "meshbatch/cache_builder": builder}  # fmt: skip
+    summary = {"meshbatch/type": kind, "meshbatch/order": order, "meshbatch/loader": loader,
+               "meshbatch/loader_why": why, "meshbatch/fast_path": loader == FAST,
+               "meshbatch/cache_builder": builder}  # fmt: skip
+    if "mixture_compat" in record:
+        summary["meshbatch/mixture_order"] = str(record["mixture_compat"])
+    summary.update({f"meshbatch/order/{name}": text for name, text in per_source.items()})
     summary.update({f"meshbatch/cache/{name or 'default'}": s for name, s in status.items()})
     _tracker("log_summary", summary)
 
@@ -71,7 +87,8 @@ class StepMetrics:
         pipeline.reset_stats()
         return out
 
-    def after(self, step: int, pipeline) -> None:
-        """Logs the metrics at ``step`` when it is a reporting step."""
-        if self.every > 0 and self.sources and (step + 1) % self.every == 0:
+    def after(self, step: int, pipeline, *, first: bool = False) -> None:
+        """Logs the metrics at ``step`` when it is a reporting step: the stream's ``first`` step
+        (so a short run shows them too) and every ``every``-th."""
+        if self.every > 0 and self.sources and (first or (step + 1) % self.every == 0):
             _tracker("log", self.metrics(pipeline), step=step)

@@ -9,6 +9,7 @@ seed's ``shuffle_per_epoch``); a splice config reads one component of it (``data
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,7 +74,27 @@ class MixtureBaseConfig(LMMixtureDatasetConfig, BaseDataConfig):
             return [(0, dict(self.train_weights))]
         return [(int(start), dict(weights)) for start, weights in self.train_weights]
 
+    def check_weights(self) -> None:
+        """Every weight of every stage a finite number >= 0, checked before any component is
+        dropped for weight 0 (Levanter's ``MixtureDataset`` refuses a negative weight too; a NaN
+        or infinite one it would mix silently):
+
+            train_weights: {web: -0.5, code: 0.5}  -> ConfigError: train_weights['web']=-0.5 ...
+        """
+        staged = not isinstance(self.train_weights, Mapping)
+        for index, (start, weights) in enumerate(self.stages()):
+            where = f"train_weights[{index}] (stage from step {start})" if staged else "train_weights"
+            for name, weight in weights.items():
+                if isinstance(weight, bool) or not isinstance(weight, int | float):
+                    raise ConfigError(f"{where}[{name!r}]={weight!r} is not a number")
+                if not math.isfinite(weight) or weight < 0:
+                    raise ConfigError(
+                        f"{where}[{name!r}]={weight!r}: a weight must be a finite number >= 0 "
+                        "(0 leaves the component out of training; Levanter refuses a negative weight)"
+                    )
+
     def __post_init__(self):
+        self.check_weights()
         unknown = sorted({name for _, weights in self.stages() for name in weights} - set(self.configs))
         if unknown:
             raise ConfigError(f"train_weights names {unknown} missing from configs {sorted(self.configs)}")

@@ -25,6 +25,7 @@ from meshbatch.datasets.splice.splice_spec import SpliceSpec
 from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
 from .fields import refuse
+from .hints import source_type
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
 
@@ -143,7 +144,8 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         if not isinstance(source.format, TextLmDatasetFormat):
             raise ConfigError(
                 f"{where}.format={source.format!r}: a splice config splices text documents (a chat/"
-                "supervised format's masks would be dropped); use a text format, or train it with causal_lm"
+                "supervised format's masks would be dropped); use a text format, or train it with type: "
+                f"{source_type(source)}"
             )
         for field_name in ("validation_urls", "tags"):
             if getattr(source, field_name, None):
@@ -216,7 +218,10 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         path = os.path.join(str(cache_dir), "train")
         kind = type(self).__name__
         sources = {name: dataset.sources[0]} if dataset.sources else {}  # documents read up front: none
-        return self.announce(kind, "splice schedule", None, {name: path}, train, sources)
+        selection = {f.name: getattr(self, f.name) for f in dataclasses.fields(_SelectionFields)}
+        record = {"config": kind, "component": name, "splice": {f: getattr(self, f) for f in SPLICE_FIELDS},
+                  "selection": selection}  # fmt: skip
+        return self.announce(kind, record, {name: path}, train, sources, key=key)
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}

@@ -20,7 +20,12 @@ from levanter.main import train_lm as _train_lm
 
 from .config import MeshbatchLMConfig
 from .fast import fast_path
+from .hints import register
 from .splice_config import SpliceMultiDocumentLMConfig
+
+DataConfig = Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig]  # noqa: UP007
+# a meshbatch type: decodes as that type alone, its error first; without type: Levanter's own
+register(DataConfig, (SingleDatasetLMConfig, LMMixtureDatasetConfig))
 
 
 @dataclass
@@ -28,9 +33,7 @@ class TrainLmConfig(_train_lm.TrainLmConfig):
     """Levanter's ``TrainLmConfig``; ``data`` also takes ``type: splice_multi_document``,
     ``splice_single_document``, ``causal_lm``, ``stable_mixture`` or ``token_balanced_mixture``."""
 
-    data: Union[MeshbatchLMConfig, SingleDatasetLMConfig, LMMixtureDatasetConfig] = field(  # noqa: UP007
-        default_factory=SpliceMultiDocumentLMConfig
-    )
+    data: DataConfig = field(default_factory=SpliceMultiDocumentLMConfig)
 
 
 def main(config: TrainLmConfig) -> None:
@@ -40,7 +43,29 @@ def main(config: TrainLmConfig) -> None:
         logging.INFO
     )  # the start line and cache progress in Levanter's log
     with fast_path():
+        if not isinstance(config.data, MeshbatchLMConfig):
+            levanter_data(config)
         _train_lm.main(config)
+
+
+def levanter_data(config: TrainLmConfig) -> None:
+    """A Levanter config (no meshbatch ``type:``): its start line, and its order (the one
+    Levanter's own ``train_set`` gives, keyed as ``train_lm`` keys it) recorded with each
+    checkpoint and checked on resume, as a meshbatch config's."""
+    import jax
+
+    from . import observe, order
+
+    key = jax.random.split(jax.random.PRNGKey(config.trainer.seed), 4)[0]  # train_lm's data_key
+    if config.data_seed is not None:
+        key = jax.random.PRNGKey(config.data_seed)
+    record = order.levanter_order(config.data, key)
+    if record is None:
+        return
+    order.note(record)
+    observe.start(type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
+                  why="Levanter's own config (no meshbatch type: under data:)", builder="Levanter's",
+                  caches={})  # fmt: skip
 
 
 if __name__ == "__main__":

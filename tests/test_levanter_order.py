@@ -1,0 +1,122 @@
+"""Issue 34: a run's data order record (``meshbatch.levanter.order``): a Levanter block records the
+same order with and without ``type:``; another order is refused by name with the lines that give
+the checkpoint's; a checkpoint without a record (Levanter's own loader) resumes in Levanter's order
+only. The training runs that write and check these records are in tests/levanter/test_resume_order.py."""
+
+import textwrap
+
+import draccus
+import jax
+import pytest
+
+from meshbatch.levanter.order import DataOrderMismatch, check, describe, key_hex, levanter_order
+from meshbatch.levanter.train_lm import TrainLmConfig
+
+SINGLE = "train_urls: [a.jsonl]\nshuffle: {shuffle}\n"
+MIXTURE = """\
+configs: {{web: {{train_urls: [w.jsonl]}}, off: {{train_urls: [o.jsonl]}}, code: {{train_urls: [c.jsonl]}}}}
+train_weights: {{web: 0.7, off: 0.0, code: 0.3}}
+mixture_block_size: 16
+shuffle: {shuffle}
+"""
+KEY = jax.random.PRNGKey(3)
+
+
+def parse(tmp_path, data: str):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("data:\n" + textwrap.indent(textwrap.dedent(data), "  "))
+    return draccus.parse(TrainLmConfig, config_path=str(path), args=[]).data
+
+
+def ours(config) -> dict:
+    """What ``announce`` records for the train set (the built components: those weighted)."""
+    record = config.order(config.weighted("train")) if hasattr(config, "weighted") else config.order()
+    return {**record, "data_key": key_hex(KEY)}
+
+
+@pytest.mark.parametrize("shuffle", ["false", "true", "5"])
+@pytest.mark.parametrize(("block", "kind"), [(SINGLE, "causal_lm"), (MIXTURE, "stable_mixture")])
+def test_a_block_records_the_same_order_with_and_without_type(tmp_path, block, kind, shuffle):
+    theirs = levanter_order(parse(tmp_path, block.format(shuffle=shuffle)), KEY)
+    mine = ours(parse(tmp_path, f"type: {kind}\n" + block.format(shuffle=shuffle)))
+    check(theirs, mine, "step-3")  # no mismatch
+    check(mine, theirs, "step-3")
+    if kind == "stable_mixture":
+        assert theirs["components"] == ["web", "code"] and theirs["mixture_compat"] == "levanter"
+    assert describe(mine)[0] == describe(theirs)[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named", "line"),
+    [
+        (
+            "compat: strong\n",
+            "sources['web'].compat: checkpoint levanter, this run strong",
+            "compat: levanter",
+        ),
+        (
+            "mixture_compat: exact\n",
+            "mixture_compat: checkpoint levanter, this run exact",
+            "mixture_compat: levanter",
+        ),
+        ("permutation_type: feistel\n", "permutation_type: checkpoint linear", "permutation_type: linear"),
+    ],
+)
+def test_another_order_is_refused_by_name_with_the_line_to_add(tmp_path, extra, named, line):
+    saved = levanter_order(parse(tmp_path, MIXTURE.format(shuffle="true")), KEY)
+    now = ours(parse(tmp_path, "type: stable_mixture\n" + MIXTURE.format(shuffle="true") + extra))
+    with pytest.raises(DataOrderMismatch) as error:
+        check(saved, now, "ckpt/step-3")
+    message = str(error.value)
+    assert "the checkpoint ckpt/step-3 was trained in another data order" in message
+    assert named in message and f"To continue its order, set under data: {line}" in message, message
+
+
+def test_other_weights_components_and_keys_are_refused(tmp_path):
+    saved = levanter_order(parse(tmp_path, MIXTURE.format(shuffle="true")), KEY)
+    weights = MIXTURE.replace("off: 0.0, code: 0.3", "off: 0.1, code: 0.2").format(shuffle="true")
+    with pytest.raises(DataOrderMismatch, match=r"components: checkpoint \["):
+        check(saved, ours(parse(tmp_path, "type: stable_mixture\n" + weights)), "c")
+    with pytest.raises(DataOrderMismatch, match="train_weights: checkpoint"):
+        check(saved, ours(parse(tmp_path, "type: stable_mixture\n" + MIXTURE.replace("0.7", "0.6").format(
+            shuffle="true"))), "c")  # fmt: skip
+    with pytest.raises(DataOrderMismatch, match=r"data_key: .*the checkpoint's trainer.seed"):
+        check(saved, {**saved, "data_key": key_hex(jax.random.PRNGKey(4))}, "c")
+    with pytest.raises(DataOrderMismatch, match="config: checkpoint mixture, this run single source"):
+        check(saved, levanter_order(parse(tmp_path, SINGLE.format(shuffle="true")), KEY), "c")
+
+
+@pytest.mark.parametrize(
+    ("data", "ok", "lines"),
+    [
+        ("type: causal_lm\n" + SINGLE.format(shuffle="true"), True, ""),
+        ("type: causal_lm\n" + SINGLE.format(shuffle="7"), True, ""),
+        ("type: stable_mixture\n" + MIXTURE.format(shuffle="true"), True, ""),
+        ("type: causal_lm\n" + SINGLE.format(shuffle="true") + "compat: strong\n", False, "compat: levanter"),
+        (
+            "type: stable_mixture\n" + MIXTURE.format(shuffle="false") + "mixture_compat: exact\n",
+            False,
+            "mixture_compat: levanter",
+        ),
+        ("type: causal_lm\n" + SINGLE.format(shuffle="block"), False, "Levanter has no block shuffle"),
+        (
+            "type: token_balanced_mixture\nconfigs: {a: {train_urls: [a]}, b: {train_urls: [b]}}\n",
+            False,
+            "a Levanter-trainable config (not token_balanced_mixture)",
+        ),
+    ],
+)
+def test_a_checkpoint_without_a_record_resumes_in_levanters_order_only(
+    tmp_path, monkeypatch, data, ok, lines
+):
+    """No ``meshbatch_data_order.json``: Levanter's own loader wrote it (or meshbatch before the
+    records); ``MESHBATCH_DATA_ORDER_CHECK=off`` resumes anyway, saying so."""
+    now = ours(parse(tmp_path, data))
+    if ok:
+        check(None, now, "step-3")
+        return
+    with pytest.raises(DataOrderMismatch, match=r"has no meshbatch_data_order\.json") as error:
+        check(None, now, "step-3")
+    assert lines in str(error.value), str(error.value)
+    monkeypatch.setenv("MESHBATCH_DATA_ORDER_CHECK", "off")
+    check(None, now, "step-3")
