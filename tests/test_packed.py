@@ -54,7 +54,9 @@ def make_dataset(path, policy: str, **extra):
 
 def packed_pipeline(mesh, *, path, policy, shuffle=None, key=3):
     extra = {} if shuffle is None else {"shuffle": ShuffleSpec(shuffle)}
-    return Pipeline(make_dataset(path, policy, **extra), mesh=mesh, batch_size=BATCH, key=key), dict
+    dataset = make_dataset(path, policy, **extra)
+    pipeline = Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=key)
+    return pipeline, lambda: {"spans": dataset.sources[0].counters.spans_requested}
 
 
 def reference(examples, fmt, policy, step, *, key=3, host=None, shuffle_spec=NO_SHUFFLE):
@@ -175,6 +177,13 @@ def test_packed_equal_across_two_processes(corpus, tmp_path):
             for name in LEAVES:
                 got = assemble(results, step=step, leaf=name, like=want[name])
                 np.testing.assert_array_equal(got, want[name], err_msg=f"{kwargs} {step=} {name}")
+        # each process read only its own rows: one span of input_ids per example of its half
+        for p, result in enumerate(results):
+            members = 0
+            for step in range(steps):
+                cu = reference(corpus[fmt][1], fmt, kwargs["policy"], step)[0]["cu_seqlens"]
+                members += int((np.diff(cu, axis=1) > 0)[p * BATCH // 2 : (p + 1) * BATCH // 2].sum())
+            assert int(result["report/spans"]) == members, (kwargs, p)
 
 
 # -- the packing kernels against the reference rules, on random lengths -------------------------
