@@ -396,6 +396,19 @@ def test_damaged_input_is_named(tmp_path):
     ):
         PackedDataset(path, 8, slice_strategy="raise")
     assert PackedDataset(path, 8, compat="levanter").num_examples == 2  # Levanter's rule: sliced
+    from levanter.store.cache import SerialCacheWriter
+
+    exemplar = {"input_ids": np.zeros((0,), np.int32), "sources_len": np.zeros((0,), np.int32)}
+    with SerialCacheWriter(str(tmp_path / "two_values"), exemplar) as writer:
+        rows = [
+            {"input_ids": np.arange(5, dtype=np.int32), "sources_len": np.array(v, np.int32)}
+            for v in ([2], [1, 3])
+        ]
+        writer._tree_store.extend_with_batch(writer._tree_store.batch_preparer(rows))
+    with pytest.raises(
+        PackedDataError, match=r"supervised cache .*two_values: row 1 of sources_len holds 2 values"
+    ):
+        PackedDataset(str(tmp_path / "two_values"), 8)
 
 
 def test_bad_arguments_are_named(corpus):
@@ -414,3 +427,34 @@ def test_bad_arguments_are_named(corpus):
         AttributeError, match=r"num_examples is known on the dataset PackedDataset.make\(key\)"
     ):
         _ = PackedDataset(path, SEQ).num_examples
+
+
+def test_packed_child_of_mixtures(corpus, tmp_path):
+    """A text cache and a packed chat cache in a stable and a token-balanced mixture: every row is one
+    of the text windows or one of the chat cache's packed rows, and both kinds appear. (A packing that
+    depends on the key, the default's shuffle of examples, is known only after make: a mixture,
+    which counts its children's rows when constructed, takes a key-free one.)"""
+    from meshbatch import CausalLMDataset, Mixture, TokenBalancedMixture
+    from meshbatch.cache import CacheWriter, TokenCache
+
+    with CacheWriter(str(tmp_path / "text")) as writer:
+        writer.write([np.arange(3, 3 + 7 * SEQ, dtype=np.int32) + 1000 * i for i in range(6)])
+    text = CausalLMDataset(TokenCache.open(str(tmp_path / "text")), SEQ)
+    chat = PackedDataset(corpus["chat"][0], SEQ, shuffle_examples=False, window=16)
+    flat = np.concatenate(TokenCache.open(str(tmp_path / "text")).read_rows(range(6)))
+    windows = {tuple(w) for w in flat.reshape(-1, SEQ).tolist()}
+    in_order = PackedDataset(corpus["chat"][0], SEQ, shuffle_examples=False, window=16, shuffle=NO_SHUFFLE)
+    packed = Pipeline(in_order, mesh=mesh_of(1), batch_size=chat.num_examples, key=0).batch(0)
+    packed_rows = {tuple(r) for r in np.asarray(packed.tokens).tolist()}
+    for mixture in (
+        Mixture({"text": text, "chat": chat}, {"text": 0.5, "chat": 0.5}, block_size=16),
+        TokenBalancedMixture({"text": text, "chat": chat}),
+    ):
+        pipeline = Pipeline(mixture, mesh=mesh_of(2), batch_size=BATCH, key=1)
+        kinds = set()
+        for step in range(4):
+            for row in np.asarray(pipeline.batch(step).tokens).tolist():
+                kind = "text" if tuple(row) in windows else "chat" if tuple(row) in packed_rows else None
+                assert kind is not None, (type(mixture).__name__, step, row)
+                kinds.add(kind)
+        assert kinds == {"text", "chat"}, type(mixture).__name__
