@@ -411,7 +411,13 @@ def test_damaged_input_is_named(tmp_path):
         PackedDataset(str(tmp_path / "two_values"), 8)
 
 
-def test_bad_arguments_are_named(corpus):
+def test_bad_arguments_are_named(corpus, tmp_path):
+    from meshbatch.cache import CacheWriter
+
+    with CacheWriter(str(tmp_path / "text")) as writer:
+        writer.write([np.arange(5, dtype=np.int32)])
+    with pytest.raises(ValueError, match=r"cannot tell the format of the cache at .*neither assistant_masks"):
+        PackedDataset(str(tmp_path / "text"), SEQ)
     path = corpus["chat"][0]
     with pytest.raises(ValueError, match="compat='levanter' packs greedily"):
         PackedDataset(path, SEQ, compat="levanter", decreasing=True)

@@ -134,11 +134,11 @@ class PackedDevice(DeviceDataset):
     sources_len: Int[Array, " n"]
     max_segments: int = eqx.field(static=True)
     keep_end: bool = eqx.field(static=True)
-    build_: PackedBuild
+    row_build: PackedBuild
 
     @property
     def seq_len(self) -> int:
-        return self.build_.seq_len
+        return self.row_build.seq_len
 
     def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
         """Each row's packed row (the shuffle of its position) and that row's members."""
@@ -160,10 +160,10 @@ class PackedDevice(DeviceDataset):
         return Plan(rows=rows, source=source, example=packed, detail=detail), None
 
     def build(self, plan: Plan, content: Content) -> Batch:
-        return self.build_(plan, content)
+        return self.row_build(plan, content)
 
     def builder(self) -> PackedBuild:
-        return self.build_
+        return self.row_build
 
     def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
         """The examples' kept tokens in each row (padding excluded)."""
@@ -363,7 +363,7 @@ class PackedDataset(Dataset):
             sources_len=jnp.asarray(sources_len.astype(np.int32)),
             max_segments=self.segments,
             keep_end=self.slice_strategy == "right",
-            build_=build,
+            row_build=build,
         )
 
     def spans(self, plan: Plan) -> Spans:

@@ -58,14 +58,13 @@ class Examples:
         return int(self.lengths.shape[0])
 
 
-def _fields_present(path: str) -> list[str]:
-    present = []
+def _fields_present(path: str) -> dict[str, TokenCache]:
+    present = {}
     for fmt, field in MASK_FIELD.items():
         try:
-            TokenCache.open(path, field)
+            present[fmt] = TokenCache.open(path, field)
         except FileNotFoundError:
             continue
-        present.append(fmt)
     return present
 
 
@@ -92,9 +91,10 @@ def open_examples(path: str, format: str | None = None) -> Examples:
                 f"{[MASK_FIELD[f] for f in present] or 'neither assistant_masks nor sources_len'}; "
                 "pass format='chat' or format='supervised'"
             )
-        format = present[0]
+        ((format, other),) = present.items()
+    else:
+        other = TokenCache.open(path, MASK_FIELD[format])
     field = MASK_FIELD[format]
-    other = TokenCache.open(path, field)
     lengths = tokens.doc_lengths().astype(np.int64)
     offsets = np.asarray(tokens.doc_offsets(), np.int64)
     if lengths.size == 0:
