@@ -26,15 +26,17 @@ EXEMPLARS = {
     "chat": {"input_ids": np.zeros((0,), np.int32), "assistant_masks": np.zeros((0,), np.int32)},
     "supervised": {"input_ids": np.zeros((0,), np.int32), "sources_len": np.zeros((0,), np.int32)},
 }
-CASES = [  # (format, pack, mask_prompt, slice_strategy)
-    ("chat", True, True, "left"),
-    ("chat", True, False, "left"),
-    ("chat", False, True, "left"),
-    ("chat", True, True, "right"),
-    ("supervised", True, True, "right"),
-    ("supervised", True, False, "right"),
-    ("supervised", False, True, "right"),
-    ("supervised", True, True, "left"),
+CASES = [  # (format, pack, mask_prompt, slice_strategy, max_segments)
+    ("chat", True, True, "left", 64),
+    ("chat", True, False, "left", 64),
+    ("chat", False, True, "left", 64),
+    ("chat", True, True, "right", 64),
+    ("chat", True, True, "left", 2),
+    ("supervised", True, True, "right", 64),
+    ("supervised", True, False, "right", 64),
+    ("supervised", False, True, "right", 64),
+    ("supervised", True, True, "left", 64),
+    ("supervised", True, True, "right", 3),
 ]
 
 
@@ -47,11 +49,11 @@ def caches(tmp_path_factory):
     }
 
 
-def levanter_rows(path, fmt, pack, mask_prompt, slice_strategy) -> dict[str, np.ndarray]:
+def levanter_rows(path, fmt, pack, mask_prompt, slice_strategy, max_segments=64) -> dict[str, np.ndarray]:
     """Levanter's packed rows ``0 .. n-1``: tokens, loss_mask, segment_ids."""
     cache = TreeCache.load(path, EXEMPLARS[fmt])
     Pos = hax.Axis("position", SEQ)
-    segments = 64 if pack else 1  # what Levanter's chat / supervised formats pass for `pack`
+    segments = max_segments if pack else 1  # Levanter's chat / supervised formats pass 64 or 1 for `pack`
     if fmt == "chat":
         dataset = MultiturnChatDataset(
             cache, Pos, max_segments_per_example=segments, slice_strategy=slice_strategy,
@@ -78,17 +80,16 @@ def levanter_rows(path, fmt, pack, mask_prompt, slice_strategy) -> dict[str, np.
     return {k: np.stack(v).astype(np.int32) for k, v in out.items()}
 
 
-def compat_dataset(path, pack, mask_prompt, slice_strategy):
+def compat_dataset(path, pack, mask_prompt, slice_strategy, max_segments=64):
     return PackedDataset(
         path, SEQ, compat="levanter", pack=pack, mask_prompt=mask_prompt, slice_strategy=slice_strategy,
-        shuffle=ShuffleSpec("none"),
+        max_segments=max_segments, shuffle=ShuffleSpec("none"),
     )  # fmt: skip
 
 
-def compat_pipeline(mesh, *, path, pack=True, mask_prompt=True, slice_strategy=None):
-    return Pipeline(
-        compat_dataset(path, pack, mask_prompt, slice_strategy), mesh=mesh, batch_size=BATCH, key=0
-    ), dict
+def compat_pipeline(mesh, *, path, pack=True, mask_prompt=True, slice_strategy=None, max_segments=64):
+    dataset = compat_dataset(path, pack, mask_prompt, slice_strategy, max_segments)
+    return Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=0), dict
 
 
 def mesh_of(devices: int):
@@ -105,12 +106,13 @@ def pipeline_rows(pipeline, rows: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v)[:rows] for k, v in got.items()}
 
 
-@pytest.mark.parametrize("fmt, pack, mask_prompt, slice_strategy", CASES)
-def test_compat_rows_equal_levanter(caches, fmt, pack, mask_prompt, slice_strategy):
-    want = levanter_rows(caches[fmt], fmt, pack, mask_prompt, slice_strategy)
+@pytest.mark.parametrize("fmt, pack, mask_prompt, slice_strategy, max_segments", CASES)
+def test_compat_rows_equal_levanter(caches, fmt, pack, mask_prompt, slice_strategy, max_segments):
+    want = levanter_rows(caches[fmt], fmt, pack, mask_prompt, slice_strategy, max_segments)
     pipeline, _ = compat_pipeline(
-        mesh_of(1), path=caches[fmt], pack=pack, mask_prompt=mask_prompt, slice_strategy=slice_strategy
-    )
+        mesh_of(1), path=caches[fmt], pack=pack, mask_prompt=mask_prompt, slice_strategy=slice_strategy,
+        max_segments=max_segments,
+    )  # fmt: skip
     assert pipeline._host.num_examples == want["tokens"].shape[0]
     got = pipeline_rows(pipeline, want["tokens"].shape[0])
     for name in want:
