@@ -12,6 +12,10 @@ masks random), read by both sides in the same run, on one CPU device:
   until every leaf is ready, for ``compat="levanter"`` (the same rows) and the default policy
   (first fit over windows of 512 shuffled examples).
 
+Each side twice: packed rows in order (``ShuffleSpec("none")``; Levanter's rows ``k * batch ..``),
+and shuffled (meshbatch's default full shuffle of rows; Levanter asked for a permutation of its
+rows, as its ``PermutationDataset`` would), where a step's rows lie anywhere in the cache.
+
 Host time per step: wall time of one step's batch (step 0, which compiles, not counted), the
 sides alternating for ``--rounds`` rounds of ``--steps`` steps each, each round on fresh steps;
 medians and ranges over every timed step. Setup: the time to construct each side (Levanter packs
@@ -118,9 +122,13 @@ def main() -> None:
         for name, value in fill.items():
             print(f"  fill {name}: {value:.4f}", flush=True)
 
+        order = np.random.default_rng(0).permutation(len(packs))  # what its PermutationDataset asks for
         sides = {
             "levanter MultiturnChatDataset.get_batch": lambda step: levanter_sync.get_batch(
                 list(range(step * B, (step + 1) * B))
+            ),
+            "levanter MultiturnChatDataset.get_batch, rows shuffled": lambda step: levanter_sync.get_batch(
+                order[step * B : (step + 1) * B].tolist()
             ),
         }
         for name, pipeline in pipelines.items():
