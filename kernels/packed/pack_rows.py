@@ -13,9 +13,9 @@ window each goes into the first row of that window with room for it (free slots 
 slot), a new row when none has. ``decreasing=True`` takes a window's examples largest first (ties in
 the given order): first-fit decreasing. A window's rows follow the previous window's.
 
-    seq_len = 8, max_segments = 4, sizes [5, 4, 3, 2, 6]
-    greedy                 rows [0, 1, 1, 2, 3]       [5] [4 3] [2] [6]  -> 4 rows, fill 20/32
-    first_fit (window 5)   rows [0, 1, 0, 1, 2]       [5 3] [4 2] [6]     -> 3 rows, fill 20/24
+    seq_len = 8, max_segments = 4, sizes [6, 5, 2, 3]
+    greedy                 rows [0, 1, 1, 2]          [6] [5 2] [3]    -> 3 rows, fill 16/24
+    first_fit (window 4)   rows [0, 1, 0, 1]          [6 2] [5 3]      -> 2 rows, fill 16/16
 
 ``pack_tables`` turns the row of each example into the tables a plan reads: ``members`` (example
 indices grouped by row, in the order they joined it) and ``row_start`` (where each row's members

@@ -15,7 +15,7 @@ a packed row is then an example of the stream like any window, shuffled by ``Shu
 A trace: ``seq_len=8``, a chat cache of examples of 5, 4, 3, 2, 6 tokens, ``compat="levanter"``
 (greedy in cache order), ``shuffle=ShuffleSpec("none")``:
 
-    packing   rows [0, 1, 1, 2, 3]: members [0 | 1 2 | 3 | 4], row_start [0, 1, 3, 4, 5, 5]
+    packing   rows [0, 1, 1, 2, 2]: members [0 | 1 2 | 3 4], row_start [0, 1, 3, 5, 5, 5]
     plan      row position 1 -> packed row 1 -> member [1, 2, 0 ...], length [4, 3, 0 ...]
     spans     input_ids rows 1 and 2, assistant_masks rows 1 and 2 (4 spans, 2 runs)
     build     tokens = [e1 e1 e1 e1 e2 e2 e2 pad], segment_ids = [1 1 1 1 2 2 2 -1]
