@@ -97,11 +97,13 @@ def main() -> None:
         setup["levanter MultiturnChatDataset"] = time.perf_counter() - start
         pipelines = {}
         for name, kwargs in (
-            ("meshbatch compat='levanter'", dict(compat="levanter")),
-            ("meshbatch first fit", {}),
+            ("meshbatch compat='levanter'", dict(compat="levanter", shuffle=ShuffleSpec("none"))),
+            ("meshbatch first fit", dict(shuffle=ShuffleSpec("none"))),
+            ("meshbatch compat='levanter', rows shuffled", dict(compat="levanter")),
+            ("meshbatch first fit, rows shuffled", {}),
         ):
             start = time.perf_counter()
-            dataset = PackedDataset(path, S, shuffle=ShuffleSpec("none"), **kwargs)
+            dataset = PackedDataset(path, S, **kwargs)
             pipelines[name] = Pipeline(dataset, mesh=mesh, batch_size=B, key=0, warmup=False)
             setup[name] = time.perf_counter() - start
         for name, seconds in setup.items():

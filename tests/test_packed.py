@@ -419,8 +419,14 @@ def test_bad_arguments_are_named(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"cannot tell the format of the cache at .*neither assistant_masks"):
         PackedDataset(str(tmp_path / "text"), SEQ)
     path = corpus["chat"][0]
-    with pytest.raises(ValueError, match="compat='levanter' packs greedily"):
+    with pytest.raises(ValueError, match="compat='levanter' packs greedily in cache order: decreasing=True"):
         PackedDataset(path, SEQ, compat="levanter", decreasing=True)
+    with pytest.raises(
+        ValueError, match="pack=False packs nothing: window=8, shuffle_examples=False configure"
+    ):
+        PackedDataset(path, SEQ, pack=False, window=8, shuffle_examples=False)
+    with pytest.raises(TypeError, match="decreasing"):
+        PackedDataset(path, SEQ, decreasing="yes")
     with pytest.raises(ValueError, match=r"compat='levantr' is not one of"):
         PackedDataset(path, SEQ, compat="levantr")
     with pytest.raises(ValueError, match="slice_strategy='middle'"):

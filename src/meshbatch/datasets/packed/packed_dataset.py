@@ -185,9 +185,13 @@ class PackedDataset(Dataset):
         max_segments: examples per row at most (Levanter's ``max_segments_per_example``); also
             the static size of ``cu_seqlens`` (``min(max_segments, seq_len) + 1`` entries: a row
             never holds more examples than tokens).
-        window: examples packed together by first fit (default policy).
-        decreasing: first fit takes each window's examples largest first (default policy).
-        shuffle_examples: shuffle the examples (keyed) before packing (default policy).
+        window: examples packed together by first fit (default policy; ``None``: 512).
+        decreasing: first fit takes each window's examples largest first (default policy;
+            ``None``: ``False``).
+        shuffle_examples: shuffle the examples (keyed) before packing (default policy; ``None``:
+            ``True``).
+            These three configure the first-fit packing: given with ``compat="levanter"`` or
+            ``pack=False`` (which do not use it) they are refused.
         shuffle: the order of packed rows in each epoch.
         slice_strategy: an example longer than ``seq_len``: ``"left"`` keeps its first tokens,
             ``"right"`` its last, ``"raise"`` refuses the dataset naming the row; ``None``:
@@ -212,9 +216,9 @@ class PackedDataset(Dataset):
         pack: bool = True,
         compat: Compat = None,
         max_segments: int = 64,
-        window: int = 512,
-        decreasing: bool = False,
-        shuffle_examples: bool = True,
+        window: int | None = None,
+        decreasing: bool | None = None,
+        shuffle_examples: bool | None = None,
         shuffle: ShuffleSpec = FULL_SHUFFLE,
         slice_strategy: SliceStrategy | None = None,
         mask_prompt: bool = True,
@@ -228,9 +232,21 @@ class PackedDataset(Dataset):
         self.pack = check_bool("pack", pack)
         self.compat = check_choice("compat", compat, ("levanter", None))
         self.max_segments = check_int("max_segments", max_segments, low=1, high=2**16)
-        self.window = check_int("window", window, low=1, high=1 << 16)
-        self.decreasing = check_bool("decreasing", decreasing)
-        self.shuffle_examples = check_bool("shuffle_examples", shuffle_examples)
+        first_fit = {"window": window, "decreasing": decreasing, "shuffle_examples": shuffle_examples}
+        given = {k: v for k, v in first_fit.items() if v is not None}
+        if given and (compat == "levanter" or pack is False):
+            policy = (
+                "compat='levanter' packs greedily in cache order" if compat else "pack=False packs nothing"
+            )
+            raise ValueError(
+                f"{policy}: {', '.join(f'{k}={v!r}' for k, v in given.items())} configure the default "
+                "first-fit packing only"
+            )
+        self.window = check_int("window", 512 if window is None else window, low=1, high=1 << 16)
+        self.decreasing = check_bool("decreasing", False if decreasing is None else decreasing)
+        self.shuffle_examples = check_bool(
+            "shuffle_examples", True if shuffle_examples is None else shuffle_examples
+        )
         if not isinstance(shuffle, ShuffleSpec):
             raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
         self.shuffle_spec = shuffle
@@ -238,11 +254,6 @@ class PackedDataset(Dataset):
         self.mask_prompt = check_bool("mask_prompt", mask_prompt)
         self.attention_metadata = check_bool("attention_metadata", attention_metadata)
         self.pad_id = check_token_id("pad_id", pad_id)
-        if compat == "levanter" and (decreasing or window != 512):
-            raise ValueError(
-                f"compat='levanter' packs greedily in cache order: window={window} and "
-                f"decreasing={decreasing} apply to the default first-fit policy only"
-            )
         self.examples: Examples = open_examples(path, format)
         self.format = self.examples.format
         self.slice_strategy = slice_strategy or LEVANTER_SLICE[self.format]
