@@ -300,7 +300,8 @@ class Pipeline:
                 self._num_steps = self._count_steps()
                 self._final = True  # only now: a step of the last era must see the final tables
 
-    def _make(self, step: int) -> Batch:
+    def _reach(self, step: int) -> None:
+        """Grows a dataset still being written up to ``step``; refuses a step past a finite end."""
         if not self._final:
             self._grow(step)
         steps = self.num_steps()
@@ -308,6 +309,9 @@ class Pipeline:
             raise IndexError(
                 f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
             )
+
+    def _make(self, step: int) -> Batch:
+        self._reach(step)
         layout = self._layouts[self.schedule.batch_size(step)]
         # Every per-device input is stacked on the host; the build's jit places them all at once.
         if not self._host_plans:
@@ -355,13 +359,7 @@ class Pipeline:
             ValueError: a ``state`` of another step, or one given for a stateless dataset.
         """
         step = check_step(step)
-        if not self._final:
-            self._grow(step)
-        steps = self.num_steps()
-        if steps is not None and step >= steps:
-            raise IndexError(
-                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
-            )
+        self._reach(step)
         rows = np.arange(self.schedule.batch_size(step))
         if self._planner is None:
             if state is not None:
