@@ -30,6 +30,7 @@ import numpy as np
 
 from .checks import as_index_array, check_out_buffer
 from .coalesce import Coalesced, as_spans
+from .contents import Contents
 from .reader import TokenCache, check_fits
 from .reads import PendingRead, Segment, plan_pieces, widens_exactly
 
@@ -134,6 +135,7 @@ class _Spans:
     run_lengths: np.ndarray  # int64 [R]
     run_offsets: np.ndarray  # int64 [R + 1] from 0
     span_starts: np.ndarray  # int64 [n] from 0 (empty spans: 0)
+    run_slot: np.ndarray  # int64 [R] each run's cache (its place among the touched caches)
     first_run: np.ndarray  # int64 [k + 1] each cache's first run (runs of cache j: first_run[j:j+2])
     unique: np.ndarray  # int64 [k] distinct non-empty spans of each cache
     requested: np.ndarray  # int64 [k] spans of each cache
@@ -173,9 +175,8 @@ def _coalesce(starts: np.ndarray, lengths: np.ndarray, slot: np.ndarray, k: int)
         located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
         span_starts[nonempty] = located
     first_run = np.searchsorted(run_slot, np.arange(k + 1))
-    return _Spans(
-        run_starts, run_lengths, run_offsets, span_starts, first_run, unique, np.bincount(slot, minlength=k)
-    )
+    requested = np.bincount(slot, minlength=k)
+    return _Spans(run_starts, run_lengths, run_offsets, span_starts, run_slot, first_run, unique, requested)
 
 
 def _plan_group(
@@ -189,17 +190,27 @@ def _plan_group(
     at: int,
 ) -> PendingRead:
     """One plan for the runs of ``members`` (caches alike in block cache and, with one, dtype)."""
+    first, base = spans.first_run.tolist(), bases.tolist()
     segments: list[Segment] = []
     segment_starts, segment_slots, touched_parts = [], [], []
     for j in members:
-        a, b = int(spans.first_run[j]), int(spans.first_run[j + 1])
-        local = spans.run_starts[a:b] - bases[j]
-        mine = chosen[j]._view.segments_for(local, local + spans.run_lengths[a:b]) if b > a else []
+        a, b = first[j], first[j + 1]
+        view = chosen[j]._view
+        if a == b:
+            mine = []
+        elif type(view) is Contents and len(view.segments) == 1:  # a consolidated cache, loaded
+            mine = list(view.segments)
+        else:
+            local = spans.run_starts[a:b] - base[j]
+            mine = view.segments_for(local, local + spans.run_lengths[a:b])
         segments.extend(mine)
-        segment_starts.extend(int(bases[j]) + seg.token_start for seg in mine)
+        segment_starts.extend(base[j] + seg.token_start for seg in mine)
         segment_slots.extend([j] * len(mine))
         touched_parts.append(frozenset(seg.part for seg in mine if seg.part))
-    pieces = _pieces(segments, np.array(segment_starts, np.int64), members, spans, at)
+    in_group = np.zeros(len(chosen), dtype=bool)
+    in_group[members] = True
+    runs = np.flatnonzero(in_group[spans.run_slot])
+    pieces = _pieces(segments, np.array(segment_starts, np.int64), runs, spans, at)
     cache = chosen[members[0]]
     targets, extra, finish, _ = plan_pieces(pieces, out, block_cache=cache.block_cache)
 
@@ -211,31 +222,28 @@ def _plan_group(
     for target in extra:
         reads[owner[id(target.segment)]] += 1
     if cache.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
+        tokens = np.diff(spans.run_offsets[spans.first_run]).tolist()
         for j in members:
-            a, b = spans.first_run[j], spans.first_run[j + 1]
-            tokens = int(spans.run_offsets[b] - spans.run_offsets[a])
-            nbytes[j] = tokens * chosen[j].dtype.itemsize if b > a else 0
+            nbytes[j] = tokens[j] * chosen[j].dtype.itemsize
     else:
         for target in targets:
             nbytes[owner[id(target.segment)]] += target.dest.nbytes
     checks = []
+    requested, unique = spans.requested.tolist(), spans.unique.tolist()
     for j, parts in zip(members, touched_parts, strict=True):
         mine = chosen[j]
         mine.counters.add(
-            spans_requested=int(spans.requested[j]),
-            unique_spans=int(spans.unique[j]),
-            runs=int(spans.first_run[j + 1] - spans.first_run[j]),
+            spans_requested=requested[j],
+            unique_spans=unique[j],
+            runs=first[j + 1] - first[j],
             reads_issued=reads[j],
             bytes_read=nbytes[j],
         )
         if mine._watch is not None:
             checks.append(functools.partial(mine._watch.start, parts))
-    in_group = np.zeros(len(chosen), dtype=bool)
-    in_group[members] = True
-    last = members[-1]
     return PendingRead(
         span_starts[in_group[slot]],
-        at + int(spans.run_offsets[spans.first_run[last + 1]]),
+        at + int(spans.run_offsets[first[members[-1] + 1]]),
         targets + extra,
         finish,
         _check_all(checks) if checks else None,
@@ -244,10 +252,9 @@ def _plan_group(
     )
 
 
-def _pieces(segments: list[Segment], segment_starts: np.ndarray, members: list[int], spans: _Spans, at: int):
-    """``reads._pieces`` of the runs of ``members`` over their caches' segments placed at
-    ``segment_starts`` (virtual), vectorised: ``(position in out, segment, local start, local end)``."""
-    runs = np.concatenate([np.arange(spans.first_run[j], spans.first_run[j + 1]) for j in members])
+def _pieces(segments: list[Segment], segment_starts: np.ndarray, runs: np.ndarray, spans: _Spans, at: int):
+    """``reads._pieces`` of ``runs`` over their caches' segments placed at ``segment_starts``
+    (virtual), vectorised: ``(position in out, segment, local start, local end)``."""
     if runs.size == 0:
         return []
     starts = spans.run_starts[runs]
