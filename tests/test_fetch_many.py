@@ -182,6 +182,8 @@ def test_empty_spans_and_untouched_caches(corpus):
     run_reads(many.reads)
     np.testing.assert_array_equal(got, want)
     assert many.span_starts.tolist() == where.tolist() == [8, 2, 8, 2] and many.end == end == 12
+    none = prepare_reads(caches, np.zeros(0, np.int64), np.zeros(0, np.int64), 0, got, 5)  # no spans
+    assert none.reads == [] and none.span_starts.size == 0 and none.end == 5
 
 
 def _error(call):
