@@ -46,6 +46,12 @@ EAGER_MAX_SHARDS = 64  # ``eager=None``: a finished cache of at most this many s
 EAGER_MAX_ROWS = 1 << 16  # ... and at most this many rows is loaded and checked whole at open
 
 
+def check_fits(out: np.ndarray, at: int, total: int) -> None:
+    """Raise ``ValueError`` unless ``total`` tokens fit ``out`` from ``at``."""
+    if at + total > out.shape[0]:
+        raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
+
+
 class TokenCache:
     """One field of a Levanter token cache (consolidated or sharded layout), read-only."""
 
@@ -315,14 +321,17 @@ class TokenCache:
         check_out_buffer("out", out, at=at)
         starts, lengths = as_spans(starts, lengths)
         runs = self._coalesce(starts, lengths)
+        check_fits(out, at, int(runs.run_offsets[-1]))
+        return self._prepare_coalesced(runs, starts.shape[0], out, at)
+
+    def _prepare_coalesced(self, runs: Coalesced, spans: int, out: np.ndarray, at: int) -> PendingRead:
+        """``prepare_read`` of spans already coalesced (and checked to fit ``out``) into ``out[at:]``."""
         total = int(runs.run_offsets[-1])
-        if at + total > out.shape[0]:
-            raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         view = out[at : at + total]
         if widens_exactly(self.dtype, out.dtype):
-            return self._plan(runs, starts.shape[0], view, at)
+            return self._plan(runs, spans, view, at)
         aside = np.empty(total, dtype=self.dtype)
-        return convert_after(self._plan(runs, starts.shape[0], aside, at), aside, view, where=self.path)
+        return convert_after(self._plan(runs, spans, aside, at), aside, view, where=self.path)
 
     def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
         check_span_bounds(starts, lengths, self.num_tokens, where=f"cache {self.path}")

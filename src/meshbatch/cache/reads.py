@@ -127,18 +127,30 @@ def plan_runs(
         Whole-chunk reads that verify chunks read for the first time come after the data
         reads in ``targets`` and are not counted in ``bytes_read``.
     """
-    pieces = list(_pieces(segments, run_starts, run_offsets))
+    targets, checks, finish, nbytes = plan_pieces(
+        list(_pieces(segments, run_starts, run_offsets)), dest, block_cache=block_cache
+    )
+    return targets + checks, finish, nbytes
+
+
+def plan_pieces(
+    pieces: list[tuple[int, Segment, int, int]], dest: np.ndarray, *, block_cache: BlockCache | None = None
+) -> tuple[list[Target], list[Target], Callable[[], None] | None, int]:
+    """Plans reading ``pieces`` (``(position in dest, segment, local start, local end)``, as
+    ``_pieces`` yields them) into ``dest``: ``(data reads, verification reads, finish, bytes_read)``
+    (``plan_runs``; the pieces may come from the segments of several caches alike in dtype)."""
     if not pieces:
-        return [], None, 0
+        return [], [], None, 0
     if block_cache is None:
         targets = [Target(dest[at : at + hi - lo], seg.data[lo:hi], seg, lo) for at, seg, lo, hi in pieces]
-        finish, nbytes = None, int(run_offsets[-1]) * np.dtype(segments[0].data.dtype.numpy_dtype).itemsize
+        itemsize = np.dtype(pieces[0][1].data.dtype.numpy_dtype).itemsize
+        finish, nbytes = None, sum(hi - lo for _, _, lo, hi in pieces) * itemsize
     else:
         targets, finish, nbytes = _plan_blocks(pieces, dest, block_cache)
     blocks = block_cache is not None
     checks, verify = _plan_verification(pieces, targets, blocks=blocks, waited=getattr(finish, "waited", ()))
     if verify is None:
-        return targets, finish, nbytes
+        return targets, [], finish, nbytes
     publish = getattr(finish, "publish", None)
     if publish is not None:  # a block cache: its blocks are verified before other threads get them
 
@@ -147,14 +159,14 @@ def plan_runs(
             publish()
 
         finish.publish = verify_then_publish  # run_reads: publish, then finish; abort on any error
-        return targets + checks, finish, nbytes
+        return targets, checks, finish, nbytes
 
     def verify_then_finish() -> None:  # exact reads (no block cache): nothing to hand over
         verify()
         if finish is not None:
             finish()
 
-    return targets + checks, verify_then_finish, nbytes
+    return targets, checks, verify_then_finish, nbytes
 
 
 def _plan_verification(

@@ -17,11 +17,13 @@ A buffer's size is static (``rows x max_row_tokens`` plus the margins), so build
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
-from meshbatch.cache import run_reads
+from meshbatch.cache import TokenCache, run_reads
+from meshbatch.cache.many import prepare_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
 from .row_layout import RowLayout
@@ -160,6 +162,15 @@ def _prepare_group(
     present, first = np.unique(source.reshape(-1)[order], return_index=True)
     bounds = np.append(first, order.size)
     flat_start, flat_length, flat_where = start.reshape(-1), length.reshape(-1), where.reshape(-1)
+    touched = [dataset.sources[s] for s in present.tolist()]
+    if len(touched) > 1 and one_plan() and all(isinstance(cache, TokenCache) for cache in touched):
+        # the touched caches as one token space: one bounds check, coalesce and read plan (cache/many.py)
+        slots = np.repeat(np.arange(len(touched)), np.diff(bounds))
+        many = prepare_reads(touched, slots, flat_start[order], flat_length[order], buffer, at)
+        flat_where[order] = many.span_starts
+        buffer[:margin] = 0
+        buffer[many.end :] = 0
+        return many.reads, buffer, where.astype(np.int32)
     for i, s in enumerate(present.tolist()):
         mine = order[bounds[i] : bounds[i + 1]]  # this source's spans, in row order
         read = dataset.sources[s].prepare_read(flat_start[mine], flat_length[mine], buffer, at)
@@ -169,6 +180,22 @@ def _prepare_group(
     buffer[:margin] = 0
     buffer[at:] = 0
     return reads, buffer, where.astype(np.int32)
+
+
+PLAN_ENV = "MESHBATCH_FETCH_PLAN"  # "one" (default): one read plan for all caches of a step; "per-source"
+
+
+def one_plan() -> bool:
+    """Whether a step's TokenCache sources share one read plan (``MESHBATCH_FETCH_PLAN``, default
+    ``one``); ``per-source`` plans each source's read on its own, as before.
+
+    Raises:
+        ValueError: any other value, named.
+    """
+    value = os.environ.get(PLAN_ENV, "one").strip().lower()
+    if value not in ("one", "per-source"):
+        raise ValueError(f"{PLAN_ENV} must be 'one' or 'per-source' (got {PLAN_ENV}={value!r})")
+    return value == "one"
 
 
 def _timed_reads(reads: list) -> None:
