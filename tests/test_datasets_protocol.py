@@ -9,6 +9,8 @@
 Each equals a numpy reference on 1x1, 1x8 and 2 processes x 4 devices, and never recompiles.
 """
 
+import logging
+
 import chex
 import equinox as eqx
 import jax
@@ -291,11 +293,24 @@ def test_carried_state_equals_reference_and_resumes(caches):
 def test_stateless_checkpoint_is_the_step(caches):
     pipeline, _ = toy_pipeline(mesh_of(1), paths=caches)
     pipeline.batch(6)
-    assert pipeline.state_dict() == {"version": 1, "step": 7}
+    assert pipeline.state_dict() == {"version": 1, "step": 7, "content": pipeline.content_fingerprint()}
     with pytest.raises(ValueError, match=r"stateless; state has keys \['counter'\]"):
         pipeline.load_state_dict({"version": 1, "step": 0, "counter": 3})
     with pytest.raises(ValueError, match="state version=2"):
         pipeline.load_state_dict({"version": 2, "step": 0})
+
+
+def test_a_checkpoint_of_other_data_resumes_with_a_warning_naming_both_fingerprints(caches, caplog):
+    pipeline, _ = toy_pipeline(mesh_of(1), paths=caches)
+    ours = pipeline.content_fingerprint()
+    with caplog.at_level(logging.WARNING, logger="meshbatch.pipeline.pipeline"):
+        pipeline.load_state_dict({"version": 1, "step": 3, "content": ours})
+        pipeline.load_state_dict({"version": 1, "step": 3})  # written before fingerprints: silent
+        assert not caplog.records
+        pipeline.load_state_dict({"version": 1, "step": 4, "content": "0" * 32})
+    (record,) = caplog.records
+    assert f"fingerprint is {'0' * 32}, this pipeline's {ours}" in record.getMessage()
+    assert pipeline.state_dict()["step"] == 4
 
 
 def test_protocol_errors_name_the_dataset(caches):

@@ -108,11 +108,12 @@ def test_second_pipeline_trace(trace_caches):
 
 
 def test_checkpoint_trace(trace_caches):
-    """docs/datasets.md, "Carried state": {"version": 1, "step": k, **dataset.state_dict(state)}."""
+    """docs/datasets.md, "Carried state": {"version": 1, "step": k, "content": ..., **state}."""
     children = {"a": CausalLMDataset(TokenCache.open(trace_caches[0]), 4, shuffle=ShuffleSpec("none"))}
     dataset = TokenBalancedMixture(children)
     pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=2, key=0)
     pipeline.batch(0)
     saved = pipeline.state_dict()
-    assert saved == {"version": 1, "step": 1, **dataset.state_dict(pipeline._planner.state(1))}
+    state = dataset.state_dict(pipeline._planner.state(1))
+    assert saved == {"version": 1, "step": 1, "content": pipeline.content_fingerprint(), **state}
     assert saved["datasets"] == [{"spec": "a", "row_offset": 2, "token_offset": 8}]

@@ -375,7 +375,7 @@ class Pipeline:
                 raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
             else:
                 resume_step(state.get("step"), step)
-                saved = {k: v for k, v in state.items() if k not in ("version", "step")}
+                saved = {k: v for k, v in state.items() if k not in ("version", "step", "content")}
                 before = self._host.load_state_dict(saved)
             plan, _ = self._plan_rows(step, rows, before)
         plan = jax.tree.map(np.asarray, plan)
@@ -410,11 +410,17 @@ class Pipeline:
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able checkpoint of the stream at the next step the consumer will take.
 
-        ``{"version": 1, "step": k, ...}`` plus the dataset's own state (a token-balanced
-        mixture's per-source offsets); ``Pipeline(..., state=...)`` or ``load_state_dict`` resume
-        from it, and ``iterate_from(state=...)`` streams from it.
+        ``{"version": 1, "step": k, "content": fingerprint, ...}`` plus the dataset's own state (a
+        token-balanced mixture's per-source offsets); ``Pipeline(..., state=...)`` or
+        ``load_state_dict`` resume from it, and ``iterate_from(state=...)`` streams from it.
+        ``content`` is ``content_fingerprint()``: a resume over other data (a re-bucketed corpus,
+        a rewritten cache, other weights) says so in a WARNING line naming both fingerprints.
         """
-        out: dict[str, Any] = {"version": STATE_VERSION, "step": self._next_step}
+        out: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "step": self._next_step,
+            "content": self.content_fingerprint(),
+        }
         if self._planner is not None:
             out.update(self._host.state_dict(self._planner.state(self._next_step)))
         return out
@@ -442,6 +448,16 @@ class Pipeline:
         if version is not None and version != STATE_VERSION:
             raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
         step = resume_step(rest.pop("step", None), step)
+        content = rest.pop("content", None)
+        if content is not None and content != self.content_fingerprint():
+            logger.warning(
+                "resuming at step %d from a checkpoint of other data: its content fingerprint is %s, this "
+                "pipeline's %s (another corpus, a rewritten cache or other weights: the rows of a step "
+                "are not the checkpointed run's)",
+                step,
+                content,
+                self.content_fingerprint(),
+            )
         if self._planner is None:
             if rest:
                 raise ValueError(f"{type(self.dataset).__name__} is stateless; state has keys {sorted(rest)}")
