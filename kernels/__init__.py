@@ -20,6 +20,15 @@ from .mixtures.interleave_tree import select_tournament as select_tournament
 from .mixtures.stable_mixture import WRAPPED as WRAPPED
 from .mixtures.stable_mixture import MixtureSchedule as MixtureSchedule
 from .mixtures.stable_mixture import mixture_locate as mixture_locate
+from .packed.pack_rows import PACK_RULES as PACK_RULES
+from .packed.pack_rows import PackTables as PackTables
+from .packed.pack_rows import first_fit_rows as first_fit_rows
+from .packed.pack_rows import greedy_rows as greedy_rows
+from .packed.pack_rows import pack_tables as pack_tables
+from .packed.packed_rows import LOSS_RULES as LOSS_RULES
+from .packed.packed_rows import LossRule as LossRule
+from .packed.packed_rows import PackedRows as PackedRows
+from .packed.packed_rows import packed_rows as packed_rows
 from .preblocked.block_batch import assemble_rows as assemble_rows
 from .preblocked.block_batch import block_batch as block_batch
 from .preblocked.mlm_mask import mlm_mask as mlm_mask

@@ -9,6 +9,8 @@ named axes:
 
 ``doc_idx`` is carried only by datasets that know which document a row came from (splice), and
 ``labels`` only by batches a masked-LM build stage has masked (``ignore`` off the masked positions).
+``positions`` and ``cu_seqlens`` (attention metadata) only by datasets asked for them (packed
+examples: ``PackedDataset(..., attention_metadata=True)``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class Batch(eqx.Module):
         segment_ids: ``int32[batch, seq_len]``; attention is causal within equal ids.
         doc_idx: ``int32[batch]`` source document per row, or ``None`` where the dataset has none.
         labels: ``int32[batch, seq_len]`` masked-LM targets, or ``None`` for causal LM.
+        positions: ``int32[batch, seq_len]`` position of each token within its segment, or ``None``.
+        cu_seqlens: ``int32[batch, max_segments + 1]`` each row's cumulative segment lengths
+            (``[0, end_0, end_1, ...]``, the row's real tokens repeated past its last segment), or
+            ``None``.
     """
 
     tokens: Int[Array, "batch seq"]
@@ -34,9 +40,11 @@ class Batch(eqx.Module):
     segment_ids: Int[Array, "batch seq"]
     doc_idx: Int[Array, " batch"] | None = None
     labels: Int[Array, "batch seq"] | None = None
+    positions: Int[Array, "batch seq"] | None = None
+    cu_seqlens: Int[Array, "batch segs1"] | None = None
 
     def __check_init__(self):
-        for name in ("tokens", "loss_mask", "segment_ids", "labels"):
+        for name in ("tokens", "loss_mask", "segment_ids", "labels", "positions"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -52,3 +60,10 @@ class Batch(eqx.Module):
                 raise TypeError(f"Batch.doc_idx must be int32 (got dtype={self.doc_idx.dtype})")
             if self.doc_idx.shape != self.tokens.shape[:1]:
                 raise ValueError(f"Batch.doc_idx must be [batch] (got shape={self.doc_idx.shape})")
+        if self.cu_seqlens is not None:
+            if self.cu_seqlens.dtype != jnp.int32:
+                raise TypeError(f"Batch.cu_seqlens must be int32 (got dtype={self.cu_seqlens.dtype})")
+            if self.cu_seqlens.ndim != 2 or self.cu_seqlens.shape[0] != self.tokens.shape[0]:
+                raise ValueError(
+                    f"Batch.cu_seqlens must be [batch, max_segments + 1] (got shape={self.cu_seqlens.shape})"
+                )

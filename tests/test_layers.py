@@ -131,7 +131,12 @@ FAMILIES = {
     "interleave": ("src/meshbatch/datasets/mixtures", "kernels/mixtures"),
     "balanced": ("src/meshbatch/datasets/mixtures", "kernels/splice"),
     "preblock": ("src/meshbatch/datasets/preblocked", "kernels/preblocked"),
-    "pack": ("src/meshbatch/datasets/preblocked", "kernels/preblocked"),
+    "pack": (
+        "src/meshbatch/datasets/preblocked",
+        "kernels/preblocked",
+        "src/meshbatch/datasets/packed",
+        "kernels/packed",
+    ),
 }
 ADAPTERS = ("src/meshbatch/levanter",)
 

@@ -17,6 +17,8 @@ from .datasets import SpliceLMDataset as SpliceLMDataset
 from .datasets.mixtures import Mixture as Mixture
 from .datasets.mixtures import TokenBalancedMixture as TokenBalancedMixture
 from .datasets.mixtures import mixture_schedule as mixture_schedule
+from .datasets.packed import PackedDataError as PackedDataError
+from .datasets.packed import PackedDataset as PackedDataset
 from .datasets.preblocked import BlockDataset as BlockDataset
 from .datasets.preblocked import MLMMasking as MLMMasking
 from .datasets.preblocked import PackSpec as PackSpec

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench.bench_cli import add_bench
-from .datasets.preblocked.block_cli import add_preblock, add_validate_blocks
+from .datasets.preblocked.block_cli import add_convert_pt, add_preblock, add_validate_blocks
 from .pipeline.provenance_cli import add_provenance
 
 
@@ -117,6 +117,7 @@ _SUBCOMMANDS = (
     add_validate_blocks,
     add_bench,
     add_provenance,
+    add_convert_pt,
 )
 
 

@@ -3,6 +3,7 @@
     meshbatch preblock OUT a.jsonl b.txt --block-size 128 [--shuffle-level document]
                        [--escape-literal-markers] [--tokenizer tokenizer.json]
     meshbatch validate-blocks OUT [--carry-open-doc] [--literal-heuristics] [--anomalies out.json]
+    meshbatch convert-pt SRC CACHE      legacy chunk*.pt sequences -> a token cache (torch extra)
 
 ``validate-blocks`` exits 0 when the data is clean, 1 when it found anomalies and 2 when the input
 cannot be read.
@@ -129,3 +130,21 @@ def _validate_blocks(args: argparse.Namespace) -> int:
         with open(args.anomalies, "w") as f:
             json.dump(report.to_json(), f, indent=1)
     return 0 if report.ok else 1
+
+
+def add_convert_pt(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert-pt", help="write legacy chunk*.pt sequences (lists of 1-D tensors) once as a token cache"
+    )
+    p.add_argument("source", help="directory of chunk*.pt files, each a list of 1-D integer tensors")
+    p.add_argument("output", help="the token cache to write (a directory, or a gs:// / s3:// URL)")
+    p.add_argument("--if-exists", choices=["error", "overwrite"], default="error")
+    p.set_defaults(run=_convert_pt)
+
+
+def _convert_pt(args: argparse.Namespace) -> int:
+    from .torch_chunks import convert_pt_sequences
+
+    rows = convert_pt_sequences(args.source, args.output, if_exists=args.if_exists)
+    print(f"wrote {rows} sequences from {args.source} to the token cache {args.output}")
+    return 0

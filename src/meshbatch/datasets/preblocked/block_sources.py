@@ -8,7 +8,8 @@ output buffer:
     source.read_blocks([7, 3])     # int32 [2, block_size]: one read (a store) or one copy per chunk
 
 ``StoreBlocks`` reads a ``meshbatch.preblock`` store's ``blocks`` array; ``ChunkBlocks`` reads
-``chunk*.npy`` matrices lazily through an LRU of whole chunks.
+``chunk*.npy`` matrices (or ``chunk*.pt`` ones, ``torch_chunks.py``) lazily through an LRU of whole
+chunks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from meshbatch.cache.verify import verify_default
 from .assemble import ramp
 from .block_checksums import read_verifier
 from .block_store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, chunk_files, detect_format, read_header
+from .torch_chunks import pt_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -240,9 +242,12 @@ class ChunkBlocks(BlockSource):
         self.files = chunk_files(path)
         if not self.files:
             raise ValueError(f"no chunk*.npy files in {path}")
+        kinds = {os.path.splitext(f)[1] for f in self.files}
+        if len(kinds) > 1:
+            raise ValueError(f"{path} mixes chunk*.npy and chunk*.pt files; keep one format in a directory")
         rows, width = [], None
         for file in self.files:
-            array = np.load(file, mmap_mode="r")  # the header only; no data read
+            array = _load_chunk(file, header_only=True)  # no data read
             if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
                 raise ValueError(
                     f"{file} holds a {array.dtype} array of shape {array.shape}; need [rows, block]"
@@ -270,7 +275,7 @@ class ChunkBlocks(BlockSource):
         """Chunk ``i`` as an int32 array, through the LRU."""
         array = self.cache.get(i)
         if array is None:
-            loaded = np.load(self.files[i])
+            loaded = _load_chunk(self.files[i])
             if loaded.size and (loaded.min() < -(2**31) or loaded.max() > 2**31 - 1):
                 raise ValueError(f"{self.files[i]} holds ids that do not fit int32")
             array = loaded.astype(np.int32, copy=False)
@@ -313,6 +318,14 @@ class ChunkBlocks(BlockSource):
                 row += take
 
         return [], finish
+
+
+def _load_chunk(file: str, *, header_only: bool = False) -> np.ndarray:
+    """A ``chunk*.npy`` matrix, or a ``chunk*.pt`` one through ``torch.load(weights_only=True)``
+    (``torch_chunks.py``); ``header_only``: memory-mapped, nothing read but the shape."""
+    if file.endswith(".pt"):
+        return pt_matrix(file, mmap=header_only)
+    return np.load(file, mmap_mode="r" if header_only else None)
 
 
 def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):

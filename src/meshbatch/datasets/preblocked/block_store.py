@@ -46,7 +46,7 @@ HEADER_FILE = "preblock.json"
 BLOCKS, REAL_TOKENS = "blocks", "real_tokens"
 FORMAT_NAME = "meshbatch.preblock"
 Format = Literal["store", "npy", "levanter"]
-_CHUNK = re.compile(r"chunk(\d*)(.*)\.npy$")
+_CHUNK = re.compile(r"chunk(\d*)(.*)\.(?:npy|pt)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +190,11 @@ def write_header(root: str, header: Header) -> None:
 
 
 def chunk_files(root: str) -> list[str]:
-    """``chunk*.npy`` files of ``root`` in natural order (``chunk2`` before ``chunk10``)."""
-    names = [os.path.basename(p) for p in glob.glob(os.path.join(root, "chunk*.npy"))]
+    """``chunk*.npy`` (or ``chunk*.pt``, read with torch) files of ``root`` in natural order
+    (``chunk2`` before ``chunk10``)."""
+    names = [
+        os.path.basename(p) for p in glob.glob(os.path.join(root, "chunk*")) if p.endswith((".npy", ".pt"))
+    ]
     matched = [(m, n) for n in names if (m := _CHUNK.match(n))]
     matched.sort(key=lambda mn: (int(mn[0].group(1) or -1), mn[0].group(2), mn[1]))
     return [os.path.join(root, n) for _, n in matched]
