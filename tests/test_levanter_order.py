@@ -179,3 +179,18 @@ def test_another_content_fingerprint_warns_naming_both(caplog):
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("trained on this content" in m for m in infos)
     assert any("no content fingerprint" in m for m in infos)
+
+
+def test_a_version_1_record_of_a_packed_source_resumes_a_version_2_one_refuses(tmp_path, caplog):
+    """A record written before packing fields (version 1) of a chat source resumes (its packing
+    was Levanter's, as now), said at INFO; a current record without them (a text source) is refused
+    against a chat source of the same name."""
+    block = SINGLE.format(shuffle="true") + "format: {type: chat}\n"
+    now = ours(parse(tmp_path, "type: causal_lm\n" + block))
+    source = {k: v for k, v in now["sources"][""].items() if k not in ("format", "pack")}
+    old = {**now, "sources": {"": source}}
+    with caplog.at_level(logging.INFO, logger="meshbatch.levanter.order"):
+        check(old, now, "step-3", version=1)
+    assert any("predates packing fields" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DataOrderMismatch, match="format: checkpoint null, this run chat"):
+        check(old, now, "step-3")

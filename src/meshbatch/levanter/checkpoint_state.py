@@ -18,7 +18,7 @@ Every checkpoint also records the train set's data order (``order.py``) and its 
 fingerprint (``Pipeline.content_fingerprint()``) as ``meshbatch_data_order.json``, any dataset,
 stateful or not; a resume checks both (``fast.py``)::
 
-    meshbatch_data_order.json = {"version": 1, "step": 101, "order": {...},
+    meshbatch_data_order.json = {"version": 2, "step": 101, "order": {...},
                                  "content_fingerprint": "3f9c..."}
 """
 
@@ -113,7 +113,7 @@ def write_order(directory: str, step: int) -> str | None:
     if record is None:
         return None
     path = os.path.join(directory, order.ORDER_FILE)
-    saved = {"version": 1, "step": step, "order": record}
+    saved = {"version": order.ORDER_VERSION, "step": step, "order": record}
     if order.noted_fingerprint() is not None:
         saved["content_fingerprint"] = order.noted_fingerprint()
     _write_json(path, saved)
@@ -138,14 +138,14 @@ def find_order(checkpoint_path: str, step: int) -> tuple[dict | None, str]:
     return record, where
 
 
-def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, str | None]:
-    """``find_order``'s order and place, and the content fingerprint recorded beside the order
-    (``None``: none recorded)."""
+def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, dict]:
+    """``find_order``'s order and place, and the file's other entries (``version``,
+    ``content_fingerprint``; empty when there is no file)."""
     found = _find(checkpoint_path, order.ORDER_FILE, step)
     if found is None:
-        return None, f"{checkpoint_path} (step {step})", None
+        return None, f"{checkpoint_path} (step {step})", {}
     path, saved = found
-    return saved["order"], os.path.dirname(path), saved.get("content_fingerprint")
+    return saved["order"], os.path.dirname(path), saved
 
 
 def find_state(checkpoint_path: str, step: int) -> tuple[str, dict] | None:

@@ -45,6 +45,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 logger = logging.getLogger(__name__)
 ORDER_FILE = "meshbatch_data_order.json"
+ORDER_VERSION = 2  # 2: a packed source's record names its packing (packed_order); 1 did not
 LEVANTER_KINDS = ("single source", "mixture")  # the configs Levanter's own loader trains
 TOP_LINES = ("mixture_compat", "mixture_block_size", "stop_strategy", "train_weights", "baseline")
 
@@ -184,10 +185,34 @@ def differences(saved: Mapping, now: Mapping) -> tuple[list[str], list[str]]:
     return what, lines
 
 
-def check(saved: Mapping | None, now: Mapping, where: str) -> None:
+def with_packing(saved: Mapping, now: Mapping, where: str) -> dict:
+    """A version-1 record (written before records named a packed source's packing): each of its
+    sources takes the packing fields of the same source now. Its chat/supervised sources were
+    trained in Levanter's packing of the same ``format`` (Levanter's own packed dataset), which is
+    what a packed source trains now; said at INFO."""
+    saved = normal(saved)
+    filled = []
+    for name, source in saved.get("sources", {}).items():
+        packing = {k: v for k, v in now.get("sources", {}).get(name, {}).items() if k in ("format", "pack")}
+        if packing and not any(k in source for k in packing):
+            source.update(packing)
+            filled.append(name or "default")
+    if filled:
+        logger.info(
+            "meshbatch: the checkpoint %s's data-order record predates packing fields: its sources %s "
+            "are taken to be packed as this run packs them (Levanter's packing of the same format)",
+            where, filled,
+        )  # fmt: skip
+    return saved
+
+
+def check(saved: Mapping | None, now: Mapping, where: str, *, version: int = ORDER_VERSION) -> None:
     """Refuse resuming ``where`` (a checkpoint whose record is ``saved``, ``None`` when it has
-    none) under the order ``now``; ``MESHBATCH_DATA_ORDER_CHECK=off`` logs instead."""
+    none; ``version``: its file's, see ``with_packing``) under the order ``now``;
+    ``MESHBATCH_DATA_ORDER_CHECK=off`` logs instead."""
     if saved is not None:
+        if version < 2:
+            saved = with_packing(saved, normal(now), where)
         what, lines = differences(normal(saved), normal(now))
         if not what:
             logger.info("meshbatch: the checkpoint %s was trained in this run's data order", where)
