@@ -470,3 +470,30 @@ def test_packed_child_of_mixtures(corpus, tmp_path):
                 assert kind is not None, (type(mixture).__name__, step, row)
                 kinds.add(kind)
         assert kinds == {"text", "chat"}, type(mixture).__name__
+
+
+@pytest.mark.parametrize("policy", ["levanter", "first_fit"])
+def test_provenance_names_each_rows_examples(corpus, policy):
+    """``Pipeline.provenance``: each row's input_ids spans, back to back, are its tokens, and the
+    span's document is the segment id there; nothing else in the row but padding."""
+    path, examples = corpus["chat"]
+    pipeline, _ = packed_pipeline(mesh_of(2), path=path, policy=policy, shuffle="full")
+    flat = np.concatenate([ids for ids, _ in examples])
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in examples])])
+    for step in (0, 3):
+        prov = pipeline.provenance(step)
+        batch = pipeline.batch(step)
+        tokens, segments = np.asarray(batch.tokens), np.asarray(batch.segment_ids)
+        for row in range(BATCH):
+            covered = np.zeros(SEQ, bool)
+            for j in range(prov.rows.slots):
+                length = int(prov.rows.length[row, j])
+                if length == 0:
+                    continue
+                start, at, doc = (int(prov.rows.start[row, j]), int(prov.rows.row_offset[row, j]),
+                                  int(prov.rows.doc[row, j]))  # fmt: skip
+                np.testing.assert_array_equal(tokens[row, at : at + length], flat[start : start + length])
+                assert (segments[row, at : at + length] == doc).all()
+                assert offsets[doc] + int(prov.rows.doc_start[row, j]) == start
+                covered[at : at + length] = True
+            assert (segments[row, ~covered] == -1).all() and (tokens[row, ~covered] == 0).all()

@@ -45,6 +45,7 @@ from meshbatch.kernels import Batch
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec, permutation
 
 from ..protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from ..provenance import RowSources, from_spans
 from .packed_sources import FORMATS, Examples, PackedDataError, open_examples
 
 logger = logging.getLogger(__name__)
@@ -392,9 +393,22 @@ class PackedDataset(Dataset):
             np.tile(length, (1, k)),
         )
 
+    def provenance(self, plan: Plan) -> RowSources:
+        """Each row's examples: one ``input_ids`` span per member, back to back from the row's
+        start (the ``assistant_masks`` spans a chat row also reads are supervision, not tokens)."""
+        spans = self.spans(plan)
+        k = self.segments
+        return from_spans(
+            self.sources, spans.source[:, :k], spans.start[:, :k], spans.length[:, :k], plan.example
+        )
+
     def __repr__(self) -> str:
         return (
             f"PackedDataset({self.examples.path!r}, format={self.format!r}, seq_len={self.seq_len}, "
             f"pack={self.pack}, compat={self.compat!r}, max_segments={self.max_segments}, "
-            f"slice_strategy={self.slice_strategy!r}, mask_prompt={self.mask_prompt})"
+            f"window={self.window}, decreasing={self.decreasing}, "
+            f"shuffle_examples={self.shuffle_examples}, "
+            f"shuffle={self.shuffle_spec}, slice_strategy={self.slice_strategy!r}, "
+            f"mask_prompt={self.mask_prompt}, attention_metadata={self.attention_metadata}, "
+            f"pad_id={self.pad_id})"
         )
