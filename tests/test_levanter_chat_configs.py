@@ -27,7 +27,7 @@ from levanter.schedule import BatchSchedule
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.datasets.packed import PackedDataset
-from meshbatch.levanter import MeshbatchDataset, PipelineLoader
+from meshbatch.levanter import MeshbatchDataset, PipelineLoader, order
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SEQ, BATCH = 32, 4
@@ -128,17 +128,21 @@ def assert_rows_equal(got, want, what: str) -> None:
     assert want["loss_mask"].sum() > 0 and (want["segment_ids"] >= 0).sum() > 0
 
 
-def loader_rows(dataset: MeshbatchDataset, steps: int) -> dict[str, np.ndarray]:
+def loader_rows(dataset: MeshbatchDataset, steps: int, fingerprint=None) -> dict[str, np.ndarray]:
+    """The first ``steps`` batches of the fast path; ``fingerprint``: what the pipeline's
+    ``content_fingerprint()`` must be (the one the train set noted for the checkpoints)."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=BATCH)
+    if fingerprint is not None:
+        assert loader.pipeline.content_fingerprint() == fingerprint
     batches = [leaves(batch) for _, batch in zip(range(steps), loader.iter_from_step(0), strict=False)]
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
-def both_paths_equal(ours_set: MeshbatchDataset, theirs_set, n: int, what: str) -> None:
+def both_paths_equal(ours_set: MeshbatchDataset, theirs_set, n: int, what: str, fingerprint=None) -> None:
     want = levanter_rows(theirs_set, n)
     assert_rows_equal(rows_of(asyncio.run(ours_set.get_batch(list(range(n))))), want, f"{what} get_batch")
-    got = loader_rows(ours_set, -(-n // BATCH))
+    got = loader_rows(ours_set, -(-n // BATCH), fingerprint)
     assert_rows_equal({k: v[:n] for k, v in got.items()}, want, f"{what} PipelineLoader")
 
 
@@ -156,8 +160,10 @@ def test_a_mixture_of_text_chat_and_supervised_equals_levanter(root, shuffle, pe
     children = dict(zip(ours_set.dataset.names, ours_set.dataset.children, strict=True))
     assert isinstance(children["tulu"], PackedDataset) and isinstance(children["sft"], PackedDataset)
     assert children["sft"].pack is False and children["tulu"].format == "chat"
+    noted = order.noted_fingerprint()  # issue 37: what each checkpoint records, Pipeline's
+    assert noted is not None
     theirs = parse(root, block).train_set(Pos, BatchSchedule(BATCH), False, key=KEY)
-    both_paths_equal(ours_set, theirs, 6 * BATCH, f"mixture shuffle={shuffle}")
+    both_paths_equal(ours_set, theirs, 6 * BATCH, f"mixture shuffle={shuffle}", noted)
 
 
 def test_a_chat_source_over_two_epochs_equals_levanter(root):

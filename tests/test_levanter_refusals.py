@@ -6,6 +6,7 @@ error is not buried under one line per other member of ``TrainLmConfig.data``'s 
 ``type:`` lists the types; a source the type does not read names the type that does.
 """
 
+import asyncio
 import textwrap
 
 import draccus
@@ -59,9 +60,17 @@ def test_levanter_refuses_a_negative_weight_too(tmp_path):
     from levanter.data.mixture import MixtureDataset
 
     config = parse(tmp_path, f"{SOURCES}train_weights: {{web: -0.5, code: 1.0}}\n")
-    datasets = {name: ListAsyncDataset([1, 2, 3]) for name in config.train_weights}
-    with pytest.raises(ValueError, match="cannot be negative"):
-        MixtureDataset(datasets, dict(config.train_weights), block_size=8, key=jax.random.PRNGKey(0))
+    # ListAsyncDataset makes a Future: it needs a current event loop, which an earlier test's
+    # asyncio.run (tests in the same process) leaves unset
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        datasets = {name: ListAsyncDataset([1, 2, 3]) for name in config.train_weights}
+        with pytest.raises(ValueError, match="cannot be negative"):
+            MixtureDataset(datasets, dict(config.train_weights), block_size=8, key=jax.random.PRNGKey(0))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 def test_a_zero_weight_is_accepted_and_left_out(tmp_path):
