@@ -188,3 +188,28 @@ def test_a_hugging_face_chat_source_equals_levanter(root):
     ours_set = parse(root, "type: hf_causal_lm\n" + HF).train_set(Pos, None, False, key=KEY)
     theirs = parse(root, HF).train_set(Pos, BatchSchedule(BATCH), False, key=KEY)
     both_paths_equal(ours_set, theirs, ours_set.num_examples, "hf chat")
+
+
+def test_a_token_balanced_mixture_takes_a_chat_component(root):
+    """``token_balanced_mixture`` (meshbatch's own order, no Levanter equal) mixes a chat component
+    too: every row of its first steps is a text window or one of Levanter's packed chat rows of
+    that cache, with Levanter's loss mask, and both kinds are drawn."""
+    configs = f"""\
+tokenizer: ROOT/tok
+cache_dir: ROOT/cache/balanced
+configs:
+  owt: {{train_urls: [ROOT/web.jsonl]}}
+  tulu: {{train_urls: [ROOT/chat.jsonl], format: {CHAT}}}
+"""
+    ours_set = parse(root, "type: token_balanced_mixture\n" + configs).train_set(Pos, None, False, key=KEY)
+    chat = dict(zip(ours_set.dataset.names, ours_set.dataset.children, strict=True))["tulu"]
+    theirs = parse(root, configs + "train_weights: {tulu: 1.0}\n").train_set(
+        Pos, BatchSchedule(BATCH), False, key=KEY
+    )
+    want = levanter_rows(theirs, chat.num_examples)  # unshuffled: the packed rows in order
+    masks = {tuple(t): m for t, m in zip(want["tokens"].tolist(), want["loss_mask"], strict=True)}
+    got = loader_rows(ours_set, 6)
+    chat_rows = [i for i, t in enumerate(got["tokens"].tolist()) if tuple(t) in masks]
+    assert 0 < len(chat_rows) < got["tokens"].shape[0], chat_rows
+    for i in chat_rows:
+        np.testing.assert_array_equal(got["loss_mask"][i], masks[tuple(got["tokens"][i].tolist())])
