@@ -25,9 +25,9 @@ Beside the order, the record holds the train set's content fingerprint
 (``Pipeline.content_fingerprint()``: the components, their caches' identities, the weights). A
 resume whose fingerprint differs (a re-bucketed corpus, a rewritten or moved cache) is not
 refused: it logs a WARNING naming both fingerprints (``check_content``). The order check already
-refuses what would silently train other rows under the same step numbers; the fingerprint also
-changes when a cache is legitimately copied to another bucket or rebuilt, which a long run must be
-able to continue, so it is said loudly, not blocked.
+refuses another order, seed, components or weights; the fingerprint also changes when a cache is
+legitimately copied to another bucket or rewritten, which a long run must be able to continue, so
+it is said loudly, not blocked.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def check_content(saved: str | None, now: str | None, where: str) -> bool:
         return False
     logger.warning(
         "meshbatch: the checkpoint %s was trained on other content: content fingerprint %s in the "
-        "checkpoint, %s in this run (a re-bucketed corpus, a rewritten, rebuilt or moved cache, other "
+        "checkpoint, %s in this run (a re-bucketed corpus, a replaced or moved cache, other "
         "components or weights); resuming in the same data order over this content: the rows from here "
         "on may differ from those the checkpoint's run would have trained on",
         where, saved, now,
