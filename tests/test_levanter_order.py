@@ -3,13 +3,21 @@ same order with and without ``type:``; another order is refused by name with the
 the checkpoint's; a checkpoint without a record (Levanter's own loader) resumes in Levanter's order
 only. The training runs that write and check these records are in tests/levanter/test_resume_order.py."""
 
+import logging
 import textwrap
 
 import draccus
 import jax
 import pytest
 
-from meshbatch.levanter.order import DataOrderMismatch, check, describe, key_hex, levanter_order
+from meshbatch.levanter.order import (
+    DataOrderMismatch,
+    check,
+    check_content,
+    describe,
+    key_hex,
+    levanter_order,
+)
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SINGLE = "train_urls: [a.jsonl]\nshuffle: {shuffle}\n"
@@ -120,3 +128,69 @@ def test_a_checkpoint_without_a_record_resumes_in_levanters_order_only(
     assert lines in str(error.value), str(error.value)
     monkeypatch.setenv("MESHBATCH_DATA_ORDER_CHECK", "off")
     check(None, now, "step-3")
+
+
+CHAT_MIXTURE = """\
+configs: {{web: {{train_urls: [w.jsonl]}}, chat: {{train_urls: [c.jsonl], format: {{type: chat{pack}}}}}}}
+train_weights: {{web: 0.6, chat: 0.4}}
+shuffle: true
+"""
+
+
+@pytest.mark.parametrize(
+    ("block", "kind"),
+    [
+        (SINGLE.format(shuffle="true") + "format: {type: supervised}\n", "causal_lm"),
+        (SINGLE.format(shuffle="5") + "format: {type: chat, single_turn: true}\n", "causal_lm"),
+        (CHAT_MIXTURE.format(pack=""), "stable_mixture"),
+    ],
+)
+def test_a_packed_source_records_its_packing_with_and_without_type(tmp_path, block, kind):
+    """Issue 36: a chat/supervised source's record names its packing (``format``, ``pack``; a
+    single-turn chat packs as supervised), the same with and without ``type:``."""
+    theirs = levanter_order(parse(tmp_path, block), KEY)
+    mine = ours(parse(tmp_path, f"type: {kind}\n" + block))
+    assert mine == theirs
+    packed = [s for s in mine["sources"].values() if "format" in s]
+    assert len(packed) == 1 and packed[0]["format"] in ("chat", "supervised") and packed[0]["pack"] is True
+    if kind == "stable_mixture":
+        assert "format" not in mine["sources"]["web"]  # a text component's record is unchanged
+
+
+def test_another_packing_is_refused_by_name(tmp_path):
+    saved = ours(parse(tmp_path, "type: stable_mixture\n" + CHAT_MIXTURE.format(pack="")))
+    now = ours(parse(tmp_path, "type: stable_mixture\n" + CHAT_MIXTURE.format(pack=", pack: false")))
+    with pytest.raises(DataOrderMismatch, match=r"sources\['chat'\]\.pack: checkpoint true, this run false"):
+        check(saved, now, "step-3")
+
+
+def test_another_content_fingerprint_warns_naming_both(caplog):
+    """Issue 37: a resume over other content is a WARNING naming both fingerprints, not a refusal."""
+    with caplog.at_level(logging.INFO, logger="meshbatch.levanter.order"):
+        assert check_content("a" * 32, "a" * 32, "ckpt/step-3")
+        assert not check_content("a" * 32, "b" * 32, "ckpt/step-3")
+        assert not check_content(None, "b" * 32, "ckpt/step-3")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    message = warnings[0].getMessage()
+    a, b = "a" * 32, "b" * 32
+    assert f"ckpt/step-3 was trained on other content: content fingerprint {a} in the checkpoint, " in message
+    assert f"{b} in this run" in message
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("trained on this content" in m for m in infos)
+    assert any("no content fingerprint" in m for m in infos)
+
+
+def test_a_version_1_record_of_a_packed_source_resumes_a_version_2_one_refuses(tmp_path, caplog):
+    """A record written before packing fields (version 1) of a chat source resumes (its packing
+    was Levanter's, as now), said at INFO; a current record without them (a text source) is refused
+    against a chat source of the same name."""
+    block = SINGLE.format(shuffle="true") + "format: {type: chat}\n"
+    now = ours(parse(tmp_path, "type: causal_lm\n" + block))
+    source = {k: v for k, v in now["sources"][""].items() if k not in ("format", "pack")}
+    old = {**now, "sources": {"": source}}
+    with caplog.at_level(logging.INFO, logger="meshbatch.levanter.order"):
+        check(old, now, "step-3", version=1)
+    assert any("predates packing fields" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DataOrderMismatch, match="format: checkpoint null, this run chat"):
+        check(old, now, "step-3")

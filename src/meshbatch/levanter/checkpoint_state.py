@@ -14,8 +14,12 @@ checkpoint's own directory (process 0; it is deleted with the checkpoint), and o
 A checkpoint without the file (written before this, or by Levanter's own loader) is said so in
 one WARNING line, then the plans are replayed from step 0 with the planner's progress lines.
 
-Every checkpoint also records the train set's data order (``order.py``) as
-``meshbatch_data_order.json``, any dataset, stateful or not; a resume checks it (``fast.py``).
+Every checkpoint also records the train set's data order (``order.py``) and its content
+fingerprint (``Pipeline.content_fingerprint()``) as ``meshbatch_data_order.json``, any dataset,
+stateful or not; a resume checks both (``fast.py``)::
+
+    meshbatch_data_order.json = {"version": 2, "step": 101, "order": {...},
+                                 "content_fingerprint": "3f9c..."}
 """
 
 from __future__ import annotations
@@ -102,13 +106,17 @@ def _write_json(path: str, value: dict) -> None:
 
 
 def write_order(directory: str, step: int) -> str | None:
-    """Write the train set's data order (``order.noted()``) into the checkpoint ``directory``
-    as ``meshbatch_data_order.json``; the path, or ``None`` when no order was noted."""
+    """Write the train set's data order (``order.noted()``) and content fingerprint into the
+    checkpoint ``directory`` as ``meshbatch_data_order.json``; the path, or ``None`` when no order
+    was noted."""
     record = order.noted()
     if record is None:
         return None
     path = os.path.join(directory, order.ORDER_FILE)
-    _write_json(path, {"version": 1, "step": step, "order": record})
+    saved = {"version": order.ORDER_VERSION, "step": step, "order": record}
+    if order.noted_fingerprint() is not None:
+        saved["content_fingerprint"] = order.noted_fingerprint()
+    _write_json(path, saved)
     return path
 
 
@@ -126,11 +134,18 @@ def _find(checkpoint_path: str, name: str, step: int) -> tuple[str, dict] | None
 def find_order(checkpoint_path: str, step: int) -> tuple[dict | None, str]:
     """The data order recorded with the checkpoint of ``step`` under ``checkpoint_path`` (``None``
     when it has none: written by Levanter's own loader), and where it was looked for."""
+    record, where, _ = find_record(checkpoint_path, step)
+    return record, where
+
+
+def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, dict]:
+    """``find_order``'s order and place, and the file's other entries (``version``,
+    ``content_fingerprint``; empty when there is no file)."""
     found = _find(checkpoint_path, order.ORDER_FILE, step)
     if found is None:
-        return None, f"{checkpoint_path} (step {step})"
+        return None, f"{checkpoint_path} (step {step})", {}
     path, saved = found
-    return saved["order"], os.path.dirname(path)
+    return saved["order"], os.path.dirname(path), saved
 
 
 def find_state(checkpoint_path: str, step: int) -> tuple[str, dict] | None:
@@ -161,6 +176,7 @@ def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
 __all__ = [
     "STATE_FILE",
     "find_order",
+    "find_record",
     "find_state",
     "restore",
     "saved_with_checkpoints",

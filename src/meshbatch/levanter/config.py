@@ -31,22 +31,24 @@ import draccus
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
 from levanter.data.text import (
+    ChatLmDatasetFormat,
     HfSingleDatasetLMConfig,
     LMTaskConfig,
+    SupervisedLmDatasetFormat,
     TextLmDatasetFormat,
     UrlSingleDatasetLMConfig,
-    dataset_for_format,
 )
 from levanter.models.lm_model import LmExample
-from levanter.store.cache import TreeCache
 
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import GROWING_ORDERS, CausalLMDataset
+from meshbatch.datasets.packed import PackedDataset
+from meshbatch.datasets.provenance import content_fingerprint
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from . import order
-from .async_datasets import MeshbatchDataset, ShuffledDataset
-from .caches import build_split, source_format
+from .async_datasets import MeshbatchDataset
+from .caches import build_split
 from .fields import refuse
 from .observe import FAST, LEVANTER_LOADER, StepMetrics, start
 from .sources import ConfigError, _checked
@@ -86,29 +88,17 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         ignore = self.ignore_token_id
         return None if ignore is None or ignore < 0 else ignore  # a negative id matches no token
 
-    def levanter_dataset(self, source, path: str, Pos: Axis) -> AsyncDataset[LmExample]:
-        """Levanter's own dataset of a cache (the packed chat/supervised datasets use its
-        loss-mask fields exactly as Levanter does)."""
-        fmt = source_format(source, self.chat_template)
-        from levanter.data.text import preprocessor_for_format
-
-        processor = preprocessor_for_format(
-            fmt, self.the_tokenizer, enforce_bos=True, enforce_eos=self.enforce_eos
-        )
-        cache = TreeCache.load(path, processor.output_exemplar)
-        return dataset_for_format(
-            fmt, Pos, cache, eos_id=self.the_tokenizer.eos_token_id, ignore_index=self.ignore_token_id
-        )
-
     def announce(self, kind: str, record: dict, caches: Mapping[str, str], dataset, sources=None, *, key):
         """The start line and summary (``observe.start``) of the train set ``dataset`` in the data
         order ``record`` (``order.py``; its ``data_key`` is ``key``'s), which the next checkpoints
         record and a resume is checked against; a ``MeshbatchDataset`` gets the per-step metrics
         of ``sources`` (name -> ``TokenCache``)."""
         record = {**record, "data_key": order.key_hex(key)}
-        order.note(record)
+        # what Pipeline.content_fingerprint() gives for this dataset and key (its host half)
+        fingerprint = content_fingerprint(dataset.host) if isinstance(dataset, MeshbatchDataset) else None
+        order.note(record, fingerprint)
         start(kind, record, loader=(path := loader_path(dataset))[0], why=path[1], builder=self.cache_builder,
-              caches=caches)  # fmt: skip
+              caches=caches, fingerprint=fingerprint)  # fmt: skip
         if isinstance(dataset, MeshbatchDataset) and sources:
             dataset.metrics = StepMetrics(sources, every=self.metrics_every)
         if dataset is not None:
@@ -144,12 +134,36 @@ def loader_path(dataset) -> tuple[str, str]:
     """Which loader trains ``dataset`` inside the entry point, and why."""
     if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
         return FAST, "meshbatch.Pipeline builds each global batch on the devices (PipelineLoader)"
-    if isinstance(dataset, MeshbatchDataset):
-        return LEVANTER_LOADER, "fast_path: false"
-    return LEVANTER_LOADER, (
-        "a chat/supervised format trains Levanter's own packed dataset (its loss masks), in the "
-        "shuffle's order"
-    )
+    return LEVANTER_LOADER, "fast_path: false"
+
+
+def packed_options(fmt) -> dict:
+    """``PackedDataset``'s arguments for Levanter's chat or supervised ``format``, as Levanter's
+    ``dataset_for_format`` makes its packed dataset: multi-turn chat is ``MultiturnChatDataset``
+    (``assistant_masks``), single-turn chat and supervised are ``SupervisedDataset``
+    (``sources_len``); ``pack: false`` is one example a row (Levanter's ``max_segments_per_example=1``);
+    ``mask_user_turns`` / ``mask_inputs`` is ``mask_prompt``; Levanter's slicing of long examples."""
+    if isinstance(fmt, ChatLmDatasetFormat):
+        kind = "supervised" if fmt.single_turn else "chat"
+        return {"format": kind, "pack": fmt.pack, "mask_prompt": fmt.mask_user_turns}
+    if isinstance(fmt, SupervisedLmDatasetFormat):
+        return {"format": "supervised", "pack": fmt.pack, "mask_prompt": fmt.mask_inputs}
+    raise ConfigError(f"format={fmt!r} is not a chat or supervised format: no packed examples")
+
+
+def packed_dataset(fmt, path: str, seq_len: int, shuffle: ShuffleSpec) -> PackedDataset:
+    """The packed examples of the chat or supervised cache at ``path`` in Levanter's packing
+    (``compat="levanter"``: ``GreedyPrepackedDataset``'s rows and Levanter's loss masks, at most 64
+    examples a row), its rows in the order ``shuffle``: the fast path's equal of Levanter's packed
+    dataset shuffled as Levanter shuffles it."""
+    options = packed_options(fmt)
+    return PackedDataset(path, seq_len, compat="levanter", max_segments=64, shuffle=shuffle, **options)
+
+
+def source_cache(dataset) -> TokenCache:
+    """The token cache a train set's per-step metrics count reads of: a window dataset's source,
+    a packed dataset's ``input_ids``."""
+    return dataset.examples.tokens if isinstance(dataset, PackedDataset) else dataset.source
 
 
 def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
@@ -216,7 +230,8 @@ class _CausalLM:
     """A single source (the config itself: Levanter's URL or Hugging Face source) whose train and
     validation sets are meshbatch's ``CausalLMDataset`` windows (``TokenSeqDataset`` +
     ``CausalLmDataset``) with our shuffles and coalesced reads. A chat or supervised ``format``
-    trains Levanter's own packed dataset, ordered by the same shuffle.
+    trains ``PackedDataset`` rows in Levanter's packing (``packed_dataset``), ordered by the same
+    shuffle, one pass unless ``epochs`` (Levanter's packed dataset is finite).
 
     ``quick_start``: train while the train cache is still built (meshbatch's own builder, in a
     background thread); needs ``train_urls``, ``shuffle: era`` (or none), a text format and the
@@ -258,7 +273,13 @@ class _CausalLM:
         path = self.build_split(self, split, self.cache_dir)
         return None if path is None else TokenCache.open(path)
 
-    def dataset(self, seq_len: int, split: str = "train") -> CausalLMDataset:
+    def dataset(self, seq_len: int, split: str = "train") -> CausalLMDataset | PackedDataset:
+        shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
+        if not self.text:
+            path = self.build_split(self, split, self.cache_dir)
+            if path is None:
+                raise ValueError(f"no {split} urls or cache under cache_dir={self.cache_dir!r}")
+            return packed_dataset(self.format, path, seq_len, shuffle)
         if self.quick_start and split == "train":
             from .sources import growing_cache
 
@@ -267,24 +288,22 @@ class _CausalLM:
             cache = self.cache(split)
         if cache is None:
             raise ValueError(f"no {split} urls or cache under cache_dir={self.cache_dir!r}")
-        shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
         return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
         path = os.path.join(str(self.cache_dir), "train")
-        if not self.text:
-            if self.build_split(self, "train", self.cache_dir) is None:
-                raise ValueError("No training set!")
-            dataset = self.levanter_dataset(self, path, Pos)  # finite, as Levanter's: one pass unless epochs
-            train = ShuffledDataset(dataset, self.shuffle_spec(), key=key, epochs=epochs or 1)
-            return self.announce(self.KIND, self.order(), {"": path}, train, key=key)
+        if not self.text and self.build_split(self, "train", self.cache_dir) is None:
+            raise ValueError("No training set!")
         dataset = self.dataset(Pos.size)
+        epochs = epochs if self.text else epochs or 1  # Levanter's packed dataset: one pass unless epochs
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
-        return self.announce(self.KIND, self.order(), {"": path}, train, {"": dataset.source}, key=key)
+        sources = {"": source_cache(dataset)}
+        return self.announce(self.KIND, self.order(), {"": path}, train, sources, key=key)
 
     def order(self) -> dict:
         """The train set's order record (``order.py``): one source."""
-        return {"config": "single source", "sources": {"": order.source_order(self.shuffle_spec())}}
+        source = order.source_order(self.shuffle_spec()) | order.packed_order(self.format)
+        return {"config": "single source", "sources": {"": source}}
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {"": self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
@@ -293,10 +312,12 @@ class _CausalLM:
         path = self.build_split(self, "validation", self.cache_dir)
         if path is None:
             return {}
+        none = ShuffleSpec("none")
         if not self.text:
-            return {"": self.levanter_dataset(self, path, Pos)}
-        cache, none = TokenCache.open(path), ShuffleSpec("none")
-        dataset = CausalLMDataset(cache, Pos.size, shuffle=none, eos_id=self.eos, ignore_id=self.ignore)
+            dataset = packed_dataset(self.format, path, Pos.size, none)
+        else:
+            dataset = CausalLMDataset(TokenCache.open(path), Pos.size, shuffle=none, eos_id=self.eos,
+                                      ignore_id=self.ignore)  # fmt: skip
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
 
 

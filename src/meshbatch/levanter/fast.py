@@ -164,8 +164,10 @@ def fast_path():
         state = original_initial_state(self, *args, **kwargs)
         record = order.noted()
         if record is not None and int(state.step) > 0:  # resumed: in the checkpoint's data order?
-            saved, where = checkpoint_state.find_order(self.checkpoint_path, int(state.step))
-            order.check(saved, record, where)
+            saved, where, file = checkpoint_state.find_record(self.checkpoint_path, int(state.step))
+            order.check(saved, record, where, version=file.get("version", order.ORDER_VERSION))
+            fingerprint = file.get("content_fingerprint")
+            order.check_content(fingerprint, order.noted_fingerprint(), where)  # a WARNING if it differs
         return state
 
     def data_loader(self, dataset, batch=None):

@@ -52,7 +52,10 @@ _TASK = {
 }
 _SOURCE = {
     "tags": (HONOURED, "Levanter's tagged_eval_sets"),
-    "format": (HONOURED, "Levanter's processor and, for chat/supervised, its packed datasets"),
+    "format": (
+        HONOURED,
+        "Levanter's processor; chat/supervised: PackedDataset rows in Levanter's packing (compat='levanter')",
+    ),
     "train_urls": (HONOURED, "Levanter's UrlDataSource: fsspec, brace expansion, .gz/.zst"),
     "validation_urls": (HONOURED, "Levanter's UrlDataSource: the validation set"),
 }
@@ -64,16 +67,20 @@ _HF = {
 _FORMATS = {
     "text_key": (HONOURED, "Levanter's BatchTokenizer"),
     "messages_field": (HONOURED, "Levanter's ChatProcessor"),
-    "single_turn": (HONOURED, "Levanter's SingleTurnChatProcessor / SupervisedDataset"),
-    "pack": (HONOURED, "Levanter's packed chat/supervised datasets"),
-    "mask_user_turns": (HONOURED, "Levanter's ChatProcessor assistant masks"),
+    "single_turn": (HONOURED, "Levanter's SingleTurnChatProcessor; packed as supervised, as Levanter"),
+    "pack": (HONOURED, "PackedDataset(pack=...): false is one example a row, as Levanter's"),
+    "mask_user_turns": (HONOURED, "PackedDataset(mask_prompt=...): loss on assistant tokens only"),
     "input_field": (HONOURED, "Levanter's SupervisedProcessor"),
     "output_field": (HONOURED, "Levanter's SupervisedProcessor"),
     "separate_with": (HONOURED, "Levanter's SupervisedProcessor"),
-    "mask_inputs": (HONOURED, "Levanter's SupervisedDataset sources_len mask"),
+    "mask_inputs": (HONOURED, "PackedDataset(mask_prompt=...): loss on completion tokens only"),
 }
 _MIXTURE = {
-    "configs": (HONOURED, "the components, each a causal_lm child over its Levanter-built cache"),
+    "configs": (
+        HONOURED,
+        "the components, each a causal_lm child (windows; packed chat/supervised rows) over its "
+        "Levanter-built cache",
+    ),
     "train_weights": (HONOURED, "meshbatch.Mixture weights (staged weights rescaled by the batch schedule)"),
     "stop_strategy": (HONOURED, "meshbatch.Mixture stop_strategy"),
     "mixture_block_size": (HONOURED, "meshbatch.Mixture block_size"),
@@ -100,7 +107,7 @@ _BALANCED = dict(
     stop_strategy=(REFUSED, "the token-balanced interleave restarts every source (no stop strategy)"),
     mixture_block_size=(REFUSED, "the token-balanced interleave has no mixing blocks"),
 )
-_TEXT_ONLY = (REFUSED, "meshbatch mixes and splices text: a chat/supervised source is refused by name")
+_TEXT_ONLY = (REFUSED, "meshbatch splices text: a chat/supervised source is refused by name")
 _AS_SPLICE = "as the splice config's own (the cache is built with it): Levanter's default or the same value"
 _SPLICE_BASE = {
     "shuffle": (REFUSED, "a splice config's order is its schedule's (shuffle_offsets / shuffle_content)"),
@@ -136,10 +143,9 @@ _SPLICE_BASE = {
 FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "causal_lm": {**_TASK, **_SOURCE, **_FORMATS},
     "hf_causal_lm": {**_TASK, "tags": _SOURCE["tags"], "format": _SOURCE["format"], **_HF, **_FORMATS},
-    "stable_mixture": {**_TASK, "chat_template": _TEXT_ONLY, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
+    "stable_mixture": {**_TASK, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
     "token_balanced_mixture": {
         **_TASK,
-        "chat_template": _TEXT_ONLY,
         **_BALANCED,
         **_SOURCE,
         **_HF,

@@ -1,7 +1,9 @@
 """Mixture configs: Levanter's ``LMMixtureDatasetConfig`` (every field, flat) whose train set is
 ``meshbatch.Mixture`` (``stable_mixture``) or ``meshbatch.TokenBalancedMixture``
-(``token_balanced_mixture``) of ``CausalLMDataset`` windows of each component's Levanter-built
-cache, and whose validation sets are each component's validation windows.
+(``token_balanced_mixture``) of each component's Levanter-built cache: ``CausalLMDataset``
+windows of a text component, ``PackedDataset`` rows in Levanter's packing of a chat or supervised
+one (``config.packed_dataset``; a mixture of text and chat components, as Levanter's
+``gpt2_small_fast_mix_chat.yaml`` writes it), and whose validation sets are each component's.
 
     data:
       type: stable_mixture                 # the one line added to a Levanter mixture block
@@ -28,13 +30,13 @@ from levanter.utils.jax_utils import key_iterator
 from meshbatch.cache import TokenCache
 from meshbatch.datasets.causal import CausalLMDataset
 from meshbatch.datasets.mixtures import Mixture, TokenBalancedMixture, child_keys
+from meshbatch.datasets.packed import PackedDataset
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from . import order
 from .async_datasets import MeshbatchDataset
-from .config import MeshbatchLMConfig, _CausalFields, shuffle_spec
+from .config import MeshbatchLMConfig, _CausalFields, packed_dataset, shuffle_spec, source_cache
 from .fields import refuse
-from .hints import source_type
 from .sources import ConfigError, MixtureBaseConfig, _checked
 
 logger = logging.getLogger(__name__)
@@ -72,8 +74,9 @@ def stage_weights(weights: Mapping[str, float], names) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
-    """Causal-LM windows of every component, mixed; ``shuffle`` and the order fields apply to
-    every component (Levanter shuffles components, not the mixture)."""
+    """Every component's rows (causal-LM windows of a text component, packed examples of a chat or
+    supervised one), mixed; ``shuffle`` and the order fields apply to every component (Levanter
+    shuffles components, not the mixture)."""
 
     KIND = "mixture"
 
@@ -86,13 +89,6 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
                 "quick_start=true is for causal_lm (one source); a mixture needs its caches built"
             )
         _checked(self, lambda: shuffle_spec(self, self.shuffle))
-        for name, source in self.configs.items():
-            if not isinstance(source.format, TextLmDatasetFormat):
-                raise ConfigError(
-                    f"configs[{name!r}].format={type(source.format).__name__}: a meshbatch mixture "
-                    f"mixes text components; train this source alone with type: {source_type(source)}, "
-                    "or this mixture with Levanter's own loader (no type: line)"
-                )
 
     def shuffle_spec(self) -> ShuffleSpec:
         return shuffle_spec(self, self.shuffle)
@@ -104,22 +100,30 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
             return list(self.configs)
         return [name for name in self.configs if any(w.get(name, 0) > 0 for _, w in self.stages())]
 
-    def caches(self, split: str) -> dict[str, TokenCache]:
+    def paths(self, split: str) -> dict[str, tuple[object, str]]:
+        """Each component built for ``split`` that has data: its source config and cache path."""
         out = {}
         for name, (source, cache_dir) in self.components().items():
             if name not in self.weighted(split):
                 continue
             path = self.build_split(source, split, cache_dir)
             if path is not None:
-                out[name] = TokenCache.open(path)
+                out[name] = (source, path)
         return out
 
-    def children(self, seq_len: int, split: str = "train") -> dict[str, CausalLMDataset]:
+    def caches(self, split: str) -> dict[str, TokenCache]:
+        return {name: TokenCache.open(path) for name, (_, path) in self.paths(split).items()}
+
+    def children(self, seq_len: int, split: str = "train") -> dict[str, CausalLMDataset | PackedDataset]:
         shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
-        return {
-            name: CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
-            for name, cache in self.caches(split).items()
-        }
+        out = {}
+        for name, (source, path) in self.paths(split).items():
+            if isinstance(source.format, TextLmDatasetFormat):
+                cache, eos, ignore = TokenCache.open(path), self.eos, self.ignore
+                out[name] = CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=eos, ignore_id=ignore)
+            else:
+                out[name] = packed_dataset(source.format, path, seq_len, shuffle)
+        return out
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None, **kwargs):
         """Each built component's (shuffled) windows by name, as Levanter's ``train_sets``
@@ -147,7 +151,8 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         if epochs:
             raise ValueError("Epochs are not supported for mixture datasets")  # Levanter's rule
         dataset = self.dataset(Pos.size, batch_schedule)
-        sources = {name: child.source for name, child in zip(dataset.names, dataset.children, strict=True)}
+        named = zip(dataset.names, dataset.children, strict=True)
+        sources = {name: source_cache(child) for name, child in named}
         train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
         paths = {name: cache.path for name, cache in sources.items()}
         return self.announce(self.KIND, self.order(dataset.names), paths, train, sources, key=key)
@@ -155,7 +160,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
     def order(self, names: list[str]) -> dict:
         """The train set's order record (``order.py``) over the built components ``names``."""
         source = order.source_order(self.shuffle_spec())
-        return {"config": "mixture", "components": list(names), "sources": {n: source for n in names}}
+        formats = {name: source.format for name, source in self.configs.items()}
+        return {"config": "mixture", "components": list(names),
+                "sources": {n: source | order.packed_order(formats[n]) for n in names}}  # fmt: skip
 
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")

@@ -2,8 +2,8 @@
 
 * ``start(...)``: one INFO line when a train set is made (dataset type, the order family and
   fields of each source and of the mixture, the loader and why, the builder, each cache found or
-  built) and the same facts as the tracker's summary (``meshbatch/...``; json_logger writes them
-  as a ``summary`` event).
+  built, the train set's content fingerprint) and the same facts as the tracker's summary
+  (``meshbatch/...``; json_logger writes them as a ``summary`` event).
 * ``StepMetrics``: at the stream's first step and every ``every`` steps of the fast path, per
   source the rows and tokens read so far (the cache's ``ReadCounters``: a causal window is one
   span), reads issued per row read, and every field of the ``Pipeline``'s ``stats()`` since the
@@ -16,7 +16,7 @@
 
     meshbatch: data type=causal_lm order=levanter {"shuffle": true, "permutation_type": "linear",
         "compat": "levanter"} loader=fast path (meshbatch.Pipeline ...) cache_builder=in_process
-        caches={'': 'found (cache/owt/train)'}
+        caches={'': 'found (cache/owt/train)'} content_fingerprint=9a0c...
 """
 
 from __future__ import annotations
@@ -43,22 +43,33 @@ def _tracker(method: str, *args, **kwargs) -> None:
 
 
 def start(
-    kind: str, record: Mapping, *, loader: str, why: str, builder: str, caches: Mapping[str, str]
+    kind: str,
+    record: Mapping,
+    *,
+    loader: str,
+    why: str,
+    builder: str,
+    caches: Mapping[str, str],
+    fingerprint: str | None = None,
 ) -> None:
     """The start line and summary: the data ``record`` (``order.py``: each source's order family
-    and fields, the mixture's), the loader path and why, the builder and each cache's state
-    (``caches`` maps a source name to its cache path)."""
+    and fields, the mixture's), the loader path and why, the builder, each cache's state
+    (``caches`` maps a source name to its cache path) and the train set's content ``fingerprint``
+    (``Pipeline.content_fingerprint()``; ``None``: not a meshbatch dataset, not said)."""
     from .order import describe
 
     status = {name: f"{CACHE_STATUS.get(path, 'found')} ({path})" for name, path in caches.items()}
     order, per_source = describe(record)
     logger.info(
-        "meshbatch: data type=%s order=%s loader=%s (%s) cache_builder=%s caches=%s",
+        "meshbatch: data type=%s order=%s loader=%s (%s) cache_builder=%s caches=%s%s",
         kind, order, loader, why, builder, status,
+        "" if fingerprint is None else f" content_fingerprint={fingerprint}",
     )  # fmt: skip
     summary = {"meshbatch/type": kind, "meshbatch/order": order, "meshbatch/loader": loader,
                "meshbatch/loader_why": why, "meshbatch/fast_path": loader == FAST,
                "meshbatch/cache_builder": builder}  # fmt: skip
+    if fingerprint is not None:
+        summary["meshbatch/content_fingerprint"] = fingerprint
     if "mixture_compat" in record:
         summary["meshbatch/mixture_order"] = str(record["mixture_compat"])
     summary.update({f"meshbatch/order/{name}": text for name, text in per_source.items()})

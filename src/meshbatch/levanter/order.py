@@ -17,6 +17,17 @@ records), so its order is Levanter's: a run asking for another (``compat: strong
 ``mixture_compat: exact``, meshbatch's own dataset kinds) is refused, naming the lines that give
 Levanter's. ``MESHBATCH_DATA_ORDER_CHECK=off`` resumes without the check (a WARNING line): for a
 checkpoint of meshbatch before these records, trained under its then-default orders.
+
+A chat or supervised source (``PackedDataset`` rows in Levanter's packing) adds the fields that
+give its rows (``packed_order``): ``{"shuffle": true, ..., "format": "chat", "pack": true}``.
+
+Beside the order, the record holds the train set's content fingerprint
+(``Pipeline.content_fingerprint()``: the components, their caches' identities, the weights). A
+resume whose fingerprint differs (a re-bucketed corpus, a rewritten or moved cache) is not
+refused: it logs a WARNING naming both fingerprints (``check_content``). The order check already
+refuses another order, seed, components or weights; the fingerprint also changes when a cache is
+legitimately copied to another bucket or rewritten, which a long run must be able to continue, so
+it is said loudly, not blocked.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 logger = logging.getLogger(__name__)
 ORDER_FILE = "meshbatch_data_order.json"
+ORDER_VERSION = 2  # 2: a packed source's record names its packing (packed_order); 1 did not
 LEVANTER_KINDS = ("single source", "mixture")  # the configs Levanter's own loader trains
 TOP_LINES = ("mixture_compat", "mixture_block_size", "stop_strategy", "train_weights", "baseline")
 
@@ -65,6 +77,19 @@ def levanter_source_order(shuffle, permutation_type) -> dict:
     return {"shuffle": shuffle, "permutation_type": permutation_type or "linear", "compat": "levanter"}
 
 
+def packed_order(fmt) -> dict:
+    """The fields a source's ``format`` adds to its order: nothing for text (its windows); a chat
+    or supervised format's packed examples (``{"format": "chat", "pack": true}``: which examples
+    share a row; single-turn chat packs as supervised, as Levanter packs it)."""
+    from levanter.data.text import ChatLmDatasetFormat, SupervisedLmDatasetFormat
+
+    if isinstance(fmt, ChatLmDatasetFormat):
+        return {"format": "supervised" if fmt.single_turn else "chat", "pack": bool(fmt.pack)}
+    if isinstance(fmt, SupervisedLmDatasetFormat):
+        return {"format": "supervised", "pack": bool(fmt.pack)}
+    return {}
+
+
 def family(source: Mapping) -> str:
     """``cache order`` (unshuffled: Levanter's and meshbatch's alike), ``levanter`` or ``strong``."""
     return "cache order" if source.get("shuffle") is False else str(source.get("compat"))
@@ -89,6 +114,7 @@ def levanter_order(config, key) -> dict | None:
         staged = stages(config.train_weights, list(config.configs))
         names = [n for n in config.configs if any(w.get(n, 0) > 0 for _, w in staged)]
         source = levanter_source_order(config.shuffle, config.permutation_type)
+        formats = {name: config.configs[name].format for name in names}
         record = {
             "config": "mixture",
             "mixture_compat": "levanter",
@@ -97,11 +123,11 @@ def levanter_order(config, key) -> dict | None:
             "components": names,
             "train_weights": stages(config.train_weights, names),
             "data_key": key_hex(key),
-            "sources": {name: source for name in names},
+            "sources": {name: source | packed_order(formats[name]) for name in names},
         }
         return normal(record)
     if isinstance(config, SingleDatasetLMConfigBase):
-        source = levanter_source_order(config.shuffle, config.permutation_type)
+        source = levanter_source_order(config.shuffle, config.permutation_type) | packed_order(config.format)
         return normal({"config": "single source", "data_key": key_hex(key), "sources": {"": source}})
     return None
 
@@ -159,10 +185,34 @@ def differences(saved: Mapping, now: Mapping) -> tuple[list[str], list[str]]:
     return what, lines
 
 
-def check(saved: Mapping | None, now: Mapping, where: str) -> None:
+def with_packing(saved: Mapping, now: Mapping, where: str) -> dict:
+    """A version-1 record (written before records named a packed source's packing): each of its
+    sources takes the packing fields of the same source now. Its chat/supervised sources were
+    trained in Levanter's packing of the same ``format`` (Levanter's own packed dataset), which is
+    what a packed source trains now; said at INFO."""
+    saved = normal(saved)
+    filled = []
+    for name, source in saved.get("sources", {}).items():
+        packing = {k: v for k, v in now.get("sources", {}).get(name, {}).items() if k in ("format", "pack")}
+        if packing and not any(k in source for k in packing):
+            source.update(packing)
+            filled.append(name or "default")
+    if filled:
+        logger.info(
+            "meshbatch: the checkpoint %s's data-order record predates packing fields: its sources %s "
+            "are taken to be packed as this run packs them (Levanter's packing of the same format)",
+            where, filled,
+        )  # fmt: skip
+    return saved
+
+
+def check(saved: Mapping | None, now: Mapping, where: str, *, version: int = ORDER_VERSION) -> None:
     """Refuse resuming ``where`` (a checkpoint whose record is ``saved``, ``None`` when it has
-    none) under the order ``now``; ``MESHBATCH_DATA_ORDER_CHECK=off`` logs instead."""
+    none; ``version``: its file's, see ``with_packing``) under the order ``now``;
+    ``MESHBATCH_DATA_ORDER_CHECK=off`` logs instead."""
     if saved is not None:
+        if version < 2:
+            saved = with_packing(saved, normal(now), where)
         what, lines = differences(normal(saved), normal(now))
         if not what:
             logger.info("meshbatch: the checkpoint %s was trained in this run's data order", where)
@@ -203,17 +253,48 @@ def check(saved: Mapping | None, now: Mapping, where: str) -> None:
     )
 
 
+def check_content(saved: str | None, now: str | None, where: str) -> bool:
+    """Compare the content fingerprint recorded with the checkpoint ``where`` (``saved``) with this
+    run's (``now``): ``True`` when equal; otherwise a WARNING naming both (not a refusal: see the
+    module docstring) and ``False``. Either missing (a checkpoint of Levanter's own loader or of
+    meshbatch before fingerprints; a Levanter config run without ``type:``) is said at INFO."""
+    if saved is not None and now is not None and saved == now:
+        logger.info("meshbatch: the checkpoint %s was trained on this content (fingerprint %s)", where, now)
+        return True
+    if saved is None or now is None:
+        logger.info(
+            "meshbatch: no content fingerprint to compare (checkpoint %s: %s, this run: %s)",
+            where, saved, now,
+        )  # fmt: skip
+        return False
+    logger.warning(
+        "meshbatch: the checkpoint %s was trained on other content: content fingerprint %s in the "
+        "checkpoint, %s in this run (a re-bucketed corpus, a replaced or moved cache, other "
+        "components or weights); resuming in the same data order over this content: the rows from here "
+        "on may differ from those the checkpoint's run would have trained on",
+        where, saved, now,
+    )  # fmt: skip
+    return False
+
+
 class _Noted:
     record: dict | None = None  # the order of the train set made last in this process
+    fingerprint: str | None = None  # its content fingerprint (Pipeline.content_fingerprint())
 
 
-def note(record: dict | None) -> None:
-    """The train set's order: what the next checkpoints record and a resume is checked against."""
+def note(record: dict | None, fingerprint: str | None = None) -> None:
+    """The train set's order and content fingerprint: what the next checkpoints record and a resume
+    is checked against."""
     _Noted.record = None if record is None else normal(record)
+    _Noted.fingerprint = None if record is None else fingerprint
 
 
 def noted() -> dict | None:
     return _Noted.record
+
+
+def noted_fingerprint() -> str | None:
+    return _Noted.fingerprint
 
 
 def describe(record: Mapping) -> tuple[str, dict[str, str]]:
@@ -242,9 +323,12 @@ __all__ = [
     "ORDER_FILE",
     "DataOrderMismatch",
     "check",
+    "check_content",
     "describe",
     "levanter_order",
     "note",
     "noted",
+    "noted_fingerprint",
+    "packed_order",
     "source_order",
 ]
