@@ -104,16 +104,7 @@ def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
     s, e = starts[nonempty], starts[nonempty] + lengths[nonempty]
     order = np.lexsort((e, s))
     s_sorted, e_sorted = s[order], e[order]
-    reach = np.maximum.accumulate(e_sorted)
-    # a new run begins where a span starts strictly after everything before it ends
-    new_run = np.empty(s_sorted.shape, dtype=bool)
-    new_run[0] = True
-    new_run[1:] = s_sorted[1:] > reach[:-1]
-    run_id = np.cumsum(new_run) - 1
-    first = np.flatnonzero(new_run)
-    last = np.append(first[1:] - 1, s_sorted.size - 1)
-    run_starts = s_sorted[first]
-    run_lengths = reach[last] - run_starts
+    run_id, _, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
     run_offsets = np.zeros(run_starts.size + 1, dtype=np.int64)
     np.cumsum(run_lengths, out=run_offsets[1:])
 
@@ -122,6 +113,21 @@ def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
     span_starts[nonempty] = located
     distinct = np.count_nonzero((np.diff(s_sorted) != 0) | (np.diff(e_sorted) != 0)) + 1
     return Coalesced(run_starts, run_lengths, run_offsets, span_starts, int(distinct))
+
+
+def sorted_runs(s_sorted: np.ndarray, e_sorted: np.ndarray):
+    """The runs of non-empty spans ``[s_sorted[i], e_sorted[i])`` sorted by (start, end):
+    ``(run_id, first, run_starts, run_lengths)``, each span's run, each run's first span, and
+    the runs. A new run begins where a span starts strictly after everything before it ends."""
+    reach = np.maximum.accumulate(e_sorted)
+    new_run = np.empty(s_sorted.shape, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = s_sorted[1:] > reach[:-1]
+    run_id = np.cumsum(new_run) - 1
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:] - 1, s_sorted.size - 1)
+    run_starts = s_sorted[first]
+    return run_id, first, run_starts, reach[last] - run_starts
 
 
 SMALL_SPANS = 32  # up to this many spans, plain Python beats a dozen numpy calls on tiny arrays

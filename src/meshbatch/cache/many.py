@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checks import as_index_array, check_out_buffer
-from .coalesce import Coalesced, as_spans
+from .coalesce import Coalesced, as_spans, sorted_runs
 from .contents import Contents
 from .reader import TokenCache, check_fits
 from .reads import PendingRead, Segment, plan_pieces, widens_exactly
@@ -151,15 +151,7 @@ def _coalesce(starts: np.ndarray, lengths: np.ndarray, slot: np.ndarray, k: int)
     order = np.lexsort((e, s))
     s_sorted, e_sorted, slot_sorted = s[order], e[order], slot[nonempty][order]
     if s_sorted.size:
-        reach = np.maximum.accumulate(e_sorted)
-        new_run = np.empty(s_sorted.shape, dtype=bool)
-        new_run[0] = True
-        new_run[1:] = s_sorted[1:] > reach[:-1]
-        run_id = np.cumsum(new_run) - 1
-        first = np.flatnonzero(new_run)
-        last = np.append(first[1:] - 1, s_sorted.size - 1)
-        run_starts = s_sorted[first]
-        run_lengths = reach[last] - run_starts
+        run_id, first, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
         distinct = np.empty(s_sorted.shape, dtype=bool)
         distinct[0] = True
         distinct[1:] = (s_sorted[1:] != s_sorted[:-1]) | (e_sorted[1:] != e_sorted[:-1])
