@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zstandard
 from levanter.store.cache import SerialCacheWriter
+from run_logs import read_metrics
 
 from meshbatch.cache import ByteTokenizer
 
@@ -122,14 +123,7 @@ def _train(root: pathlib.Path, block: str, data: str, run: str, steps: int, toke
     command = [sys.executable, "-m", "meshbatch.levanter.train_lm", "--config_path", str(config)]
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    metrics: dict = {}
-    for log in (root / "logs" / run).rglob("*.log"):
-        for line in log.read_text().splitlines():
-            if '"event": "log"' in line:
-                record = json.loads(line.split(" :: ", 1)[1])
-                metrics.setdefault(record.get("step"), {}).update(record["metrics"])
-            elif '"event": "summary"' in line:
-                metrics.setdefault("summary", {}).update(json.loads(line.split(" :: ", 1)[1])["metrics"])
+    metrics = read_metrics(root / "logs" / run)
     return metrics, "\n".join(p.read_text() for p in (root / "logs" / run).rglob("*.log")) + done.stderr
 
 

@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 import pytest
+from run_logs import read_metrics
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter.order import DataOrderMismatch, check
@@ -113,14 +114,7 @@ def run(root: pathlib.Path, label: str, entry: str, data: str, *args: str, check
     if not check:
         return done.returncode, output
     assert done.returncode == 0, output[-8000:]
-    metrics: dict = {}
-    for log in (root / "logs" / label).rglob("*.log"):
-        for line in log.read_text().splitlines():
-            if '"event": "log"' in line:
-                record = json.loads(line.split(" :: ", 1)[1])
-                metrics.setdefault(record.get("step"), {}).update(record["metrics"])
-            elif '"event": "summary"' in line:
-                metrics.setdefault("summary", {}).update(json.loads(line.split(" :: ", 1)[1])["metrics"])
+    metrics = read_metrics(root / "logs" / label)
     return metrics, output
 
 
