@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 import pytest
-from run_logs import read_metrics
+from run_logs import levanter_exit_abort, read_metrics
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter.order import DataOrderMismatch, check
@@ -113,7 +113,7 @@ def run(root: pathlib.Path, label: str, entry: str, data: str, *args: str, check
     output = done.stdout + done.stderr
     if not check:
         return done.returncode, output
-    assert done.returncode == 0, output[-8000:]
+    assert done.returncode == 0 or levanter_exit_abort(entry, done.returncode, output), output[-8000:]
     metrics = read_metrics(root / "logs" / label)
     return metrics, output
 
