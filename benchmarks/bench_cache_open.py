@@ -99,7 +99,7 @@ def _shard_template(path: str) -> None:
 
 def build_sharded(root: str, shards: int, template: str) -> None:
     """``shards`` copies of the shard ``template`` under ``root``, and the top-level ledger."""
-    from meshbatch.cache.ledger import SHARDED, Ledger, read_ledger, write_ledger
+    from meshbatch.cache.format.ledger import SHARDED, Ledger, read_ledger, write_ledger
 
     shard = read_ledger(template)
     rows, tokens = shard.total_num_rows, shard.field_counts["input_ids"]
@@ -123,8 +123,8 @@ def build_many_docs(root: str, docs: int) -> None:
     """A consolidated cache of ``docs`` documents of 1-3 tokens, in Levanter's layout (no sidecar)."""
     import numpy as np
 
-    from meshbatch.cache.arrays import create_field
-    from meshbatch.cache.ledger import Ledger, write_ledger
+    from meshbatch.cache.format.arrays import create_field
+    from meshbatch.cache.format.ledger import Ledger, write_ledger
 
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 4, docs)

@@ -40,7 +40,7 @@ def main() -> None:
     from harness import banner, write_json
 
     from meshbatch.cache import TokenCache, run_reads
-    from meshbatch.cache.many import prepare_reads
+    from meshbatch.cache.read.many import prepare_reads
 
     env = banner("bench_fetch_many: one read plan for all caches vs. one per cache")
     os.makedirs(args.data, exist_ok=True)

@@ -34,7 +34,7 @@ import numpy as np
 from harness import banner, write_json
 
 from meshbatch.cache import CacheWriter, TokenCache, build_cache, run_reads, validate_cache
-from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.cache.format.ledger import try_read_ledger
 from meshbatch.demo import write_corpus
 
 

@@ -45,8 +45,8 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, BlockCache, CacheWriter, TokenCache
-from meshbatch.cache.arrays import open_field
-from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.cache.format.arrays import open_field
+from meshbatch.cache.format.ledger import try_read_ledger
 
 LEVANTER_CACHE_POOL_BYTES = 10**9  # levanter.store.jagged_array.CACHE_BYTES_LIMIT's default
 HERE = os.path.dirname(os.path.abspath(__file__))

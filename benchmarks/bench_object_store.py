@@ -87,7 +87,7 @@ def meshbatch_stream(path, args, mesh):
 
     from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
     from meshbatch.cache import BlockCache, TokenCache
-    from meshbatch.cache.stores import store_context_spec
+    from meshbatch.cache.format.stores import store_context_spec
 
     block = args.block_examples * args.seq_len
     # its own TensorStore context, as Levanter's: nothing the writer left in the shared cache pool

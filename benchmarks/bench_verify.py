@@ -1,7 +1,7 @@
 """The cost of verified reads: the same reads with verification on and off, paired, in one process.
 
 A ``TokenCache`` of a cache meshbatch wrote checks what it reads against the writer's CRC-32s
-(``meshbatch.cache.verify``): the offsets and the last data chunk at open, each data chunk on the
+(``meshbatch.cache.integrity.verify``): the offsets and the last data chunk at open, each data chunk on the
 first read that touches it (the whole chunk is read in the same batch and summed; a verified chunk
 costs nothing afterwards). ``verify=False`` (or ``MESHBATCH_VERIFY_READS=0``) turns that off.
 Measured here, on one meshbatch-written cache of ``examples x seq_len`` random int32 tokens:
@@ -152,7 +152,7 @@ def pipeline_steps(path: str, seq_len: int, rounds: int, steps: int) -> dict:
 def chunk_costs(path: str, repeats: int) -> dict:
     """What verifying one chunk costs, apart from the machine's load: its CRC-32 (always), and
     decoding it once more (only when no read of the batch covers it whole), medians of ``repeats``."""
-    from meshbatch.cache.checksums import chunk_crc
+    from meshbatch.cache.integrity.checksums import chunk_crc
 
     cache = _open(path, False)
     size = 1 << 18

@@ -82,7 +82,7 @@ def write(mode: str, path: str, source: str) -> None:
 def check_committed(mode: str, path: str, clean: str) -> int:
     """Checks what a kill left at ``path``; returns the committed rows (blocks) it verified."""
     from meshbatch.cache import TokenCache, validate_cache
-    from meshbatch.cache.ledger import try_read_ledger
+    from meshbatch.cache.format.ledger import try_read_ledger
 
     if mode.startswith("preblock"):
         return _check_blocks(path, clean, complete=False)
@@ -142,9 +142,9 @@ def check_equal(mode: str, path: str, clean: str) -> None:
 
 
 def _same_cache(path: str, clean: str) -> None:
-    from meshbatch.cache.arrays import DEFAULT_CHUNK_SIZE, open_field
-    from meshbatch.cache.checksums import SIDECAR_FILE_NAME
-    from meshbatch.cache.ledger import read_ledger
+    from meshbatch.cache.format.arrays import DEFAULT_CHUNK_SIZE, open_field
+    from meshbatch.cache.format.ledger import read_ledger
+    from meshbatch.cache.integrity.checksums import SIDECAR_FILE_NAME
 
     got, want = (read_ledger(p).to_dict() for p in (path, clean))
     got.pop("cache_id"), want.pop("cache_id")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import CacheWriter, TokenCache, coalesce_spans
-from meshbatch.cache.coalesce import as_spans
+from meshbatch.cache.read.coalesce import as_spans
 
 SEQ_LEN = 16
 
@@ -170,7 +170,7 @@ def test_few_spans_coalesce_as_many_do(seed, monkeypatch):
     """Up to ``SMALL_SPANS`` spans take a plain-Python path: the same runs, offsets, span places
     and unique count as the numpy path, over random span sets (overlaps, duplicates, touching and
     empty spans)."""
-    from meshbatch.cache import coalesce
+    from meshbatch.cache.read import coalesce
 
     rng = np.random.default_rng(seed)
     for _ in range(500):

@@ -20,7 +20,7 @@ from meshbatch.cache import (
     build_cache,
     run_reads,
 )
-from meshbatch.cache.ledger import remove_ledger
+from meshbatch.cache.format.ledger import remove_ledger
 
 OLD = [np.arange(n, dtype=np.int32) + 1000 * n for n in (5, 3, 7, 2)]
 NEW = [np.arange(n, dtype=np.int32) + 7 for n in (9, 9, 9, 9, 9)]
@@ -173,7 +173,7 @@ def test_ledger_stamp_off_a_local_disk_is_a_conditional_read():
     import tensorstore as ts
 
     from meshbatch.cache import shared_context
-    from meshbatch.cache.ledger import Ledger, LedgerFile
+    from meshbatch.cache.format.ledger import Ledger, LedgerFile
 
     kvstore = ts.KvStore.open("memory://stamp-test/", context=shared_context()).result()
     kvstore.write("shard_ledger.json", json.dumps(Ledger(3, {"": 3}, cache_id="a").to_dict())).result()

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from meshbatch.cache import CacheWriter, TokenCache, validate_cache
-from meshbatch.cache.arrays import open_field
-from meshbatch.cache.files import remove_stale_lock_files
+from meshbatch.cache.format.arrays import open_field
+from meshbatch.cache.format.files import remove_stale_lock_files
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kill_loop.py")
 

@@ -29,4 +29,4 @@ def test_importing_meshbatch_defers_tensorstore_until_a_cache_name_is_used():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == ["False", "True", "meshbatch.cache.reader"]
+    assert out == ["False", "True", "meshbatch.cache.read.reader"]

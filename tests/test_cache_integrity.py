@@ -22,7 +22,7 @@ from meshbatch.cache import (
     TokenCache,
     validate_cache,
 )
-from meshbatch.cache.arrays import open_field
+from meshbatch.cache.format.arrays import open_field
 from meshbatch.cli import main
 
 C = DEFAULT_CHUNK_SIZE
@@ -402,7 +402,7 @@ def test_deep_validation_of_a_sharded_cache_names_the_damaged_shard(tmp_path):
 
 
 def test_deep_validation_of_a_cache_being_written(tmp_path, monkeypatch):
-    from meshbatch.cache import writer as writer_module
+    from meshbatch.cache.write import writer as writer_module
 
     path = str(tmp_path / "open")
     writer = CacheWriter(path)

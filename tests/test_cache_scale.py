@@ -28,8 +28,8 @@ from meshbatch.cache import (
     ShardedCacheWriter,
     TokenCache,
 )
-from meshbatch.cache.arrays import kvstore_spec, shared_context
-from meshbatch.cache.reader import EAGER_MAX_ROWS
+from meshbatch.cache.format.arrays import kvstore_spec, shared_context
+from meshbatch.cache.read.reader import EAGER_MAX_ROWS
 
 
 def _docs(n: int, seed: int = 0, high: int = 40) -> list[np.ndarray]:

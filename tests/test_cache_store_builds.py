@@ -1,7 +1,7 @@
 """Independent runs asking for one missing cache at an object-store URL get one build, one cache.
 
 Real servers on 127.0.0.1 (``object_stores``: moto's S3 server, fake-gcs-server). The build lock
-(``meshbatch.cache.store_lock``) is a TensorStore conditional write: moto honours S3's
+(``meshbatch.cache.builds.store_lock``) is a TensorStore conditional write: moto honours S3's
 ``If-None-Match`` / ``If-Match``, so S3 runs are kept apart; fake-gcs-server ignores GCS's
 ``ifGenerationMatch`` on TensorStore's uploads, so a ``gs://`` build there is refused by name.
 """
@@ -19,14 +19,15 @@ import pytest
 import tensorstore as ts
 from store_build_helpers import docs, slow_build
 
-from meshbatch.cache import CacheWriter, TokenCache, store_lock
-from meshbatch.cache.arrays import CREATE_ATTEMPTS
-from meshbatch.cache.checks import CacheIntegrityError
-from meshbatch.cache.ledger import try_read_ledger
-from meshbatch.cache.store_lock import LEASE_ENV, ConditionalWritesUnsupported, StoreLock
-from meshbatch.cache.stores import kvstore_spec
-from meshbatch.levanter.build_once import WAIT_ENV, CacheWaitTimeout, build_once
-from meshbatch.levanter.store_build import LOCK_ENV, BuildLockLost
+from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache.builds import store_lock
+from meshbatch.cache.builds.build_once import WAIT_ENV, CacheWaitTimeout, build_once
+from meshbatch.cache.builds.store_build import LOCK_ENV, BuildLockLost
+from meshbatch.cache.builds.store_lock import LEASE_ENV, ConditionalWritesUnsupported, StoreLock
+from meshbatch.cache.format.arrays import CREATE_ATTEMPTS
+from meshbatch.cache.format.checks import CacheIntegrityError
+from meshbatch.cache.format.ledger import try_read_ledger
+from meshbatch.cache.format.stores import kvstore_spec
 
 WORKER = os.path.join(os.path.dirname(__file__), "store_build_worker.py")
 
@@ -318,7 +319,7 @@ def test_a_lost_reply_to_creating_a_field_is_retried_not_a_failed_build(lossy_s3
     build, seen in CI under load). The open deletes what is there anyway: it is tried again."""
     path = url()
     lossy_s3.lose_reply("PUT", "input_ids/offsets/zarr.json")
-    with caplog.at_level(logging.WARNING, logger="meshbatch.cache.arrays"):
+    with caplog.at_level(logging.WARNING, logger="meshbatch.cache.format.arrays"):
         slow_build(docs(), [], pause=0.0)(path)
     assert len(lossy_s3.lost_replies) == 1 and "zarr.json" in lossy_s3.lost_replies[0]
     assert "ALREADY_EXISTS" in caplog.text and "attempt 1 of 3" in caplog.text

@@ -18,7 +18,7 @@ import pytest
 import tensorstore as ts
 
 from meshbatch.cache import BlockCache, CacheIntegrityError, CacheWriter, TokenCache, run_reads
-from meshbatch.cache.stores import store_context_spec
+from meshbatch.cache.format.stores import store_context_spec
 
 C = 1 << 18  # tokens per read chunk (and per checksummed chunk)
 FLAT = (np.arange(3 * C + 1000) % 50_000).astype(np.int32)

@@ -20,7 +20,7 @@ from meshbatch.cache import (
     TokenCache,
     validate_cache,
 )
-from meshbatch.cache.verify import VERIFY_ENV
+from meshbatch.cache.integrity.verify import VERIFY_ENV
 
 C = 1 << 18
 

@@ -12,7 +12,7 @@ import pytest
 from levanter.store.cache import TreeCache
 
 from meshbatch.cache import CacheWriter, ShardedCacheWriter, TokenCache, validate_cache
-from meshbatch.cache import writer as writer_module
+from meshbatch.cache.write import writer as writer_module
 
 
 def doc(i: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from meshbatch.cache import (
     TokenCache,
     run_reads,
 )
-from meshbatch.cache.many import prepare_reads
+from meshbatch.cache.read.many import prepare_reads
 from meshbatch.pipeline.fetch import PLAN_ENV, one_plan
 
 AT = 3  # where the reads begin in the buffer: tokens before it must stay untouched

@@ -13,9 +13,7 @@ from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
 from mp_harness import free_port, run_workers
 
 from meshbatch.cache import ByteTokenizer, CacheWriter, TokenCache
-from meshbatch.cache.ledger import Ledger, try_read_ledger, write_ledger
-from meshbatch.levanter import CausalLMConfig
-from meshbatch.levanter.build_once import (
+from meshbatch.cache.builds.build_once import (
     WAIT_ENV,
     CacheWaitTimeout,
     build_once,
@@ -25,6 +23,8 @@ from meshbatch.levanter.build_once import (
     wait_for_finished,
     wait_seconds,
 )
+from meshbatch.cache.format.ledger import Ledger, try_read_ledger, write_ledger
+from meshbatch.levanter import CausalLMConfig
 
 WORKER = os.path.join(os.path.dirname(__file__), "levanter_cache_worker.py")
 DOCS = 1000

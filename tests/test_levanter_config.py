@@ -16,7 +16,7 @@ from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import ByteTokenizer, HFTokenizer
-from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.cache.format.ledger import try_read_ledger
 from meshbatch.datasets.splice.selection import select_documents
 from meshbatch.datasets.splice.splice_spec import SpliceSpec
 from meshbatch.levanter import (

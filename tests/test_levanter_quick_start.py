@@ -21,7 +21,7 @@ import pytest
 from levanter.store.cache import CacheOptions, TreeCache
 
 from meshbatch.cache import ByteTokenizer, CacheWaitTimeout, TokenCache
-from meshbatch.cache.ledger import Ledger, LedgerFile, try_read_ledger, write_ledger
+from meshbatch.cache.format.ledger import Ledger, LedgerFile, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader, quick_start
 from meshbatch.levanter.quick_start import QuickStartBuildError, growing_cache
 

@@ -25,7 +25,7 @@ from meshbatch.cache import (
     TokenCache,
     read_ledger,
 )
-from meshbatch.cache.stores import context_spec_from_stats, store_context_spec
+from meshbatch.cache.format.stores import context_spec_from_stats, store_context_spec
 
 SEQ = 32
 SCHEMES = ("gs", "s3")
@@ -236,7 +236,7 @@ def test_threads_share_block_reads_in_flight(object_stores, tmp_path):
 
 
 def test_context_sized_from_measured_latency():
-    from meshbatch.cache.stores import sized_context_spec
+    from meshbatch.cache.format.stores import sized_context_spec
 
     spec = sized_context_spec(
         read_latency_s=0.1, step_s=0.25, requests_per_step=400, bytes_per_step=4 << 20, depth=4

@@ -17,7 +17,7 @@ import tensorstore as ts
 from jax.sharding import Mesh
 
 from meshbatch import Pipeline, ShuffleSpec
-from meshbatch.cache.stores import kvstore_spec
+from meshbatch.cache.format.stores import kvstore_spec
 from meshbatch.cli import main
 from meshbatch.datasets.preblocked import BlockDataset, preblock, validate_path
 

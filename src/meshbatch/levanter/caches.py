@@ -32,9 +32,15 @@ from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
 
-from meshbatch.cache.ledger import try_read_ledger
+from meshbatch.cache.builds.build_once import (
+    build_once,
+    builds_here,
+    clear_failure,
+    report_failure,
+    wait_for_finished,
+)
+from meshbatch.cache.format.ledger import try_read_ledger
 
-from .build_once import build_once, builds_here, clear_failure, report_failure, wait_for_finished
 from .observe import CACHE_STATUS
 
 logger = logging.getLogger(__name__)

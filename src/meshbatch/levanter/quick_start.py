@@ -41,13 +41,33 @@ from levanter.data.text import preprocessor_for_format
 from levanter.store.tree_store import TreeStore
 
 from meshbatch.cache import TokenCache, poll_until
-from meshbatch.cache.checksums import sidecar_path
-from meshbatch.cache.files import remove_file
-from meshbatch.cache.ledger import Ledger, ledger_metadata, remove_ledger, try_read_ledger, write_ledger
+from meshbatch.cache.builds.build_news import (
+    LocalNews,
+    OwnNews,
+    RemoteNews,
+    announce,
+    describe,
+    release,
+    take_lock,
+)
+from meshbatch.cache.builds.build_once import (
+    CacheBuildFailed,
+    builds_here,
+    clear_failure,
+    is_local,
+    quick_start_lock,
+)
+from meshbatch.cache.builds.build_once import quick_start_running as quick_start_running
+from meshbatch.cache.format.files import remove_file
+from meshbatch.cache.format.ledger import (
+    Ledger,
+    ledger_metadata,
+    remove_ledger,
+    try_read_ledger,
+    write_ledger,
+)
+from meshbatch.cache.integrity.checksums import sidecar_path
 
-from .build_news import LocalNews, OwnNews, RemoteNews, announce, describe, release, take_lock
-from .build_once import CacheBuildFailed, builds_here, clear_failure, is_local, quick_start_lock
-from .build_once import quick_start_running as quick_start_running
 from .caches import check_metadata, source_format, write_rows
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from meshbatch.cache import TokenCache, run_reads
-from meshbatch.cache.many import prepare_reads
+from meshbatch.cache.read.many import prepare_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
 from .row_layout import RowLayout

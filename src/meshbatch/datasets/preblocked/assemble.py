@@ -13,7 +13,7 @@ import tensorstore as ts
 from tqdm.auto import tqdm
 
 from meshbatch.cache import TokenCache
-from meshbatch.cache.arrays import created, kvstore_spec
+from meshbatch.cache.format.arrays import created, kvstore_spec
 
 from .block_checksums import chunk_sums, write_sidecar
 from .block_store import BLOCKS, REAL_TOKENS

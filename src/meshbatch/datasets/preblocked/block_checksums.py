@@ -1,7 +1,7 @@
 """Checksums of a preblocked store, recorded by its writer and verified on read (like token caches').
 
 The writer sums each stored chunk of both arrays as it writes them (CRC-32 of the int32
-little-endian bytes, ``meshbatch.cache.checksums.chunk_crc``) into a sidecar read before any block::
+little-endian bytes, ``meshbatch.cache.integrity.checksums.chunk_crc``) into a sidecar read before any block::
 
     <root>/meshbatch_block_checksums.json
     {"format": "meshbatch-block-checksums", "version": 1, "algorithm": "crc32",
@@ -27,9 +27,9 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache import CacheIntegrityError, shared_context
-from meshbatch.cache.arrays import kvstore_spec
-from meshbatch.cache.checksums import chunk_crc
-from meshbatch.cache.files import write_json_atomic
+from meshbatch.cache.format.arrays import kvstore_spec
+from meshbatch.cache.format.files import write_json_atomic
+from meshbatch.cache.integrity.checksums import chunk_crc
 
 SIDECAR = "meshbatch_block_checksums.json"
 FORMAT, VERSION = "meshbatch-block-checksums", 1

@@ -23,11 +23,11 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
-from meshbatch.cache.arrays import kvstore_spec
-from meshbatch.cache.coalesce import as_spans, coalesce_spans
-from meshbatch.cache.ledger import read_ledger
-from meshbatch.cache.reads import PendingRead, run_reads
-from meshbatch.cache.verify import verify_default
+from meshbatch.cache.format.arrays import kvstore_spec
+from meshbatch.cache.format.ledger import read_ledger
+from meshbatch.cache.integrity.verify import verify_default
+from meshbatch.cache.read.coalesce import as_spans, coalesce_spans
+from meshbatch.cache.read.reads import PendingRead, run_reads
 
 from .assemble import ramp
 from .block_checksums import read_verifier

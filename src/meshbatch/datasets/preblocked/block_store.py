@@ -34,11 +34,11 @@ import tensorstore as ts
 
 from meshbatch.arguments import check_int
 from meshbatch.cache import shared_context
-from meshbatch.cache.arrays import kvstore_spec
-from meshbatch.cache.files import file_exists
-from meshbatch.cache.ledger import LEDGER_FILE_NAME
-from meshbatch.cache.localpaths import local_path
-from meshbatch.cache.stores import is_url
+from meshbatch.cache.format.arrays import kvstore_spec
+from meshbatch.cache.format.files import file_exists
+from meshbatch.cache.format.ledger import LEDGER_FILE_NAME
+from meshbatch.cache.format.localpaths import local_path
+from meshbatch.cache.format.stores import is_url
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def read_header(root: str) -> Header | None:
 
 def write_header(root: str, header: Header) -> None:
     """Writes ``<root>/preblock.json`` atomically (a local path or a URL)."""
-    from meshbatch.cache.files import write_json_atomic
+    from meshbatch.cache.format.files import write_json_atomic
 
     write_json_atomic(os.path.join(root, HEADER_FILE), header.to_dict())
 

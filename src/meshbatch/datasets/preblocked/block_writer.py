@@ -24,15 +24,15 @@ import numpy as np
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
-from meshbatch.cache.files import (
+from meshbatch.cache.format.files import (
     directory_exists,
     file_exists,
     remove_directory,
     remove_file,
     write_json_atomic,
 )
-from meshbatch.cache.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
-from meshbatch.cache.stores import is_url
+from meshbatch.cache.format.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
+from meshbatch.cache.format.stores import is_url
 
 from .assemble import publish_npy, write_blocks
 from .block_store import (

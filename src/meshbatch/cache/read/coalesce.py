@@ -1,0 +1,257 @@
+"""Span coalescing: many requested token spans become few contiguous reads.
+
+Spans ``(start, length)`` arrive in any order, with duplicates and overlaps. They are sorted, and
+spans that overlap or touch merge into one *run*; each run is read once, the runs are laid end to
+end in one buffer, and every requested span is located inside that buffer::
+
+    seq_len = 4, rows [3, 1, 2, 2, 4, 9, 8] -> starts = [12, 4, 8, 8, 16, 36, 32], lengths = 4
+    runs          = [(4, 16), (32, 8)]       # tokens 4..20 and 32..40: 2 reads
+    run_offsets   = [0, 16, 24]              # where each run begins in the buffer
+    span_starts   = [8, 0, 4, 4, 12, 20, 16] # where each requested span begins in the buffer
+
+Counters (``ReadCounters``) record spans requested, unique spans, runs, reads issued and bytes read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshbatch.cache.format.checks import as_index_array
+
+
+@dataclass(frozen=True)
+class Coalesced:
+    """Runs covering a set of spans, and where each span lies in the runs' concatenation.
+
+    Attributes:
+        run_starts: int64 ``[R]``, first token of each run, ascending, runs disjoint and non-touching.
+        run_lengths: int64 ``[R]``, tokens in each run (all > 0).
+        run_offsets: int64 ``[R + 1]``, where each run begins in the concatenated buffer.
+        span_starts: int64 ``[n]``, where each requested span begins in the buffer, in request order
+            (duplicates point at the same place; empty spans point at 0).
+        unique_spans: number of distinct non-empty ``(start, length)`` pairs requested.
+    """
+
+    run_starts: np.ndarray
+    run_lengths: np.ndarray
+    run_offsets: np.ndarray
+    span_starts: np.ndarray
+    unique_spans: int
+
+
+def as_spans(starts, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """Validates and converts span arrays to int64 ``[n]`` (a scalar ``lengths`` applies to every span).
+
+    Raises:
+        TypeError: values that are not integers (floats, strings, bools, objects).
+        ValueError: shapes differ or are not 1-D, a value outside int64, or any is negative.
+    """
+    starts_arr, lengths_arr = as_index_array("starts", starts), as_index_array("lengths", lengths)
+    if np.ndim(starts) != 1:
+        raise ValueError(f"starts must be 1-D (got starts={starts!r:.80})")
+    if np.ndim(lengths) == 0:
+        lengths_arr = np.broadcast_to(lengths_arr, starts_arr.shape)
+    if starts_arr.shape != lengths_arr.shape:
+        raise ValueError(
+            f"starts and lengths must be 1-D of equal length (got {starts_arr.shape=}, {lengths_arr.shape=})"
+        )
+    for name, arr in (("starts", starts_arr), ("lengths", lengths_arr)):
+        if arr.size and arr.min() < 0:
+            i = int(np.argmin(arr))
+            raise ValueError(f"{name} must be >= 0 (got {name}[{i}]={int(arr[i])})")
+    return starts_arr, lengths_arr
+
+
+def check_span_bounds(starts: np.ndarray, lengths: np.ndarray, num_tokens: int, *, where: str) -> None:
+    """Raise ``IndexError`` for a span that reaches past ``num_tokens`` (checked spans: int64, >= 0)."""
+    # starts and lengths are each checked first, so their sum cannot overflow int64
+    for name, values in (("start", starts), ("length", lengths)):
+        if values.size and values.max() > num_tokens:
+            i = int(np.argmax(values))
+            raise IndexError(f"span {i} has {name}={values[i]} > num_tokens={num_tokens} of {where}")
+    ends = starts + lengths
+    if ends.size and ends.max() > num_tokens:
+        i = int(np.argmax(ends))
+        raise IndexError(
+            f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
+            f"> num_tokens={num_tokens} of {where}"
+        )
+
+
+def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
+    """Merges spans into sorted, disjoint runs; overlapping and adjacent spans share a run.
+
+    Args:
+        starts: int64 ``[n]`` first token of each span (see ``as_spans``).
+        lengths: int64 ``[n]`` tokens in each span; empty spans are allowed and read nothing.
+
+    Returns:
+        The runs and each span's position in their concatenation.
+    """
+    n = starts.shape[0]
+    if n <= SMALL_SPANS:
+        return _coalesce_few(starts.tolist(), lengths.tolist())
+    nonempty = np.flatnonzero(lengths > 0)
+    span_starts = np.zeros(n, dtype=np.int64)
+    if nonempty.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Coalesced(empty, empty, np.zeros(1, dtype=np.int64), span_starts, 0)
+
+    s, e = starts[nonempty], starts[nonempty] + lengths[nonempty]
+    order = np.lexsort((e, s))
+    s_sorted, e_sorted = s[order], e[order]
+    run_id, _, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
+    run_offsets = np.zeros(run_starts.size + 1, dtype=np.int64)
+    np.cumsum(run_lengths, out=run_offsets[1:])
+
+    located = np.empty_like(s_sorted)
+    located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
+    span_starts[nonempty] = located
+    distinct = np.count_nonzero((np.diff(s_sorted) != 0) | (np.diff(e_sorted) != 0)) + 1
+    return Coalesced(run_starts, run_lengths, run_offsets, span_starts, int(distinct))
+
+
+def sorted_runs(s_sorted: np.ndarray, e_sorted: np.ndarray):
+    """The runs of non-empty spans ``[s_sorted[i], e_sorted[i])`` sorted by (start, end):
+    ``(run_id, first, run_starts, run_lengths)``, each span's run, each run's first span, and
+    the runs. A new run begins where a span starts strictly after everything before it ends."""
+    reach = np.maximum.accumulate(e_sorted)
+    new_run = np.empty(s_sorted.shape, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = s_sorted[1:] > reach[:-1]
+    run_id = np.cumsum(new_run) - 1
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:] - 1, s_sorted.size - 1)
+    run_starts = s_sorted[first]
+    return run_id, first, run_starts, reach[last] - run_starts
+
+
+SMALL_SPANS = 32  # up to this many spans, plain Python beats a dozen numpy calls on tiny arrays
+
+
+def _coalesce_few(starts: list[int], lengths: list[int]) -> Coalesced:
+    """``coalesce_spans`` of a few spans in plain Python (a mixture of many sources reads a few
+    spans of each source a step): the same runs, offsets and counts."""
+    spans = sorted((s, s + n, i) for i, (s, n) in enumerate(zip(starts, lengths, strict=True)) if n > 0)
+    run_starts, run_lengths, run_offsets, located = [], [], [0], {}
+    reach = -1
+    for s, e, i in spans:
+        if s > reach:  # a new run: this span starts strictly after everything before it ends
+            run_starts.append(s)
+            run_lengths.append(0)
+            reach = s
+        reach = max(reach, e)
+        run_lengths[-1] = reach - run_starts[-1]
+        located[i] = (len(run_starts) - 1, s - run_starts[-1])
+    for length in run_lengths:
+        run_offsets.append(run_offsets[-1] + length)
+    span_starts = [0] * len(starts)
+    for i, (run, within) in located.items():
+        span_starts[i] = run_offsets[run] + within
+    distinct = len({(s, e) for s, e, _ in spans})
+    return Coalesced(
+        np.asarray(run_starts, np.int64),
+        np.asarray(run_lengths, np.int64),
+        np.asarray(run_offsets, np.int64),
+        np.asarray(span_starts, np.int64),
+        distinct,
+    )
+
+
+@dataclass(frozen=True)
+class SpanRead:
+    """Requested spans in request order: span ``i`` is ``tokens[offsets[i] : offsets[i + 1]]``."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass(frozen=True)
+class RunRead:
+    """Coalesced read: unique runs back to back, and where each requested span lies in them.
+
+    Attributes:
+        buffer: the runs' tokens, on-disk dtype.
+        run_starts: int64 ``[R]`` global first token of each run.
+        run_offsets: int64 ``[R + 1]`` where each run begins in ``buffer``.
+        span_starts: int64 ``[n]`` where requested span ``i`` begins in ``buffer`` (request order).
+        span_lengths: int64 ``[n]`` its length.
+    """
+
+    buffer: np.ndarray
+    run_starts: np.ndarray
+    run_offsets: np.ndarray
+    span_starts: np.ndarray
+    span_lengths: np.ndarray
+
+    def spans(self) -> SpanRead:
+        """Gathers the spans in request order (duplicates copied) into one flat buffer."""
+        offsets = np.zeros(self.span_lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(self.span_lengths, out=offsets[1:])
+        if offsets[-1] == self.buffer.shape[0] and np.array_equal(self.span_starts, offsets[:-1]):
+            return SpanRead(self.buffer, offsets)  # spans already lie back to back in request order
+        pieces = [
+            self.buffer[s : s + n]
+            for s, n in zip(self.span_starts.tolist(), self.span_lengths.tolist(), strict=True)
+        ]
+        tokens = np.concatenate(pieces) if pieces else self.buffer[:0].copy()
+        return SpanRead(tokens, offsets)
+
+
+@dataclass
+class ReadCounters:
+    """Cumulative read-efficiency counters of one ``TokenCache`` (thread-safe).
+
+    ``reads_issued`` counts TensorStore reads actually issued: runs split where they cross a shard
+    boundary, minus what the block cache served. ``bytes_read`` counts the bytes those reads returned.
+    """
+
+    spans_requested: int = 0
+    unique_spans: int = 0
+    runs: int = 0
+    reads_issued: int = 0
+    bytes_read: int = 0
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(
+        self,
+        *,
+        spans_requested: int = 0,
+        unique_spans: int = 0,
+        runs: int = 0,
+        reads_issued: int = 0,
+        bytes_read: int = 0,
+    ) -> None:
+        """Adds one request's counts."""
+        with self._lock:
+            self.spans_requested += spans_requested
+            self.unique_spans += unique_spans
+            self.runs += runs
+            self.reads_issued += reads_issued
+            self.bytes_read += bytes_read
+
+    def reset(self) -> None:
+        """Zeroes every counter."""
+        with self._lock:
+            self.spans_requested = self.unique_spans = self.runs = self.reads_issued = self.bytes_read = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (a consistent snapshot)."""
+        with self._lock:
+            return {
+                "spans_requested": self.spans_requested,
+                "unique_spans": self.unique_spans,
+                "runs": self.runs,
+                "reads_issued": self.reads_issued,
+                "bytes_read": self.bytes_read,
+            }

@@ -1,0 +1,331 @@
+"""One read plan for the spans of many caches: the caches a step touches as one token space.
+
+A step of a mixture reads a few spans from each of many caches. Planned cache by cache
+(``TokenCache.prepare_read``), every touched cache costs its own bounds check, coalesce, read plan
+and counters on the host. ``prepare_reads`` places the touched caches end to end in one virtual
+token space, each shifted by a base one token past the previous cache's end (so no run joins two
+caches), as a sharded cache's shards are segments of one space, and checks, coalesces and plans
+every span once::
+
+    caches a (10 tokens), b (6 tokens); spans (a, 8, 2), (b, 0, 3), (a, 0, 4)
+    bases a: 0, b: 11             virtual spans [8, 10), [11, 14), [0, 4)
+    runs [0, 4), [8, 10), [11, 14) -> out[at:] = a[0:4] a[8:10] b[0:3]; span_starts at + [4, 6, 0]
+
+What lands in ``out``, each span's place, each cache's counters and the errors are those of one
+``prepare_read`` per touched cache, in cache order. Each cache's ledger (and the ledgers of the
+shards the read touches) is still checked once per read; ``Segment``s keep their own cache's
+offsets, so a failed read or checksum names that cache and its tokens. Caches that cannot share
+the plan (a dtype that does not widen into ``out``, a second cache at the same path) are planned
+one by one from the shared coalesce, exactly as ``prepare_read`` plans them; caches alike in
+block cache (and, with one, in dtype) share one plan.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshbatch.cache.format.checks import as_index_array, check_out_buffer
+from meshbatch.cache.read.coalesce import Coalesced, as_spans, sorted_runs
+from meshbatch.cache.read.contents import Contents
+from meshbatch.cache.read.reader import TokenCache, check_fits
+from meshbatch.cache.read.reads import PendingRead, Segment, plan_pieces, widens_exactly
+
+
+@dataclass(frozen=True)
+class ManyRead:
+    """The planned reads of ``prepare_reads``.
+
+    Attributes:
+        reads: the ``PendingRead``s to hand to ``run_reads`` (with other reads, if any).
+        span_starts: int64 ``[n]``, where each requested span will begin in ``out``.
+        end: the position in ``out`` just past the last cache's tokens.
+    """
+
+    reads: list[PendingRead]
+    span_starts: np.ndarray
+    end: int
+
+
+def prepare_reads(
+    caches: Sequence[TokenCache], source, starts, lengths, out: np.ndarray, at: int
+) -> ManyRead:
+    """Plans reading spans of several caches, coalesced, into ``out[at:]``, as one plan.
+
+    The same as ``caches[c].prepare_read(starts[source == c], lengths[source == c], out, at_c)``
+    for each cache ``c`` that ``source`` names, in ascending ``c``, each placed where the previous
+    one ends; planned once for all of them (module docstring).
+
+    Args:
+        caches: the caches ``source`` indexes.
+        source: int ``[n]``, each span's cache.
+        starts: int ``[n]`` token offsets in that cache, any order, duplicates allowed.
+        lengths: int ``[n]`` span lengths (or a scalar).
+        out: the destination buffer; ``out`` may be int32 whatever the caches' dtypes (see
+            ``prepare_read``).
+        at: where in ``out`` the first cache's tokens begin.
+
+    Raises:
+        TypeError: a cache that is not a ``TokenCache``; as ``prepare_read``.
+        IndexError: a ``source`` out of range; a span past its cache's end (naming that cache).
+        ValueError: as ``prepare_read``.
+    """
+    check_out_buffer("out", out, at=at)
+    source = as_index_array("source", source)
+    for i, cache in enumerate(caches):
+        if not isinstance(cache, TokenCache):
+            raise TypeError(f"caches[{i}] must be a TokenCache (got {type(cache).__name__})")
+    bad = source[(source < 0) | (source >= len(caches))]
+    if bad.size:
+        raise IndexError(f"source {int(bad[0])} out of range for {len(caches)} caches")
+    try:
+        checked = as_spans(starts, lengths)
+    except ValueError:  # a negative span: named as the cache's own read names it
+        _raise_first(caches, source, starts, lengths, out, at)
+        raise
+    starts, lengths = checked
+    if source.shape != starts.shape:
+        raise ValueError(f"source and starts must be of equal length (got {source.shape=}, {starts.shape=})")
+    touched = np.unique(source)
+    slot = np.searchsorted(touched, source)  # each span's place among the touched caches
+    chosen = [caches[c] for c in touched.tolist()]
+    num_tokens = np.array([cache.num_tokens for cache in chosen], dtype=np.int64)
+    ends = starts + lengths
+    if ends.size and (ends > num_tokens[slot]).any():
+        _raise_first(caches, source, starts, lengths, out, at)
+        raise AssertionError("a span past its cache's end that the cache's own read did not refuse")
+    bases = np.zeros(len(chosen), np.int64)
+    np.cumsum(num_tokens[:-1] + 1, out=bases[1:])
+    spans = _coalesce(starts + bases[slot], lengths, slot, len(chosen))
+    total = int(spans.run_offsets[-1])
+    if at + total > out.shape[0]:
+        _raise_first(caches, source, starts, lengths, out, at)
+        raise AssertionError(f"{total} tokens at {at} do not fit out, yet each cache's did")
+    span_starts = at + spans.span_starts
+    empty = lengths == 0  # an empty span points where its cache's tokens begin, as prepare_read's
+    span_starts[empty] = at + spans.run_offsets[spans.first_run[slot[empty]]]
+
+    groups: dict[tuple, list[int]] = {}
+    alone, paths = [], set()
+    for j, cache in enumerate(chosen):
+        key = (cache.path, cache.field)
+        if key in paths or not widens_exactly(cache.dtype, out.dtype):
+            alone.append(j)
+            continue
+        paths.add(key)
+        block_cache = cache.block_cache
+        groups.setdefault((id(block_cache), None if block_cache is None else cache.dtype), []).append(j)
+    reads = [
+        _plan_group(chosen, members, spans, bases, slot, span_starts, out, at) for members in groups.values()
+    ]
+    for j in alone:
+        reads.append(_plan_alone(chosen[j], j, spans, bases, slot, span_starts, out, at))
+    return ManyRead(reads, span_starts, at + total)
+
+
+@dataclass(frozen=True)
+class _Spans:
+    """The spans of all touched caches coalesced in the virtual token space (``Coalesced``, with
+    each run's and each cache's counts)."""
+
+    run_starts: np.ndarray  # int64 [R] virtual first token of each run
+    run_lengths: np.ndarray  # int64 [R]
+    run_offsets: np.ndarray  # int64 [R + 1] from 0
+    span_starts: np.ndarray  # int64 [n] from 0 (empty spans: 0)
+    run_slot: np.ndarray  # int64 [R] each run's cache (its place among the touched caches)
+    first_run: np.ndarray  # int64 [k + 1] each cache's first run (runs of cache j: first_run[j:j+2])
+    unique: np.ndarray  # int64 [k] distinct non-empty spans of each cache
+    requested: np.ndarray  # int64 [k] spans of each cache
+
+
+def _coalesce(starts: np.ndarray, lengths: np.ndarray, slot: np.ndarray, k: int) -> _Spans:
+    """``coalesce_spans`` of the virtual spans, with each cache's counts (caches never share a run:
+    their bases leave a token between them)."""
+    n = starts.shape[0]
+    span_starts = np.zeros(n, dtype=np.int64)
+    nonempty = np.flatnonzero(lengths > 0)
+    s, e = starts[nonempty], starts[nonempty] + lengths[nonempty]
+    order = np.lexsort((e, s))
+    s_sorted, e_sorted, slot_sorted = s[order], e[order], slot[nonempty][order]
+    if s_sorted.size:
+        run_id, first, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
+        distinct = np.empty(s_sorted.shape, dtype=bool)
+        distinct[0] = True
+        distinct[1:] = (s_sorted[1:] != s_sorted[:-1]) | (e_sorted[1:] != e_sorted[:-1])
+        run_slot = slot_sorted[first]
+        unique = np.bincount(slot_sorted[distinct], minlength=k)
+    else:
+        run_starts = run_lengths = run_slot = np.zeros(0, np.int64)
+        unique = np.zeros(k, np.int64)
+    run_offsets = np.zeros(run_starts.size + 1, dtype=np.int64)
+    np.cumsum(run_lengths, out=run_offsets[1:])
+    if s_sorted.size:
+        located = np.empty_like(s_sorted)
+        located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
+        span_starts[nonempty] = located
+    first_run = np.searchsorted(run_slot, np.arange(k + 1))
+    requested = np.bincount(slot, minlength=k)
+    return _Spans(run_starts, run_lengths, run_offsets, span_starts, run_slot, first_run, unique, requested)
+
+
+def _plan_group(
+    chosen: list[TokenCache],
+    members: list[int],
+    spans: _Spans,
+    bases: np.ndarray,
+    slot: np.ndarray,
+    span_starts: np.ndarray,
+    out: np.ndarray,
+    at: int,
+) -> PendingRead:
+    """One plan for the runs of ``members`` (caches alike in block cache and, with one, dtype)."""
+    first, base = spans.first_run.tolist(), bases.tolist()
+    segments: list[Segment] = []
+    segment_starts, segment_slots, touched_parts = [], [], []
+    for j in members:
+        a, b = first[j], first[j + 1]
+        view = chosen[j]._view
+        if a == b:
+            mine = []
+        elif type(view) is Contents and len(view.segments) == 1:  # a consolidated cache, loaded
+            mine = list(view.segments)
+        else:
+            local = spans.run_starts[a:b] - base[j]
+            mine = view.segments_for(local, local + spans.run_lengths[a:b])
+        segments.extend(mine)
+        segment_starts.extend(base[j] + seg.token_start for seg in mine)
+        segment_slots.extend([j] * len(mine))
+        touched_parts.append(frozenset(seg.part for seg in mine if seg.part))
+    in_group = np.zeros(len(chosen), dtype=bool)
+    in_group[members] = True
+    runs = np.flatnonzero(in_group[spans.run_slot])
+    pieces = _pieces(segments, np.array(segment_starts, np.int64), runs, spans, at)
+    cache = chosen[members[0]]
+    targets, extra, finish, _ = plan_pieces(pieces, out, block_cache=cache.block_cache)
+
+    owner = {id(seg): j for seg, j in zip(segments, segment_slots, strict=True)}
+    reads = dict.fromkeys(members, 0)
+    nbytes = dict.fromkeys(members, 0)
+    for target in targets:
+        reads[owner[id(target.segment)]] += 1
+    for target in extra:
+        reads[owner[id(target.segment)]] += 1
+    if cache.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
+        tokens = np.diff(spans.run_offsets[spans.first_run]).tolist()
+        for j in members:
+            nbytes[j] = tokens[j] * chosen[j].dtype.itemsize
+    else:
+        for target in targets:
+            nbytes[owner[id(target.segment)]] += target.dest.nbytes
+    checks = []
+    requested, unique = spans.requested.tolist(), spans.unique.tolist()
+    for j, parts in zip(members, touched_parts, strict=True):
+        mine = chosen[j]
+        mine.counters.add(
+            spans_requested=requested[j],
+            unique_spans=unique[j],
+            runs=first[j + 1] - first[j],
+            reads_issued=reads[j],
+            bytes_read=nbytes[j],
+        )
+        if mine._watch is not None:
+            checks.append(functools.partial(mine._watch.start, parts))
+    return PendingRead(
+        span_starts[in_group[slot]],
+        at + int(spans.run_offsets[first[members[-1] + 1]]),
+        targets + extra,
+        finish,
+        _check_all(checks) if checks else None,
+        publish=getattr(finish, "publish", None),
+        abort=getattr(finish, "abort", None),
+    )
+
+
+def _pieces(segments: list[Segment], segment_starts: np.ndarray, runs: np.ndarray, spans: _Spans, at: int):
+    """``reads._pieces`` of ``runs`` over their caches' segments placed at ``segment_starts``
+    (virtual), vectorised: ``(position in out, segment, local start, local end)``."""
+    if runs.size == 0:
+        return []
+    starts = spans.run_starts[runs]
+    ends = starts + spans.run_lengths[runs]
+    dest = at + spans.run_offsets[runs]
+    first = np.searchsorted(segment_starts, starts, side="right") - 1
+    last = np.searchsorted(segment_starts, ends - 1, side="right") - 1
+    count = last - first + 1  # pieces of each run: one per segment it touches
+    if (count > 1).any():
+        placed = np.cumsum(count) - count
+        index = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(placed, count)
+        starts, ends, dest = np.repeat(starts, count), np.repeat(ends, count), np.repeat(dest, count)
+        lo = np.maximum(starts, segment_starts[index])
+        ends_at = segment_starts + np.array([seg.tokens for seg in segments], np.int64)
+        hi = np.minimum(ends, ends_at[index])
+        dest = dest + (lo - starts)
+    else:
+        index, lo, hi = first, starts, ends
+    seg_lo = lo - segment_starts[index]
+    seg_hi = hi - segment_starts[index]
+    return [
+        (d, segments[i], a, b)
+        for d, i, a, b in zip(dest.tolist(), index.tolist(), seg_lo.tolist(), seg_hi.tolist(), strict=True)
+    ]
+
+
+def _check_all(checks: list[Callable[[], Callable[[], None]]]) -> Callable[[], Callable[[], None]]:
+    """One check of every cache of a plan: all started before any is completed (``run_reads``)."""
+
+    def start() -> Callable[[], None]:
+        pending = [check() for check in checks]
+
+        def complete() -> None:
+            for done in pending:
+                done()
+
+        return complete
+
+    return start
+
+
+def _plan_alone(
+    cache: TokenCache,
+    j: int,
+    spans: _Spans,
+    bases: np.ndarray,
+    slot: np.ndarray,
+    span_starts: np.ndarray,
+    out: np.ndarray,
+    at: int,
+) -> PendingRead:
+    """``prepare_read`` of cache ``j``'s spans, from the shared coalesce."""
+    a, b = int(spans.first_run[j]), int(spans.first_run[j + 1])
+    offsets = spans.run_offsets[a : b + 1]
+    begin = int(offsets[0])
+    runs = Coalesced(
+        spans.run_starts[a:b] - bases[j],
+        spans.run_lengths[a:b],
+        offsets - begin,
+        span_starts[slot == j] - at - begin,
+        int(spans.unique[j]),
+    )
+    return cache._prepare_coalesced(runs, int(spans.requested[j]), out, at + begin)
+
+
+def _raise_first(caches, source, starts, lengths, out, at) -> None:
+    """Raises the first error the caches' own reads, one after another, would raise (the messages
+    name each cache and each span by its place among that cache's spans); returns if none would
+    (or the arrays cannot be split by cache)."""
+    starts = np.asarray(starts)
+    lengths = (
+        np.broadcast_to(np.asarray(lengths), starts.shape) if np.ndim(lengths) == 0 else np.asarray(lengths)
+    )
+    if starts.shape != source.shape or lengths.shape != source.shape:
+        return
+    for c in np.unique(source).tolist():
+        mine = source == c
+        cache = caches[c]
+        runs = cache._coalesce(*as_spans(starts[mine], lengths[mine]))
+        total = int(runs.run_offsets[-1])
+        check_fits(out, at, total)
+        at += total
