@@ -20,8 +20,8 @@ from meshbatch.cache import (
     TokenCache,
     validate_cache,
 )
-from meshbatch.cache.write import writer as writer_module
 from meshbatch.cache.format.arrays import DEFAULT_CHUNK_SIZE, open_field
+from meshbatch.cache.write import writer as writer_module
 
 C = DEFAULT_CHUNK_SIZE
 

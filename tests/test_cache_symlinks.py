@@ -1,6 +1,6 @@
 """Symlinks inside a cache never lead a write, a delete or a read out of its root.
 
-The policy (``meshbatch/cache/format/localpaths.py``): the cache root itself may be a symlink; a shard
+The policy (``meshbatch/cache/format/stores.py``): the cache root itself may be a symlink; a shard
 directory, a field directory and the field's ``data`` / ``offsets`` must resolve strictly below the
 resolved root, for writers (checked before anything is deleted or written) and readers alike.
 """

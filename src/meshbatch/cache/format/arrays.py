@@ -26,9 +26,8 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache.format.checks import CacheIntegrityError
-from meshbatch.cache.format.localpaths import check_field_inside
+from meshbatch.cache.format.stores import check_field_inside, store_context_spec
 from meshbatch.cache.format.stores import kvstore_spec as kvstore_spec
-from meshbatch.cache.format.stores import store_context_spec
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def open_field(
         FileNotFoundError: either array has no ``zarr.json``.
         CacheIntegrityError: an array is not what Levanter writes: offsets not int64, data not
             integers, not 1-D of shape ``[2**54]``, or metadata TensorStore cannot parse; or the field
-            directory (or its ``data``/``offsets``) is a symlink out of ``root`` (``localpaths.py``).
+            directory (or its ``data``/``offsets``) is a symlink out of ``root`` (``stores.check_inside``).
     """
     check_field_inside(root, field)
     field_root = posixpath.join(root, field)

@@ -40,8 +40,7 @@ from typing import Any
 import tensorstore as ts
 
 from meshbatch.cache.format.arrays import shared_context
-from meshbatch.cache.format.localpaths import local_path
-from meshbatch.cache.format.stores import kvstore_spec
+from meshbatch.cache.format.stores import kvstore_spec, local_path
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,22 @@ ones, never offsets from one and segments from the other::
 
     snapshot 1: rows 0..99, segment part-0 [0, 7000)
     refresh  -> snapshot 2: rows 0..149, segments part-0 [0, 7000), part-1 [7000, 11000)
+
+Loading one consolidated part of a cache (the cache itself, or one shard): offsets first, checked.
+
+Every check that costs no token read runs before the bulk offsets read, so a damaged ledger or
+offsets array fails by name instead of allocating what it claims::
+
+    ledger rows = 10**12, offsets[0] = 6     -> "offsets[0] = 6 rows on disk, but the ledger commits 10**12"
+    read offsets[0] and offsets[rows] only    (one small batch: the count and where the data ends)
+    offsets[rows] != ledger field count       -> "reach token 25, but the ledger records 21 tokens"
+    then offsets[loaded + 1 : rows + 1]       (only rows not loaded yet), checked monotone
+    the data chunk holding the last token     (must exist and decode: no fill values)
+    finished: nothing but fill past the end    (rest of that chunk, offsets[rows + 1]: 0 or not stored)
+    the checksum sidecar's dtype and counts   (if meshbatch wrote the part; required when its ledger
+                                              says meshbatch_checksums: true)
+    with verification (``verify.py``): the new offsets' chunks summed against the sidecar, and
+    the whole last data chunk read and summed (a chunk copied from a smaller cache reads zeros)
 """
 
 from __future__ import annotations
@@ -18,11 +34,25 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import FieldArrays
-from meshbatch.cache.format.checks import CacheIntegrityError, check_dtype
-from meshbatch.cache.format.ledger import CONSOLIDATED, LEDGER_FILE_NAME, Ledger
-from meshbatch.cache.format.shard_table import check_distinct_shards, shard_root, shard_table
-from meshbatch.cache.read.parts import load_part
+from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
+from meshbatch.cache.format.checks import (
+    CacheIntegrityError,
+    check_data_end,
+    check_dtype,
+    check_extent,
+    check_offsets,
+    check_row_count,
+)
+from meshbatch.cache.format.ledger import (
+    CONSOLIDATED,
+    LEDGER_FILE_NAME,
+    Ledger,
+    check_distinct_shards,
+    shard_root,
+    shard_table,
+)
+from meshbatch.cache.integrity.checksums import Checksums, check_sidecar
+from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets
 from meshbatch.cache.read.reads import Segment
 
 
@@ -178,3 +208,155 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
         start += entry.tokens
     parts = tuple(e.name for e in entries)
     return Contents(ledger, np.concatenate(offsets), tuple(segments), dtype, parts, None)
+
+
+def load_part(
+    root: str,
+    field: str,
+    *,
+    rows: int,
+    finished: bool,
+    recorded: int | None,
+    context: ts.Context,
+    arrays: FieldArrays | None = None,
+    loaded: np.ndarray | None = None,
+    verify: bool = True,
+    verified: frozenset = frozenset(),
+    sidecar_required: bool = False,
+) -> tuple[FieldArrays, np.ndarray, ChunkVerifier | None]:
+    """Opens (or reuses) the part's arrays and loads its offsets up to ``rows``.
+
+    Args:
+        root: the part's directory.
+        field: the field read.
+        rows: rows the ledger commits for the part.
+        finished: the part is finished (its ``offsets[0]`` must equal ``rows``).
+        recorded: the ledger's token count for the part, if it records one.
+        context: TensorStore context of the opens.
+        arrays: the part's arrays, if already open.
+        loaded: int64 offsets loaded before (normalised, starting at 0); only rows after them are read.
+        verify: check the new offsets and the last data chunk against the checksum sidecar, and
+            return the verifier of the part's data chunks.
+        verified: chunks the previous snapshot's verifier had verified (kept where still final).
+        sidecar_required: the part's ledger says ``meshbatch_checksums: true``: the part must have
+            its sidecar (``check_sidecar``), with or without ``verify``.
+
+    Returns:
+        The arrays, int64 ``[rows + 1]`` offsets starting at 0, and the data chunks' verifier
+        (``None`` without a sidecar or with ``verify=False``).
+
+    Raises:
+        CacheIntegrityError: see the module docstring.
+    """
+    arrays = arrays or open_field(root, field, context=context)
+    loaded = np.zeros(1, dtype=np.int64) if loaded is None else loaded
+    where = posixpath.join(arrays.root, "offsets")
+    raw = _read_offsets(arrays, loaded.shape[0] - 1, rows, finished=finished, recorded=recorded, where=where)
+    offsets = check_offsets(
+        np.concatenate([raw[:1], loaded[1:], raw[1:]]), rows=rows, finished=finished, where=where
+    )
+    end, grew = int(offsets[-1]), rows > loaded.shape[0] - 1
+    sums = None
+    if end > loaded[-1] or finished or verify:
+        sums = _check_part(
+            arrays, end, rows=rows, finished=finished, recorded=recorded, where=where,
+            sidecar_required=sidecar_required, context=context,
+        )  # fmt: skip
+    if not verify or sums is None:
+        return arrays, offsets, None
+    if grew or finished:
+        verify_offsets(np.concatenate([raw[:1], offsets[1:]]), sums, first=loaded.shape[0], where=where)
+    verifier = ChunkVerifier(sums, end, where=arrays.data_path, verified=verified)
+    if end > loaded[-1] or finished:
+        check_last_chunk(verifier, arrays.data, end, cache=root)
+    return arrays, offsets, verifier
+
+
+def _read_offsets(
+    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
+) -> np.ndarray:
+    """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read."""
+    count, end = _read_ends(arrays, loaded, rows, finished=finished, recorded=recorded, where=where)
+    if end is None:
+        return count
+    tail = _result(arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where)
+    return np.concatenate([count, tail])
+
+
+def _read_ends(
+    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
+) -> tuple[np.ndarray, int | None]:
+    """``offsets[0]`` (checked against ``rows``) and, when ``rows > loaded``, ``offsets[rows]`` (checked
+    against ``recorded``): one small batch of reads."""
+    if rows + 1 > arrays.offsets.domain.exclusive_max[0]:
+        raise CacheIntegrityError(f"{where}: the ledger commits {rows} rows, beyond the offsets array")
+    with ts.Batch() as batch:
+        count = arrays.offsets[0:1].read(batch=batch)
+        last = arrays.offsets[rows : rows + 1].read(batch=batch) if rows > loaded else None
+    check_row_count(int(_result(count, "offsets[0]", where)[0]), rows=rows, finished=finished, where=where)
+    if last is None:
+        return _result(count, "offsets[0]", where), None
+    end = int(_result(last, f"offsets[{rows}], the end of the last row the ledger commits", where)[0])
+    if recorded is not None and end != recorded:
+        raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
+    return _result(count, "offsets[0]", where), end
+
+
+def open_part_lazily(
+    root: str,
+    field: str,
+    *,
+    rows: int,
+    recorded: int | None,
+    context: ts.Context,
+    verify: bool = True,
+    sidecar_required: bool = False,
+) -> tuple[FieldArrays, int, Checksums | None, ChunkVerifier | None]:
+    """Opens a finished part and runs every check of ``load_part`` that reads no bulk offsets.
+
+    Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk holding
+    the last token and what lies past it, and the checksum sidecar; with ``verify``, the last data
+    chunk is summed. The offsets themselves are read (and checked: monotone, within the data,
+    against the sidecar) where they are asked for (``lazy.LazyPart.offsets``).
+
+    Returns:
+        The arrays, the part's token count (its last offset), its checked sidecar (or ``None``)
+        and the data chunks' verifier (``None`` without a sidecar or with ``verify=False``).
+
+    Raises:
+        CacheIntegrityError: see the module docstring.
+    """
+    offsets_context = uncached(context)  # its offsets chunks are read a few at a time, never kept
+    arrays = open_field(root, field, context=context, offsets_context=offsets_context)
+    where = posixpath.join(arrays.root, "offsets")
+    _, end = _read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
+    sums = _check_part(
+        arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
+        sidecar_required=sidecar_required, context=context,
+    )  # fmt: skip
+    if not verify or sums is None:
+        return arrays, end, sums, None
+    verifier = ChunkVerifier(sums, end, where=arrays.data_path)
+    check_last_chunk(verifier, arrays.data, end, cache=root)
+    return arrays, end, sums, verifier
+
+
+def _result(future: ts.Future, what: str, where: str) -> np.ndarray:
+    try:
+        return future.result()
+    except ValueError as e:  # TensorStore: a missing chunk (never filled) or one that does not decode
+        raise CacheIntegrityError(f"{where}: cannot read {what}: {e}") from e
+
+
+def _check_part(arrays, end: int, *, rows, finished, recorded, where, sidecar_required, context):
+    """A part's data checked against the end of its offsets (``end``) and its ledger's counts
+    (the extent too once it is finished), and its checksum sidecar's sums (``None`` without one):
+    the checks an eager load and a lazy open share."""
+    check_data_end(end, data=arrays.data, recorded=recorded, where=where)
+    if finished:
+        check_extent(end, data=arrays.data, offsets=arrays.offsets, rows=rows, where=where)
+    dtype = np.dtype(arrays.data.dtype.numpy_dtype)
+    return check_sidecar(
+        arrays.root, rows=rows, tokens=end, finished=finished, dtype=dtype, required=sidecar_required,
+        context=context,
+    )  # fmt: skip

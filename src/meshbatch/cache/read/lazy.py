@@ -31,11 +31,17 @@ import tensorstore as ts
 
 from meshbatch.cache.format.arrays import FieldArrays
 from meshbatch.cache.format.checks import CacheIntegrityError, check_dtype
-from meshbatch.cache.format.ledger import LEDGER_FILE_NAME, SHARDED, Ledger
-from meshbatch.cache.format.shard_table import check_distinct_shards, shard_root, shard_table
+from meshbatch.cache.format.ledger import (
+    LEDGER_FILE_NAME,
+    SHARDED,
+    Ledger,
+    check_distinct_shards,
+    shard_root,
+    shard_table,
+)
 from meshbatch.cache.integrity.checksums import Checksums
 from meshbatch.cache.integrity.verify import ChunkVerifier, verify_offsets_chunk
-from meshbatch.cache.read.parts import _result, open_part_lazily
+from meshbatch.cache.read.contents import _result, open_part_lazily
 from meshbatch.cache.read.reads import Segment
 from meshbatch.cache.read.watch import ShardFiles, read_shard_ledgers
 

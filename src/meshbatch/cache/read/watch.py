@@ -32,8 +32,14 @@ import tensorstore as ts
 
 from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.checks import CacheChangedError
-from meshbatch.cache.format.ledger import LEDGER_FILE_NAME, SHARDED, Ledger, LedgerFile
-from meshbatch.cache.format.shard_table import shard_root, shard_table
+from meshbatch.cache.format.ledger import (
+    LEDGER_FILE_NAME,
+    SHARDED,
+    Ledger,
+    LedgerFile,
+    shard_root,
+    shard_table,
+)
 from meshbatch.cache.format.stores import result
 
 

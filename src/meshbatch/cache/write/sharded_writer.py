@@ -32,11 +32,11 @@ from meshbatch.cache.format.ledger import (
     Ledger,
     ledger_metadata,
     remove_ledger,
+    shard_table,
     try_read_ledger,
     write_ledger,
 )
-from meshbatch.cache.format.localpaths import check_inside
-from meshbatch.cache.format.shard_table import shard_table
+from meshbatch.cache.format.stores import check_inside
 from meshbatch.cache.write.writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists, check_metadata
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class ShardedCacheWriter:
             return self._ledger.shard_rows[name]
         shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
         shard_root = posixpath.join(self.root, name)
-        check_inside(self.root, shard_root, what=f"shard {name!r}")  # no symlink out (localpaths.py)
+        check_inside(self.root, shard_root, what=f"shard {name!r}")  # no symlink out
         done = try_read_ledger(shard_root) if self._resumed else None
         if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
             if dict(done.metadata) != self._metadata or self.field not in done.field_counts:

@@ -55,7 +55,7 @@ from meshbatch.cache.format.ledger import (
     try_read_ledger,
     write_ledger,
 )
-from meshbatch.cache.format.localpaths import check_field_inside
+from meshbatch.cache.format.stores import check_field_inside
 from meshbatch.cache.integrity.checksums import Checksums, OffsetsChecksums, RunningChecksums, sidecar_path
 from meshbatch.cache.integrity.resume import committed_sidecar, read_range, resume_checksums, zero_past
 
@@ -124,7 +124,7 @@ class CacheWriter:
         self._pending_tokens = 0
         self._finished = False
         self._field_root = posixpath.join(path, field)
-        check_field_inside(path, field)  # before any cleanup or write: no symlink leads out (localpaths.py)
+        check_field_inside(path, field)  # before any cleanup or write: no symlink leads out
         remove_stale_temp_files(path)
         remove_stale_temp_files(self._field_root)
         remove_stale_lock_files(self._field_root)  # before any write: see files.py

@@ -37,8 +37,7 @@ from meshbatch.cache import shared_context
 from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.files import file_exists
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME
-from meshbatch.cache.format.localpaths import local_path
-from meshbatch.cache.format.stores import is_url
+from meshbatch.cache.format.stores import is_url, local_path
 
 logger = logging.getLogger(__name__)
 
