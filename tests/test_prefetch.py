@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from meshbatch.pipeline.prefetch import EndOfStream, Prefetcher
+from meshbatch.pipeline.prefetch import EndOfStream, Prefetcher, StreamClosedError
 
 
 def _live_prefetch_threads() -> int:
@@ -62,6 +62,8 @@ def test_threads_stop_on_close_at_the_end_and_when_dropped():
     closed = Prefetcher(make(), depth=4, workers=2)
     next(closed)
     closed.close()
+    with pytest.raises(StreamClosedError, match=r"closed .* before step 1; .* pipeline.iterate_from\(1\)"):
+        next(closed)
     finished = Prefetcher(make(limit=3), depth=2, workers=2)
     assert list(finished) == [0, 10, 20]
     dropped = Prefetcher(make(), depth=4, workers=2)

@@ -45,6 +45,10 @@ class EndOfStream(Exception):
     """Raised by a producer for the first step past the end of its stream."""
 
 
+class StreamClosedError(RuntimeError):
+    """``next`` on a stream that was closed (``close()``, the end of its ``with`` block)."""
+
+
 class _Workers:
     """The threads and what they share; holds no reference to the ``Prefetcher`` (so dropping the
     prefetcher lets ``weakref.finalize`` stop them)."""
@@ -267,7 +271,11 @@ class Prefetcher(Generic[T], Iterator[T]):
                 if shared.end is not None and shared.consumed >= shared.end:
                     raise StopIteration
                 if shared.stopped:
-                    raise RuntimeError("the prefetcher was closed")
+                    raise StreamClosedError(
+                        f"this batch stream was closed (close() or the end of its with-block) before "
+                        f"step {shared.consumed}; to go on from there, start a new one: "
+                        f"pipeline.iterate_from({shared.consumed})"
+                    )
                 if not shared.shadow.waiting:  # a waiting consumer holds no producer back
                     shared.shadow.waiting = True
                     shared.turn.notify_all()
