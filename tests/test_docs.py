@@ -149,10 +149,8 @@ def offences(text: str, label: str) -> list[str]:
 
 
 def test_user_docs_speak_in_their_own_words():
-    found = [offence for doc in USER_DOCS for offence in offences(doc.read_text(), str(doc.relative_to(ROOT)))]
-    assert not found, "user docs citing the project's making instead of describing behaviour:\n" + "\n".join(
-        found
-    )
+    found = [line for doc in USER_DOCS for line in offences(doc.read_text(), str(doc.relative_to(ROOT)))]
+    assert not found, "user docs citing how the project was made:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize(
@@ -185,15 +183,14 @@ def test_specification_names_appear_once_in_the_docs_index():
     missing = [name for name in SPECIFICATIONS if name not in section.group(1)]
     assert not missing, f"docs/README.md's Specifications section does not name {missing}"
     outside = index[: section.start()] + index[section.end() :]
-    found = [
-        f"{doc.relative_to(ROOT)}:{number}: {name}"
-        for doc in USER_DOCS
-        for number, line in enumerate((outside if doc.name == "README.md" and doc.parent.name == "docs"
-                                       else doc.read_text()).splitlines(), start=1)
-        for name in SPECIFICATIONS
-        if name in line
-    ]  # fmt: skip
-    assert not found, "specification names outside docs/README.md's Specifications section:\n" + "\n".join(found)
+    found = []
+    for doc in USER_DOCS:
+        text = outside if doc == ROOT / "docs" / "README.md" else doc.read_text()
+        for number, line in enumerate(text.splitlines(), start=1):
+            found += [f"{doc.relative_to(ROOT)}:{number}: {name}" for name in SPECIFICATIONS if name in line]
+    assert not found, "specification names outside docs/README.md's Specifications section:\n" + "\n".join(
+        found
+    )
 
 
 def test_measurements_are_in_results_and_the_docs_link_there():
