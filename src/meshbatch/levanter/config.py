@@ -2,7 +2,7 @@
 
 A meshbatch config *is* Levanter's: ``causal_lm`` subclasses ``UrlSingleDatasetLMConfig``,
 ``hf_causal_lm`` ``HfSingleDatasetLMConfig``, ``stable_mixture`` / ``token_balanced_mixture``
-subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``base:`` (a URL
+subclass ``LMMixtureDatasetConfig`` and the splice configs take a ``base:`` (a URL
 config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
 ``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
