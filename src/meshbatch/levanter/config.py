@@ -197,8 +197,7 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
             f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
             f"shuffle={shuffle!r}, which keeps cache order)"
         )
-    # without a shuffle compat is honoured as it is: cache order is Levanter's order and meshbatch's
-    # (one compat line serves every shuffle value of a run, as the mixtures' compat does)
+    # no shuffle: compat holds as it is (one compat line serves every shuffle value of a run)
     compat = "levanter" if strategy != "none" and config.compat == "levanter" else None
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")
