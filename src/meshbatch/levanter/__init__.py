@@ -1,7 +1,7 @@
 """Levanter drop-ins (the only package that imports levanter and haliax); see docs/levanter.md.
 
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
-  meshbatch dataset, the seed-named splice datasets, marin's ``BlockShufflingDataset``);
+  meshbatch dataset, the in-memory splice datasets, marin's ``BlockShufflingDataset``);
 * ``config``, ``splice_config``, ``mixture_config``, ``sources``, ``hints``: the ``data:`` config types a
   Levanter YAML names (draccus), Levanter's own config classes extended; ``caches``: caches
   built by Levanter's machinery; ``fields``: every Levanter field honoured or refused;

@@ -4,8 +4,7 @@
 shuffles and coalesced reads, splice datasets, stable mixtures): ``get_batch(indices)`` plans,
 reads and builds all requested rows with the dataset's own plan and build kernels (the rows the
 ``Pipeline`` would make for the same stream positions) and hands the ``DataLoader`` the
-``LmExample``s it stacks. The seed-named classes are thin fronts over it or over
-``SpliceDataset``:
+``LmExample``s it stacks. The in-memory splice classes are thin fronts over ``SpliceDataset``:
 
     dataset = MultiSpliceDocumentDataset(Pos=Pos, doc_tokens_list=docs, pad_token_id=0,
                                          content_start_mode="coverage_balanced", alpha=0.8)
@@ -150,9 +149,7 @@ class MeshbatchDataset(_Rows):
             raise TypeError(f"dataset must be a meshbatch Dataset (got {type(dataset).__name__})")
         if dataset.seq_len != Pos.size:
             raise ValueError(f"Pos.size={Pos.size} must equal the dataset's seq_len={dataset.seq_len}")
-        # Rows by index need every earlier step (stateful) or a final length (growing): such
-        # datasets train in step order only, on the fast path (quick start: Pipeline waits for
-        # the rows a step needs and grows with the cache).
+        # Rows by index need every earlier step (stateful) or a final length (growing).
         self.stateful = dataset.init_state() is not None
         self.growing = not dataset.length_is_final
         if (self.stateful or self.growing) and not fast_path:
@@ -199,8 +196,8 @@ class MeshbatchDataset(_Rows):
 
 
 class MultiSpliceDocumentDataset(_Rows):
-    """The seed's multi-document splice dataset over in-memory documents (every ``SpliceSpec``
-    field by keyword); for documents in a cache, ``MeshbatchDataset(SpliceLMDataset(...))``.
+    """The multi-document splice dataset over in-memory documents (every ``SpliceSpec`` field by
+    keyword); for documents in a cache, ``MeshbatchDataset(SpliceLMDataset(...))``.
 
     Args:
         Pos: the model's position axis; its size is the frame length.
@@ -234,7 +231,7 @@ class MultiSpliceDocumentDataset(_Rows):
 
 
 class SpliceDocumentDataset(MultiSpliceDocumentDataset):
-    """The seed's single-document splice dataset: ``MultiSpliceDocumentDataset`` of one document."""
+    """The single-document splice dataset: ``MultiSpliceDocumentDataset`` of one document."""
 
     def __init__(self, *, Pos: hax.Axis, doc_tokens: np.ndarray, pad_token_id: int, **spec):
         super().__init__(Pos=Pos, doc_tokens_list=[doc_tokens], pad_token_id=pad_token_id, **spec)

@@ -1,4 +1,4 @@
-"""A stateful dataset's state (a token-balanced mixture's seed JSON) in Levanter's checkpoints.
+"""A stateful dataset's state (a token-balanced mixture's counts) in Levanter's checkpoints.
 
 Levanter's checkpoint holds the model, optimizer and step, not the data: a ``TokenBalancedMixture``
 resumed at step ``k`` would have to replay every plan from step 0 to rebuild its counts. Within
@@ -11,8 +11,8 @@ checkpoint's own directory (process 0; it is deleted with the checkpoint), and o
     meshbatch_data_state.json = {"version": 1, "step": 101, "datasets": [{"spec": "web", ...}, ...]}
     resume at trainer step 101 -> pipeline.load_state_dict(that file) -> plans step 101 only
 
-A checkpoint without the file (written before this, or by Levanter's own loader) is said so in
-one WARNING line, then the plans are replayed from step 0 with the planner's progress lines.
+A checkpoint without the file (saved without meshbatch's data state) is said so in one WARNING
+line, then the plans are replayed from step 0 with the planner's progress lines.
 
 Every checkpoint also records the train set's data order (``order.py``) and its content
 fingerprint (``Pipeline.content_fingerprint()``) as ``meshbatch_data_order.json``, any dataset,

@@ -2,7 +2,7 @@
 
 A meshbatch config *is* Levanter's: ``causal_lm`` subclasses ``UrlSingleDatasetLMConfig``,
 ``hf_causal_lm`` ``HfSingleDatasetLMConfig``, ``stable_mixture`` / ``token_balanced_mixture``
-subclass ``LMMixtureDatasetConfig`` and the splice configs keep the seed's ``base:`` (a URL
+subclass ``LMMixtureDatasetConfig`` and the splice configs take a ``base:`` (a URL
 config or a mixture). So a Levanter ``data:`` block trains with meshbatch after adding one
 ``type:`` line, with Levanter's fields, defaults and meanings
 (``shuffle: false`` keeps cache order, ``true`` a full permutation, ``n`` an era shuffle of
@@ -197,8 +197,7 @@ def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
             f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
             f"shuffle={shuffle!r}, which keeps cache order)"
         )
-    # without a shuffle compat is honoured as it is: cache order is Levanter's order and meshbatch's
-    # (one compat line serves every shuffle value of a run, as the mixtures' compat does)
+    # no shuffle: compat holds as it is (one compat line serves every shuffle value of a run)
     compat = "levanter" if strategy != "none" and config.compat == "levanter" else None
     block = strategy == "block"
     kind = config.permutation_type or ("feistel" if block else "linear")

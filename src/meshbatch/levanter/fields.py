@@ -128,10 +128,10 @@ _SPLICE_BASE = {
     "chat_template": _TEXT_ONLY,
     "ignore_token_id": (REFUSED, "a splice example's loss mask is its schedule's (the copied content)"),
     "format": (HONOURED, "text only (a chat/supervised base is refused by name): text_key"),
-    "tags": (REFUSED, "a splice config's validation set is the seed's grid (validation_starts/offsets)"),
+    "tags": (REFUSED, "a splice config's validation set is the splice grid (validation_starts/offsets)"),
     "validation_urls": (
         REFUSED,
-        "a splice config's validation set is the seed's grid (validation_starts/offsets)",
+        "a splice config's validation set is the splice grid (validation_starts/offsets)",
     ),
     "max_train_batches": (
         HONOURED,
@@ -186,7 +186,7 @@ _MIXTURE_OWN = {
     "quick_start": (REFUSED, "a mixture needs its caches built (quick start is causal_lm's)"),
     "shuffle_per_epoch": (
         REFUSED,
-        "the seed's splice-base field; a mixture reshuffles with reshuffle_each_epoch",
+        "the splice base's field; a mixture reshuffles with reshuffle_each_epoch",
     ),
 }
 _SPLICE_OWN = {
@@ -198,14 +198,14 @@ _SPLICE_OWN = {
         if f.name != "seq_len"
     },
     **{
-        name: (HONOURED, "the seed's document selection (select_documents)")
+        name: (HONOURED, "the document selection (select_documents)")
         for name in (
             "num_docs doc_index min_doc_length max_doc_length doc_select_mode restrict_to_training_subset "
             "max_train_batches doc_key initial_batch_size selection_seed"
         ).split()
     },
-    "validation_starts": (HONOURED, "the seed's validation grid (splice_validation_set)"),
-    "validation_offsets": (HONOURED, "the seed's validation grid (splice_validation_set)"),
+    "validation_starts": (HONOURED, "the splice validation grid (splice_validation_set)"),
+    "validation_offsets": (HONOURED, "the splice validation grid (splice_validation_set)"),
     "base": (HONOURED, "the text: url_single_dataset or mixture (the splice base column)"),
     "dataset_name": (HONOURED, "the component read (a mixture base's configs key)"),
 }
@@ -229,7 +229,7 @@ OWN: dict[str, dict[str, tuple[str, str]]] = {
     "splice base": {
         "shuffle_per_epoch": (
             HONOURED,
-            "the seed's: unset, or the same as the splice config's shuffle_per_epoch (the row shuffle)",
+            "unset, or the same as the splice config's shuffle_per_epoch (the row shuffle)",
         ),
     },
 }

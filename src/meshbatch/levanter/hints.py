@@ -1,11 +1,10 @@
 """Decoding ``data:``: a meshbatch ``type:`` decodes as that type only, with the useful line first.
 
 Levanter's ``TrainLmConfig.data`` widened to meshbatch's configs is a ``Union`` (``train_lm``),
-and draccus tries each member in turn and reports one line per member: a ``type: causal_lm``
-block with a Hugging Face ``id:`` failed with four lines, the one that matters second. Here a
-block naming a meshbatch ``type:`` is decoded as that type alone (its own error, unburied); one
-without ``type:`` is Levanter's own config, decoded as Levanter's union of it; and what a user
-most likely meant comes first, with the working alternative:
+and draccus tries each member in turn and reports one line per member, the one that matters buried
+among them. Here a block naming a meshbatch ``type:`` is decoded as that type alone (its own error,
+unburied); one without ``type:`` is Levanter's own config, decoded as Levanter's union of it; and
+what a user most likely meant comes first, with the working alternative:
 
     type: causal_lm, id: ...       -> `data`: `id:` is a Hugging Face dataset: use type: hf_causal_lm ...
     type: stable_mixtrue           -> `data`: type: 'stable_mixtrue' is not a data config type (did

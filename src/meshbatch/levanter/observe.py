@@ -7,9 +7,7 @@
 * ``StepMetrics``: at the stream's first step and every ``every`` steps of the fast path, per
   source the rows and tokens read so far (the cache's ``ReadCounters``: a causal window is one
   span), reads issued per row read, and every field of the ``Pipeline``'s ``stats()`` since the
-  last report (consumer wait p50/p95/p99/max, stall fraction, requests and bytes per example,
-  read latency, prefetch occupancy and depth; ``Pipeline.reset_stats`` after each report) as
-  ``data/meshbatch/<key>`` metrics of that step::
+  last report (``Pipeline.reset_stats`` after each) as ``data/meshbatch/<key>`` metrics of that step::
 
     step 9: data/meshbatch/default/rows=48, data/meshbatch/wait_p99_s=0.0004,
             data/meshbatch/stall_fraction=0.01, data/meshbatch/requests_per_example=0.25, ...

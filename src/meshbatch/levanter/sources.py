@@ -1,9 +1,9 @@
-"""The seed's ``base:`` of a splice config (Levanter's own single-dataset or mixture config),
+"""The ``base:`` of a splice config (Levanter's own single-dataset or mixture config),
 and ``ConfigError`` (quick start's growing train cache: ``quick_start.py``).
 
 ``base: {type: url_single_dataset, ...}`` is Levanter's ``UrlSingleDatasetLMConfig`` and ``base:
 {type: mixture, configs: ..., train_weights: ...}`` its ``LMMixtureDatasetConfig`` (plus the
-seed's ``shuffle_per_epoch``); a splice config reads one component of it (``dataset_name``).
+splice base's ``shuffle_per_epoch``); a splice config reads one component of it (``dataset_name``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _checked(config, check) -> None:
 
 @dataclass(frozen=True)
 class BaseDataConfig(draccus.ChoiceRegistry):
-    """The seed's ``base:``: the text the documents come from."""
+    """A splice config's ``base:``: the text the documents come from."""
 
     @classmethod
     def default_choice_name(cls) -> str | None:
@@ -64,9 +64,9 @@ class UrlBaseConfig(UrlSingleDatasetLMConfig, BaseDataConfig):
 @dataclass(frozen=True)
 class MixtureBaseConfig(LMMixtureDatasetConfig, BaseDataConfig):
     """Levanter's ``LMMixtureDatasetConfig`` (a component's cache is its ``cache_dir``, else
-    ``cache_dir/name``, as Levanter's ``build_caches``) and the seed's ``shuffle_per_epoch``."""
+    ``cache_dir/name``, as Levanter's ``build_caches``) and the splice base's ``shuffle_per_epoch``."""
 
-    shuffle_per_epoch: bool | None = None  # the seed's; a splice config checks it against its own
+    shuffle_per_epoch: bool | None = None  # a splice config checks it against its own
 
     def stages(self) -> list[tuple[int, dict[str, float]]]:
         """``train_weights`` as ``(start_step, weights)`` stages."""

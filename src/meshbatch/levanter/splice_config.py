@@ -1,4 +1,4 @@
-"""The seed's splice configs: ``splice_multi_document`` and ``splice_single_document``."""
+"""The splice configs: ``splice_multi_document`` and ``splice_single_document``."""
 
 from __future__ import annotations
 
@@ -38,9 +38,8 @@ def _default(config, name: str):
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
 
-# The seed's SpliceMultiDocumentLMConfig defaults where they differ from SpliceSpec's (its
-# balance_mode reads by_temperature in the config class, by_coverage in the dataset sketch: the
-# config class is what a YAML meets; docs/splice.md, "Config defaults").
+# The specification's config-class defaults where they differ from SpliceSpec's (its dataset
+# sketch reads balance_mode by_coverage; a YAML meets the config class; docs/splice.md).
 SEED_DEFAULTS = {"content_start_mode": "coverage_balanced", "balance_mode": "by_temperature"}
 
 # Every SpliceSpec field but seq_len (the model's), with its type and default: draccus parses
@@ -59,12 +58,12 @@ _SpliceFields = dataclasses.make_dataclass(
     frozen=True,
 )
 _SpliceFields.__module__ = __name__
-_SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with the seed's names and defaults."
+_SpliceFields.__doc__ = "Every ``SpliceSpec`` field (``docs/splice.md``), with the config class's defaults."
 
 
 @dataclass(frozen=True)
 class _SelectionFields:
-    """The seed's document selection (``meshbatch.select_documents``)."""
+    """The document selection (``meshbatch.select_documents``)."""
 
     num_docs: int = 10
     doc_index: int | None = None
@@ -77,8 +76,7 @@ class _SelectionFields:
     mixture base, Levanter's field), else the whole cache is the training subset. It, base's and
     ``initial_batch_size`` need ``restrict_to_training_subset: true`` (refused by name without)."""
     doc_key: str | None = None
-    """the seed's string predicate: keep documents whose decoded text contains it (decodes every
-    document of the cache)."""
+    """keep documents whose decoded text contains it (decodes every document of the cache)."""
     initial_batch_size: int | None = None
     selection_seed: int = 0
     """seeds ``doc_select_mode: random`` (``jax.random.key(selection_seed)``)."""
@@ -90,8 +88,8 @@ class _SelectionFields:
 
 @dataclass(frozen=True)
 class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
-    """The seed's layout: Levanter's ``LMTaskConfig`` fields (the tokenizer), ``base`` (Levanter's
-    single-dataset or mixture config: the text) and ``dataset_name`` (the component read)."""
+    """Levanter's ``LMTaskConfig`` fields (the tokenizer), ``base`` (Levanter's single-dataset or
+    mixture config: the text) and ``dataset_name`` (the component read)."""
 
     base: BaseDataConfig = field(default_factory=UrlBaseConfig)
     dataset_name: str | None = None
@@ -266,7 +264,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         return SpliceLMDataset.from_cache(cache, selection.indices, **spec)
 
     def validation_sets(self, Pos: Axis, monitors=True) -> Mapping[str, AsyncDataset[LmExample]]:
-        """The seed's validation grid: every selected document at a fixed small ``(t, s)`` grid."""
+        """The splice validation grid: every selected document at a fixed small ``(t, s)`` grid."""
         if self.validation_starts == 0:
             return {}
         cache = self.cache("train")
@@ -282,15 +280,14 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
 @MeshbatchLMConfig.register_subclass("splice_multi_document")
 @dataclass(frozen=True)
 class SpliceMultiDocumentLMConfig(_SpliceConfig):
-    """The seed's ``SpliceMultiDocumentLMConfig``: ``num_docs`` documents of one component,
-    selected by length and policy, spliced by the schedule every ``SpliceSpec`` field describes."""
+    """``num_docs`` documents of one component, selected by length and policy, spliced by the
+    schedule every ``SpliceSpec`` field describes."""
 
 
 @MeshbatchLMConfig.register_subclass("splice_single_document")
 @dataclass(frozen=True)
 class SpliceSingleDocumentLMConfig(_SpliceConfig):
-    """The seed's ``SpliceSingleDocumentLMConfig``: one document (``doc_index`` if it passes the
-    length filters, else ``doc_select_mode``'s pick)."""
+    """One document (``doc_index`` if it passes the length filters, else ``doc_select_mode``'s pick)."""
 
     num_docs: int = 1
 

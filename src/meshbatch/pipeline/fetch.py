@@ -57,14 +57,9 @@ def check_spans(dataset: Dataset, spans: Spans, rows: int) -> None:
 
 
 def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Reads ``spans`` (rows in ``layout.rows`` order) into one buffer per device of ``layout``.
-
-    One group (one device, or every device holding the same rows) is read straight into its
-    buffer. Several groups share one coalesced read per source of all their spans, into a scratch
-    buffer, and each group's spans are then copied into its device's row of the stacked result
-    (``copy_spans``: a slice copy per run of spans that lie back to back in the scratch). A device
-    replicating another's rows gets a copy of its buffer. The host's work is the bytes each device
-    receives, plus one coalesce and one read plan per source and step (not per device).
+    """Reads ``spans`` (rows in ``layout.rows`` order) into one buffer per device of ``layout``
+    (see the module docstring; several groups' spans are copied from the scratch by ``copy_spans``,
+    and a device replicating another's rows gets a copy of its buffer).
 
     Returns:
         ``(tokens, offsets)`` stacked in ``layout.devices`` order: int32
@@ -187,7 +182,7 @@ PLAN_ENV = "MESHBATCH_FETCH_PLAN"  # "one" (default): one read plan for all cach
 
 def one_plan() -> bool:
     """Whether a step's TokenCache sources share one read plan (``MESHBATCH_FETCH_PLAN``, default
-    ``one``); ``per-source`` plans each source's read on its own, as before.
+    ``one``); ``per-source`` plans each source's read on its own.
 
     Raises:
         ValueError: any other value, named.

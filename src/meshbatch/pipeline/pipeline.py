@@ -426,11 +426,11 @@ class Pipeline:
         return out
 
     def load_state_dict(self, state: dict[str, Any], step: int | None = None) -> None:
-        """Resume from a ``state_dict()``, or from the seed's bare ``{"datasets": [...]}``.
+        """Resume from a ``state_dict()``, or from a bare ``{"datasets": [...]}`` state.
 
-        The next step is the state's ``step``; the seed's JSON has none (nor a ``version``), so
-        it resumes at ``step``, which must then be given (the step the checkpoint was saved
-        before: the first step not yet trained). Given both, they must agree.
+        The next step is the state's ``step``; a bare state has none (nor a ``version``), so it
+        resumes at ``step``, which must then be given (the step the checkpoint was saved before:
+        the first step not yet trained). Given both, they must agree.
 
             load_state_dict({"version": 1, "step": 120, "datasets": [...]})   # next step 120
             load_state_dict({"datasets": [...]}, step=120)                     # the same
@@ -476,9 +476,9 @@ class Pipeline:
         """Batches ``step, step + 1, ...`` with ``prefetch`` of them kept ready in the background.
 
         With ``state`` (a ``state_dict()``), the stream resumes from it (``step`` defaults to its
-        step and must equal it; the seed's bare ``{"datasets": [...]}`` has no step: ``step`` is
-        then required, see ``load_state_dict``). Stateless datasets resume in O(1) at any step: nothing is
-        replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
+        step and must equal it; a bare ``{"datasets": [...]}`` has no step: ``step`` is then
+        required, see ``load_state_dict``). Stateless datasets resume in O(1) at any step: nothing
+        is replayed. The returned iterator's ``stats()`` reports how long the consumer waited for
         each batch; use it as a context manager (or ``close()`` it) to stop its threads early.
         """
         if state is not None:
@@ -491,11 +491,10 @@ class Pipeline:
                 self._discard_warm_locked()
                 warm = None
             self._warm = None
-            # counted before the workers start (with compiled programs shared, a step may read at
-            # once), or before the warm batch the stream takes was read
+            # counted before the workers start (shared programs: a step may read at once), or
+            # before the warm batch the stream takes was read
             self._stream_counters = warm.counters if warm is not None else read_counters(self.dataset)
-        # The workers hold the pipeline weakly; the stream holds it (``on_take``) and the
-        # pipeline holds the stream weakly: a dropped stream stops its workers.
+        # Lifetime (module docstring): the stream holds the pipeline (``on_take``), not vice versa.
         stream = Prefetcher(
             _weak_produce(weakref.ref(self), warm),
             start=start,

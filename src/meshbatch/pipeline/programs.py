@@ -22,8 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.datasets.protocol import DeviceDataset, Plan, Rows
 
-# XLA options for a plan of few rows: the lowest backend level halves the compile of a shuffle's
-# plan; its run time grows with the rows (benchmarks/RESULTS.md, "First batch").
+# XLA options for a plan of few rows: the lowest backend level compiles a shuffle's plan in a
+# fraction of the time, at a run-time cost that grows with the rows (RESULTS.md, "First batch").
 FAST_COMPILE = (("xla_backend_optimization_level", 0),)
 
 
@@ -91,8 +91,8 @@ def build_program(static, mesh: Mesh, host_plans: bool):
     local = PartitionSpec("local")  # the tables replicated, every row input split by device
     in_specs = (PartitionSpec(), local, local) if host_plans else (PartitionSpec(), local)
     # One process: the host's stacked inputs go in as numpy and jit places them by its
-    # in_shardings (a step's build costs half what a device_put of the tree and then the call
-    # does). Several: jit refuses numpy for a sharded input, so the caller places them first.
+    # in_shardings (one transfer, not a device_put of the tree and then the call). Several: jit
+    # refuses numpy for a sharded input, so the caller places them first.
     shardings = tuple(NamedSharding(mesh, spec) for spec in in_specs)
     kernel = jax.jit(
         jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=local), in_shardings=shardings

@@ -16,8 +16,8 @@ of its last ``window`` times away (from taking a batch to asking for the next)::
 Work started in the window runs to its end, so the window closes early enough for it: its last
 start is ``(1 - f) * away_min - work``, ``work`` the longest of the recent host-work pieces after a
 step's reads (copies into place, stacking, the build), measured by ``record_work`` - but the
-window stays at least ``[f, 2 f] * away_min`` long. (Without that, a piece of 10 ms started at 0.89
-of a 100 ms step ran past the consumer's next ask, a wait of one GIL switch interval.)
+window stays at least ``[f, 2 f] * away_min`` long. (Otherwise a 10 ms piece started at 0.89 of a
+100 ms step runs past the consumer's next ask, which then waits a GIL switch interval.)
 
     (min_steps=2) takes at 0.00, 0.31, 0.52, asks at 0.30, 0.50: away 0.30, 0.19 -> min 0.19, max 0.30
     at 0.525: wait 0.014 s (until 0.52 + 0.019)      at 0.60: start (window ends 0.52 + 0.171)

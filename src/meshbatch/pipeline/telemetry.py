@@ -170,7 +170,6 @@ def pipeline_stats(
     zero rows of a padded final step are no examples).
     """
     out = dict(summary)
-    # a padded final step (pad_final_batch) made only its real rows' examples
     examples = sum(pipeline._real_rows(step) for step, _ in list(log.made))
     now = read_counters(pipeline.dataset)
     out["examples_made"] = examples

@@ -1,4 +1,4 @@
-"""Shuffle quality: the metrics of ``blockwise-shuffle-plan.md`` and a chi-squared battery.
+"""Shuffle quality: the block-shuffle specification's metrics and a chi-squared battery.
 
 All functions take a materialised order ``perm`` (``perm[i]`` = source index of position ``i``),
 as numpy, on the host: they judge a shuffle, they are not part of one.
@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ShuffleMetrics:
-    """The seed's four headline metrics for one order."""
+    """The specification's four headline metrics for one order."""
 
     mean_abs_displacement_norm: float
     inversion_fraction: float
@@ -40,7 +40,7 @@ def inversion_count(perm: np.ndarray, chunk: int = 1024) -> int:
 
 
 def shuffle_metrics(perm: np.ndarray, io_block_size: int) -> ShuffleMetrics:
-    """The metrics of ``bench_permutation_quality.py`` in the seed, with its exact definitions."""
+    """The four metrics of ``perm``, with the specification's exact definitions."""
     perm = np.asarray(perm, dtype=np.int64)
     n = perm.size
     if n < 2:

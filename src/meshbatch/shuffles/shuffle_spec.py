@@ -97,7 +97,7 @@ def block_shuffle(
     kind: Kind = "feistel",
     compat: Compat = None,
 ) -> BlockShuffle:
-    """The two-level block shuffle of ``blockwise-shuffle-plan.md``.
+    """The two-level block shuffle of the block-shuffle specification.
 
     Whole blocks of ``io_block_size`` consecutive indices are permuted globally, then examples
     are mixed inside windows of ``window_blocks`` blocks; a partial last block stays last and is
