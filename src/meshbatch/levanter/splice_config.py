@@ -149,7 +149,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
             if getattr(source, field_name, None):
                 raise ConfigError(
                     f"{where}.{field_name}={getattr(source, field_name)!r}: a splice config's validation set "
-                    "is the seed's grid over its documents (validation_starts / validation_offsets)"
+                    "is the splice validation grid over its documents (validation_starts / validation_offsets)"
                 )
 
     def _check_selection(self) -> None:

@@ -643,8 +643,8 @@ def resume_step(saved, given) -> int:
     both when they agree; refused when neither says."""
     if saved is None and given is None:
         raise ValueError(
-            "the state has no 'step' (the seed's bare {'datasets': [...]} checkpoint): pass the step "
-            "to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
+            "the state has no 'step' (a bare {'datasets': [...]} token-balanced checkpoint): pass the "
+            "step to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
         )
     if saved is None:
         return check_step(given)
