@@ -13,7 +13,7 @@ and a step of either takes as long as its slower process. Every process keeps fr
 reuse (``harness.keep_freed_memory``: a trainer's steady state; ``--system-malloc``: glibc's
 defaults, where each step's fresh output pages are faulted in). Reported per layout: median and [min, max]
 seconds per step over rounds (each round's median over its steps), the median of each host phase
-(``meshbatch.pipeline.phases``: plan, fetch, stack, place, build call, global; ``wait`` is until
+(``meshbatch.pipeline.telemetry``: plan, fetch, stack, place, build call, global; ``wait`` is until
 the arrays are ready: the build itself, which on CPU devices is also host work), and the bytes
 each device receives. Batches are checked step by step: 2, 4, 8 devices' equal 1 device's, and every
 shard each of the 2 processes holds has the digest of the same rows of 1 device's batch.

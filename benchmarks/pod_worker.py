@@ -41,11 +41,11 @@ def make_pipeline(path: str, mesh, batch: int, seq_len: int):
 
 def timed_steps(pipeline, steps: int, before=None, after=None) -> list[dict[str, float]]:
     """Each step made with ``pipeline.batch`` and waited for: ``{"total": s, phase: s, ...,
-    "wait": s}`` per step (``meshbatch.pipeline.phases``; ``wait`` is until the arrays are ready).
+    "wait": s}`` per step (``meshbatch.pipeline.telemetry``; ``wait`` is until the arrays are ready).
     ``before()`` and ``after()``, if given, run around each step, untimed (barriers)."""
     import jax
 
-    from meshbatch.pipeline.phases import phase_times
+    from meshbatch.pipeline.telemetry import phase_times
 
     out = []
     for step in range(steps):

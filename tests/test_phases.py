@@ -1,11 +1,11 @@
-"""Host time by phase of a step (``meshbatch.pipeline.phases``): recorded only when asked."""
+"""Host time by phase of a step (``meshbatch.pipeline.telemetry``): recorded only when asked."""
 
 import jax
 import numpy as np
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import TokenCache
-from meshbatch.pipeline.phases import phase, phase_times
+from meshbatch.pipeline.telemetry import phase, phase_times
 
 
 def test_phases_sum_per_name_and_nest():

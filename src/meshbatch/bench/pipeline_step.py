@@ -24,8 +24,7 @@ from meshbatch.datasets import CausalLMDataset
 from meshbatch.datasets.protocol import Content
 from meshbatch.pipeline import Pipeline
 from meshbatch.pipeline.fetch import fetch
-from meshbatch.pipeline.phases import phase_times
-from meshbatch.pipeline.telemetry import read_counters
+from meshbatch.pipeline.telemetry import phase_times, read_counters
 from meshbatch.shuffles import ShuffleSpec
 
 from .compile_count import compile_seconds, count_compiles

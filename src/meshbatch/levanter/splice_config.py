@@ -148,8 +148,9 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         for field_name in ("validation_urls", "tags"):
             if getattr(source, field_name, None):
                 raise ConfigError(
-                    f"{where}.{field_name}={getattr(source, field_name)!r}: a splice config's validation set "
-                    "is the splice validation grid over its documents (validation_starts / validation_offsets)"
+                    f"{where}.{field_name}={getattr(source, field_name)!r}: a splice config's "
+                    "validation set is the splice validation grid over its documents "
+                    "(validation_starts / validation_offsets)"
                 )
 
     def _check_selection(self) -> None:

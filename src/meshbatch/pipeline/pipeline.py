@@ -59,13 +59,12 @@ from meshbatch.kernels import Batch
 from ..batch_schedule import BatchSchedule
 from .fetch import fetch
 from .final_batch import pad_rows, real_rows, steps_in
-from .phases import phase
 from .prefetch import EndOfStream, Prefetcher, check_prefetch
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
 from .shadow import host_work_done
 from .state_planner import StatePlanner
-from .telemetry import StreamLog, bind, pipeline_stats, read_counters, record_read
+from .telemetry import StreamLog, bind, phase, pipeline_stats, read_counters, record_read
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
