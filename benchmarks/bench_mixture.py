@@ -10,8 +10,9 @@ Selection. Each of ``sources`` sources has ``rows`` upcoming rows of random real
   its ``Counts`` and ``Selection`` are ``equinox.Module``s, which jax flattens and rebuilds in
   Python on every call, about 15 us a call that the pipeline never pays); ``select_merge`` (the
   picks as a parallel k-way merge: prefix sums, a threshold bisection and two single-array
-  sorts) and ``select_scan`` (the rule literally, one jitted ``lax.scan`` step per row, an argmin
-  over every source), all with 64-bit counts as two uint32 words, called on the
+  sorts; ``select_merge.py`` beside this script) and ``select_scan`` (the rule literally, one
+  jitted ``lax.scan`` step per row, an argmin over every source: the tests' reference,
+  ``tests/interleave_reference.py``), all with 64-bit counts as two uint32 words, called on the
   ``[rows, sources]`` token table (a column per source), blocked until ready;
 * baseline: a heap-based Python generator as the seed's ``build_interleaved_dataset`` would write
   it (``heapq`` of ``(tokens, random tie-break, source)``, one ``next()`` per row, the row's token
@@ -54,7 +55,16 @@ the chunked climb (two levels an inner iteration, the key made in the step: the 
 calls (both see the same VM state): each side's median, and the median of the per-pair ratios. At
 300 sources (9 levels) both sides are the chunked form: the ratio shows the method's noise.
 
-    python benchmarks/bench_mixture.py [--quick] [--part selection|floor|climb|pipeline|all]
+Compiled (``--part compiled``): what the tournament's speed rests on, in XLA:CPU's output, checked
+and reported at 3 to 1000 sources (a change of jax or of the kernel that breaks one shows here,
+not as a failed test): every while loop of the kernel compiled into one native loop (none left in
+the entry computation: ``SmallWhileLoopHoistingPass`` takes a loop whose body accesses under
+``xla_cpu_small_while_loop_byte_threshold``, 1 KiB; a loop left there runs op by op through the
+thunk runtime, 20 to 50x slower), and the entry computation's estimated flops under 1000, so the
+call runs on the caller's thread (``cpu_client.cc``, ``cheap_computation_``; above, it is handed
+to a worker thread, 50 to 150 us on a 2-core VM).
+
+    python benchmarks/bench_mixture.py [--quick] [--part selection|floor|climb|compiled|pipeline|all]
                                         [--sources N] [--pairs N] [--calls N]
 """
 
@@ -69,7 +79,9 @@ import functools
 import gc
 import heapq
 import random
+import re
 import statistics
+import sys
 import tempfile
 import time
 
@@ -77,8 +89,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from harness import banner, rotating_times, write_json
+from select_merge import select_merge
 
-from meshbatch.kernels import Counts, select_merge, select_scan, select_tournament, source_salts
+from meshbatch.kernels import Counts, select_tournament, source_salts
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from interleave_reference import select_scan
 
 MAX_ROW = 4096
 
@@ -251,7 +267,7 @@ def floor_runs(rows: int, sources: int) -> dict:
     bits = (rows - 1).bit_length()
 
     def two(words, stable):
-        # two dependent sorts of unique words, as ``merge_order.two_pass_order`` runs them
+        # two dependent sorts of unique words, as ``select_merge.two_pass_order`` runs them
         first = jax.lax.sort(((words >> bits) << bits) | place, is_stable=stable) & ((1 << bits) - 1)
         return jax.lax.sort((words[first] << bits) | place, is_stable=stable)
 
@@ -344,6 +360,26 @@ def bench_climb(sizes, *, rows: int, calls: int) -> list[dict]:
         )
         results.append({"rows": rows, "sources": sources, "levels": [chunked_levels, levels],
                         "seconds": times, "ratio": ratio})  # fmt: skip
+    return results
+
+
+def check_compiled(sizes) -> list[dict]:
+    """The tournament as XLA:CPU compiled it (see the module docstring): its while loops all native
+    and its flops estimate under 1000, at each number of sources; reports, does not stop."""
+    results = []
+    for sources in sizes:
+        zero = Counts(jnp.zeros(sources, jnp.uint32), jnp.zeros(sources, jnp.uint32))
+        salts = source_salts(jnp.uint32(0), sources)
+        text = select_tournament.lower(zero, jnp.zeros((64, sources), jnp.int32), salts).compile().as_text()
+        entry = text[text.index("ENTRY") :]
+        entry = entry[: entry.index("\n}")]
+        native = " while(" not in entry and len(re.findall(r"xla_cpu_small_call", text)) >= 3
+        compiled = select_tournament.lower(zero, jnp.zeros((512, sources), jnp.int32), salts).compile()
+        cost = compiled.cost_analysis()
+        flops = (cost[0] if isinstance(cost, list) else cost)["flops"]  # older jax: a list of one dict
+        ok = native and flops < 1000
+        print(f"| {sources} | {'yes' if native else 'NO'} | {flops:.0f} | {'ok' if ok else 'FAILS'} |")
+        results.append({"sources": sources, "native_loops": native, "flops": flops, "ok": ok})
     return results
 
 
@@ -499,7 +535,8 @@ def bench_pipeline(args) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, configurations and steps")
-    parser.add_argument("--part", choices=("selection", "floor", "climb", "pipeline", "all"), default="all")
+    parts = ("selection", "floor", "climb", "compiled", "pipeline", "all")
+    parser.add_argument("--part", choices=parts, default="all")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=100, help="selection: alternating heap/tournament calls")
@@ -538,11 +575,15 @@ def main():
         print("|---:|---:|---:|---:|---:|---:|")
         sizes = [64, 256] if args.quick else [32, 64, 100, 128, 256, 300]
         out["climb"] = bench_climb(sizes, rows=4096, calls=200 if args.quick else args.calls)
+    if args.part == "compiled":
+        print("\n## compiled: the tournament's loops native, its flops estimate under 1000\n")
+        print("| sources | every loop native | flops estimate | |\n|---:|---|---:|---|")
+        out["compiled"] = check_compiled([3, 64, 128, 256, 257, 1000])
     if args.part in ("pipeline", "all"):
         out["pipeline"] = bench_pipeline(args)
     # the floor and the climb go beside the selection's figures, never over them (``write_json``
     # keeps the runs RESULTS.md cites: ``selection_run1`` .. and the pipeline's)
-    side = {"floor": "_floor.py", "climb": "_climb.py"}.get(args.part)
+    side = {"floor": "_floor.py", "climb": "_climb.py", "compiled": "_compiled.py"}.get(args.part)
     write_json(__file__.replace(".py", side) if side else __file__, out)
 
 

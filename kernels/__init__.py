@@ -11,11 +11,8 @@ from .keys import typed_key as typed_key
 from .mixtures.interleave import Counts as Counts
 from .mixtures.interleave import Selection as Selection
 from .mixtures.interleave import named_salts as named_salts
-from .mixtures.interleave import select_scan as select_scan
 from .mixtures.interleave import source_salts as source_salts
 from .mixtures.interleave import tie_hash as tie_hash
-from .mixtures.interleave_merge import select_merge as select_merge
-from .mixtures.interleave_tree import select_least_consumed as select_least_consumed
 from .mixtures.interleave_tree import select_tournament as select_tournament
 from .mixtures.stable_mixture import WRAPPED as WRAPPED
 from .mixtures.stable_mixture import MixtureSchedule as MixtureSchedule

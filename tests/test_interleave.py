@@ -1,15 +1,16 @@
 """The least-consumed selection kernels: a hand-worked trace, a heap reference, balance, carry.
 
-Each test runs the scan (the rule literally) and the tournament (the pipeline's kernel); the
-merge is checked against both in ``test_interleave_merge.py``."""
+Each test runs the scan (the rule literally, ``interleave_reference.py``) and the tournament (the
+pipeline's kernel); the merge is checked against both in ``test_interleave_merge.py``."""
 
 import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from interleave_reference import select_merge, select_scan
 from mixture_reference import as_ints, counts_of, least_consumed, salts, tie_hash
 
-from meshbatch.kernels import select_merge, select_scan, select_tournament, source_salts
+from meshbatch.kernels import select_tournament, source_salts
 
 KERNELS = pytest.mark.parametrize("select", [select_scan, select_tournament], ids=["scan", "tournament"])
 

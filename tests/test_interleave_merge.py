@@ -1,21 +1,19 @@
-"""The merge form of the least-consumed selection: equal to the scan, the tournament and the heap,
-bit for bit."""
+"""The merge form of the least-consumed selection (``benchmarks/select_merge.py``, which the benchmark
+times against the pipeline's tournament): equal to the scan, the tournament and the heap, bit for
+bit."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from interleave_reference import merge, select_merge, select_scan
 from mixture_reference import counts_of, least_consumed
 
-from meshbatch.kernels import (
-    select_least_consumed,
-    select_merge,
-    select_scan,
-    select_tournament,
-    source_salts,
-)
-from meshbatch.kernels.mixtures.interleave_merge import windows
+from meshbatch.datasets.mixtures import token_balanced
+from meshbatch.kernels import select_tournament, source_salts
+
+windows = merge.windows
 
 U32 = jnp.uint32
 
@@ -102,12 +100,14 @@ def test_never_recompiles():
     assert compiles == []
 
 
-def test_least_consumed_is_the_tournament():
-    """The pipeline's kernel is the tournament at every number of sources (one compile a shape)."""
+def test_the_pipelines_kernel_is_the_tournament():
+    """The token-balanced mixture calls the tournament, at every number of sources (one compile a
+    shape), and the merge picks what it picks."""
+    assert token_balanced.select_tournament is select_tournament
     for sources in (3, 29, 64):
         tokens = jnp.asarray(np.random.default_rng(sources).integers(0, 9, (41, sources)), jnp.int32)
         args = (counts_of([0] * sources), tokens, source_salts(U32(2), sources))
         compiled = select_tournament._cache_size()
-        out = select_least_consumed(*args)
+        out = select_tournament(*args)
         assert select_tournament._cache_size() == compiled + 1
         assert_same(out, select_merge(*args))

@@ -1,12 +1,12 @@
-"""The merge's row order: both ways equal the stable order of (key, hash) (numpy's lexsort)."""
+"""The merge's row order (``benchmarks/select_merge.py``): both ways equal the stable order of
+(key, hash) (numpy's lexsort)."""
 
 import jax
 import numpy as np
 import pytest
+from interleave_reference import merge
 
-from meshbatch.kernels.mixtures.merge_order import radix_order, two_pass_order
-
-radix, two_pass = jax.jit(radix_order), jax.jit(two_pass_order)
+radix, two_pass = jax.jit(merge.radix_order), jax.jit(merge.two_pass_order)
 
 
 @pytest.mark.parametrize("n", [1, 2, 9, 4096])

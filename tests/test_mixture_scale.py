@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from interleave_reference import select_merge, select_scan
 from mixture_reference import block_permutation, counts_per_block, least_consumed, levanter_rows, stable_rows
 
 import meshbatch
@@ -26,7 +27,7 @@ from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import CountOverflowError, token_balanced
-from meshbatch.kernels import select_merge, select_scan, select_tournament
+from meshbatch.kernels import select_tournament
 from meshbatch.pipeline.programs import plan_program
 
 INT32_MAX = 2**31 - 1
@@ -231,7 +232,7 @@ def test_balanced_component_past_2_31_rows(children, monkeypatch, select):
         traced.append(1)
         return select(*args)
 
-    monkeypatch.setattr(token_balanced, "select_least_consumed", spy)
+    monkeypatch.setattr(token_balanced, "select_tournament", spy)
     plan_mixture = eqx.filter_jit(lambda device, rows, state: device.plan(rows, state))
     dataset = TokenBalancedMixture(children)
     rows = {"a": 2**31 - 20, "b": 2**32 - 10, "c": 5}

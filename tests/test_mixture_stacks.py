@@ -17,7 +17,7 @@ from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import derive_keys
-from meshbatch.kernels import Counts, select_least_consumed
+from meshbatch.kernels import Counts, select_tournament
 from meshbatch.pipeline.programs import plan_program
 
 SEQ = 8
@@ -164,7 +164,7 @@ def selection_size(sources: int) -> int:
     """Lines of the token-balanced selection's jaxpr at 16 rows."""
     zeros = jnp.zeros(sources, jnp.uint32)
     table = jnp.zeros((16, sources), jnp.int32)
-    return len(str(jax.make_jaxpr(select_least_consumed)(Counts(zeros, zeros), table, zeros)).splitlines())
+    return len(str(jax.make_jaxpr(select_tournament)(Counts(zeros, zeros), table, zeros)).splitlines())
 
 
 def test_a_mixture_with_unlike_children_stacks_the_alike_ones(caches):

@@ -1,4 +1,3 @@
 """Mixture kernels: the stable mixture's row map (``stable_mixture``) and the token-balanced
-least-consumed interleave, three ways to the same picks: ``interleave`` (the rule as a scan, an
-argmin over every source per row), ``interleave_tree`` (a tournament tree, one climb per row: the
-pipeline's) and ``interleave_merge`` (a parallel merge). Re-exported by ``meshbatch.kernels``."""
+least-consumed interleave (its rule and shared types in ``interleave``, the pipeline's kernel, a
+tournament tree, in ``interleave_tree``). Re-exported by ``meshbatch.kernels``."""

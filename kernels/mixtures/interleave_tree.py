@@ -1,4 +1,4 @@
-"""The least-consumed interleave as a tournament: ``select_scan``'s picks, O(log sources) a row.
+"""The least-consumed interleave as a tournament (the pipeline's kernel): O(log sources) a row.
 
 A winner tree over the sources: each internal node holds the source that goes first in its
 subtree by ``(count, tie_hash(salt[source], count), source)`` (``interleave``'s rule: least
@@ -16,45 +16,30 @@ b < a < c at 0 and a < c at 6) on leaves ``a b c pad`` (a padding leaf never win
     5    b      5 -> 10    a (6) over b;     a over c, tied at 6, by hash        a
     6    a      6 -> 9     a (9) over b;     c (6) over a (9)                    c
 
-The picks b a c c a b a c are the scan's (``tests/test_interleave_tree.py``). Only the row's
+The picks b a c c a b a c are the rule's (``tests/test_interleave_tree.py``). Only the row's
 source's path changes: its siblings are read before any node on it is written, and the winner
 climbs in registers.
 
-How it runs: one ``lax.scan`` step per row, all scalar work touching under 1 KiB, which XLA:CPU
-compiles into one native loop (its ``SmallWhileLoopHoistingPass`` takes a while loop whose body
-accesses fewer bytes than ``xla_cpu_small_while_loop_byte_threshold``, 1 KiB by default; a larger
-body runs op by op through the thunk runtime, about a microsecond an op). Up to ``SINGLE_CLIMB``
-levels (256 sources) a step climbs every level at once, straight-line code, the fastest form. The
-limit is set by how XLA fuses the climb: it fuses the chain of winners into every level's tree
-write, so level ``k``'s write recomputes the chain from the climber's key and reads ``k`` sibling
-keys again, and the step's bytes (XLA's ``HloCostAnalysis``, what the pass compares) grow faster
-than the levels. So the climber's key is made a row ahead: each source keeps, beside its key, the
-key it will have after its next row (``ahead``, made when it last won, from the table's next row
-and the tie hash). A step then loads the winner's key instead of reading its row's tokens and
-hashing, the chain every write recomputes starts from that load, and the step's bytes are 696,
-816 and 948 at 6, 7 and 8 levels (852, 992 and 1152 when each step made its key; 1092 at 9
-levels). The hash and the next row's read also leave the row-to-row chain of dependent work.
-Above 8 levels a step climbs ``CHUNK`` levels per iteration of an inner loop, about 650 bytes at
-any number of sources, and makes its key itself (there a key made ahead measured 0.91x to 0.99x).
-The tests check that every loop compiles so, on both sides of ``SINGLE_CLIMB``; ``bench_mixture.py
---part climb`` times the two forms. The pipeline plans on the host CPU, so this is the backend its
-kernel must suit (``select_merge`` is the same picks as a parallel merge, for a backend that wants
-one).
+How it runs: the pipeline plans on the host CPU, so the kernel is shaped for XLA:CPU. One
+``lax.scan`` step per row, all scalar work on a small body, which XLA:CPU compiles into one native
+loop (a larger body runs op by op, about a microsecond an op). Up to ``SINGLE_CLIMB`` levels (256
+sources) a step climbs every level at once, straight-line code, the fastest form. XLA fuses the
+chain of winners into every level's tree write, so a step's bytes grow faster than its levels;
+to keep them small, each source keeps, beside its key, the key it will have after its next row
+(``ahead``, made when it last won, from the table's next row and the tie hash): a step loads the
+winner's key instead of reading its row's tokens and hashing, which also takes the hash and the
+read off the row-to-row chain of dependent work. Above ``SINGLE_CLIMB`` levels a step climbs
+``CHUNK`` levels per iteration of an inner loop and makes its key itself.
 
 The table: ``row_tokens[j, s]``, a column per source. A row's read is row ``nth`` of its source,
 and ``nth`` stays small (about ``n / sources``), so the batch's reads fall in the table's first
-few rows: a few KiB, a few pages. With a row per source (``[sources, n]``), the same reads land
-``4 n`` bytes apart, one page per source (256 pages at 256 sources). A scratch copy that differed
-only in this was 1.07x to 1.11x slower at 64 to 256 sources, alternating call by call.
+few rows, a few pages (a row per source would touch a page per source).
 
-Inline: XLA:CPU runs a program on the caller's thread when its entry computation's estimated
-flops (``HloCostAnalysis``, a loop's body counted once) are under 1000, and otherwise hands it to
-a worker thread (``cpu_client.cc``, ``cheap_computation_``), a hand-off of 50 to 150 us on a
-2-core VM, a third of the whole selection at 256 sources. So every per-source step is a scalar
-loop too, the new counts included (``_absolute`` over 256 sources alone is about 2000 flops): the
-estimate does not grow with the sources (180 at 3, 444 at 64, 545 at 100 to 128, 660 at 129 to
-256, where the one-climb step is largest, 218 from 257 on), and the tests check it stays under
-1000.
+Inline: XLA:CPU runs a cheap program (by its flops estimate, a loop's body counted once) on the
+caller's thread and hands any other to a worker thread, a hand-off that costs a third of the
+selection at 256 sources. So every per-source step is a scalar loop too, the new counts included:
+the estimate does not grow with the sources. ``bench_mixture.py --part compiled`` checks both
+properties of the compiled kernel; the figures are in ``benchmarks/RESULTS.md`` ("Mixtures").
 
 Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
 count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
@@ -140,8 +125,19 @@ def _climb(tree, keys, node, winner, count, hash_, levels: int):
 def select_tournament(
     counts: Counts, row_tokens: Int[Array, "n sources"], salts: UInt32[Array, " sources"]
 ) -> Selection:
-    """The least-consumed selection of ``n`` rows, a tournament-tree climb per row: ``select_scan``'s
-    picks (and ``select_merge``'s), its arguments and its ``Selection``."""
+    """The least-consumed selection of ``n`` rows (``interleave``'s rule), a tournament-tree climb
+    per row. Jitted; a table's shape compiles once.
+
+    Args:
+        counts: consumed tokens per source at the start of the batch.
+        row_tokens: ``int32[n, sources]`` real tokens of each source's next ``n`` rows (column
+            ``s`` is source ``s``'s), each in ``[0, max_row_tokens]`` with
+            ``n * max_row_tokens < 2^32 - 1`` (and, int32, ``max_row_tokens < 2^31``).
+        salts: ``uint32[sources]`` distinct tie-break salts (``source_salts``, ``named_salts``).
+
+    Returns:
+        The ``Selection``: each row's source and which of its next rows, and the new counts.
+    """
     n, sources = row_tokens.shape
     if n == 0:  # nothing to pick (static: the table's shape)
         empty = jnp.zeros(0, jnp.int32)
@@ -241,15 +237,6 @@ def select_tournament(
         high, low = jnp.where(parked, _get(hi, s), after.hi), jnp.where(parked, _get(lo, s), after.lo)
         return _set(hi, s, high), _set(lo, s, low)
 
-    # a scalar loop, not ``interleave._absolute`` over the sources: see "Inline" above
+    # a scalar loop, not an elementwise step over the sources: see "Inline" above
     new = Counts(*lax.fori_loop(U32(0), U32(sources), absolute, (counts.hi, counts.lo)))
     return Selection(source, nth, taken[:sources], new, tokens)
-
-
-def select_least_consumed(
-    counts: Counts, row_tokens: Int[Array, "n sources"], salts: UInt32[Array, " sources"]
-) -> Selection:
-    """The pipeline's least-consumed selection: ``select_tournament`` at any number of sources
-    (on the host CPU, where the pipeline plans, it is the fastest of the three equal kernels:
-    ``benchmarks/RESULTS.md``, "Mixtures"). Jitted; a table's shape compiles once."""
-    return select_tournament(counts, row_tokens, salts)

@@ -4,7 +4,7 @@ Every row goes to the child that has consumed the fewest real tokens (``real_tok
 window counts ``seq_len``, a splice frame its copy length); ties are broken by a keyed hash; the
 chosen child's count grows by the row's tokens. A step plans its whole global batch at once: each
 child plans its next ``batch`` rows and counts their tokens, and one jitted kernel picks
-(``meshbatch.kernels.select_least_consumed``: a tournament-tree climb a row,
+(``meshbatch.kernels.select_tournament``: a tournament-tree climb a row,
 ``interleave_tree.py``). Every process plans the same global batch from the same state, so the
 counts agree everywhere without any reduction between ranks.
 
@@ -35,7 +35,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import Counts, named_salts, select_least_consumed
+from meshbatch.kernels import Counts, named_salts, select_tournament
 
 from .composite import Composite, CompositeDevice
 
@@ -85,7 +85,7 @@ class BalancedDevice(CompositeDevice):
         if n * self.seq_len >= 2**32 - 1:
             raise ValueError(f"a step of {n} rows of {self.seq_len} tokens: counts would pass 2^32")
         lengths = _u32(self.lengths)
-        picked = select_least_consumed(state.tokens, self._upcoming_tokens(state, n, lengths), self.salts)
+        picked = select_tournament(state.tokens, self._upcoming_tokens(state, n, lengths), self.salts)
         source = picked.source
         position, epoch = _advance(state.position[source], state.epoch[source], picked.nth, lengths[source])
         detail = self.group_plans(source, self.child_plans(source, position, epoch), tokens=picked.tokens)

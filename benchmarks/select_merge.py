@@ -1,4 +1,8 @@
-"""The least-consumed interleave as a parallel k-way merge: ``select_scan``'s picks, no scan.
+"""The least-consumed interleave as a parallel k-way merge: ``select_tournament``'s picks, no loop.
+
+The library's kernel is ``meshbatch.kernels.select_tournament``; this merge is the same picks
+for a backend that wants parallel work, kept beside the benchmark that times it against the
+tournament (``bench_mixture.py``) and checked equal to it by ``tests/test_interleave_merge.py``.
 
 Source ``s``'s ``j``-th next row is picked when ``s`` stands at count ``key[s, j] = c_s +
 (real tokens of its first j next rows)``: nondecreasing in ``j``. The scan picks, row after row,
@@ -17,9 +21,9 @@ All parallel: prefix sums per source (an associative scan: XLA:CPU's ``cumsum`` 
 window, twice as slow here), a bisection over the 32-bit threshold ``T`` (the least key with at
 least ``n`` candidates at or below it, between the least and the largest key at column
 ``ceil(n / sources) - 1``; each probe one compare and sum), the tie at ``T`` taken by ``(hash,
-source)``, then the picks' row order by ``(key, hash)`` (``merge_order.two_pass_order``: two
+source)``, then the picks' row order by ``(key, hash)`` (``two_pass_order`` below: two
 single-array sorts, or the exact radix sort when the keys span too much). Keys are 32-bit
-relative to the least count (``interleave._relative``: a count 2^32 or more above it, or a key
+relative to the least count (``_relative``: a count 2^32 or more above it, or a key
 that would pass 2^32 - 1, saturates and is never among the ``n`` least, since the least source
 alone has ``n`` keys below ``n * max_row_tokens < 2^32 - 1``); the new counts are exact 64-bit
 (two words).
@@ -28,6 +32,26 @@ Windows: a source takes about ``n / sources`` rows, so the merge first runs on e
 next ``4n / sources`` rows, then ``32n / sources``, then all ``n``: a window's picks are final
 when no source took all of its window (a source's later candidates follow its last one, which
 ``n`` smaller candidates already beat), else the next window decides (``lax.cond``: one runs).
+
+The row order of the picks: the stable order of ``(key, hash)``, in two sorts when it can.
+``select_merge`` knows which ``n`` candidates are picked; their rows go out in the order of
+``(key, tie hash)``, ties in pick order (a source's own rows, then sources in index order). On
+XLA:CPU a single-array sort of 4096 words takes about 60 to 130 us and one with a payload array
+about five times that, so both ways below sort single arrays of ``digit * 2^b + place`` (``b``
+bits hold a place) and read the order from the low bits; they are equal by construction:
+
+* ``radix_order``: a least-significant-digit radix sort of the 64-bit ``key * 2^32 + hash``,
+  ``32 - b`` bits a pass (three passes for keys under ``2^28``; a pass whose digits are all equal
+  is skipped). Always exact.
+* ``two_pass_order``: while the keys span under ``2^(32 - b)``, one pass by the hash's high
+  ``32 - b`` bits, then one by ``key - least``: the order by ``(key, hash >> b, place)``. That is
+  the order by ``(key, hash, place)`` unless two rows tied at a key share the hash's high bits
+  and differ in its low ones; they then stand next to each other, which is checked, and the
+  radix sort decides (``lax.cond``: one runs), as it does when the keys span too much.
+
+Four picks with keys ``5 3 5 3`` and hashes ``9 7 2 7`` (places 0 .. 3): by the hash, places
+``2 1 3 0``; then by the key (stable), ``1 3 2 0``: key 3 (hashes 7, 7: places in order), then
+key 5 (hash 2 before 9).
 """
 
 from __future__ import annotations
@@ -36,10 +60,67 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
-from .interleave import PARKED, Counts, Selection, _relative, add64, tie_hash
-from .merge_order import two_pass_order
+from meshbatch.kernels import Counts, Selection, tie_hash
+from meshbatch.kernels.mixtures.interleave import PARKED, add64
 
 U32 = jnp.uint32
+
+
+def _relative(counts: Counts) -> tuple[Counts, UInt32[Array, " sources"]]:
+    """The least count (``base``) and every count relative to it (``PARKED`` from 2^32 above)."""
+    hi = jnp.min(counts.hi)
+    base = Counts(hi, jnp.min(jnp.where(counts.hi == hi, counts.lo, U32(PARKED))))
+    above = counts.hi - base.hi - (counts.lo < base.lo).astype(U32)  # exact: counts >= base
+    return base, jnp.where(above > 0, U32(PARKED), counts.lo - base.lo)
+
+
+def radix_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
+    """The stable order of ``(key, hashes)`` by single-array radix passes (always exact)."""
+    n = key.shape[0]
+    bits = max(1, (n - 1).bit_length())
+    width = 32 - bits
+    place = jnp.arange(n, dtype=U32)
+    order = place
+    for low in range(0, 64, width):
+        if low + width <= 32:
+            digit = hashes >> low
+        elif low >= 32:
+            digit = key >> (low - 32)
+        else:
+            digit = (hashes >> low) | (key << (32 - low))
+        digit = digit & U32((1 << width) - 1)
+
+        def sort_by(order, digit=digit):
+            return order[jax.lax.sort((digit[order] << bits) | place) & U32((1 << bits) - 1)]
+
+        order = jax.lax.cond(jnp.min(digit) == jnp.max(digit), lambda order: order, sort_by, order)
+    return order
+
+
+def _pass(order: UInt32[Array, " n"], digit: UInt32[Array, " n"], bits: int) -> UInt32[Array, " n"]:
+    """``order`` stably sorted by ``digit[order]`` (digits under ``2^(32 - bits)``)."""
+    place = jnp.arange(order.shape[0], dtype=U32)
+    return order[jax.lax.sort((digit[order] << bits) | place) & U32((1 << bits) - 1)]
+
+
+def two_pass_order(key: UInt32[Array, " n"], hashes: UInt32[Array, " n"]) -> UInt32[Array, " n"]:
+    """The stable order of ``(key, hashes)``: two sorts when the keys span under ``2^(32 - b)``
+    and the high ``32 - b`` bits of the hash tell every tie at a key apart; else
+    ``radix_order``."""
+    n = key.shape[0]
+    bits = max(1, (n - 1).bit_length())
+    least = jnp.min(key)
+
+    def two_sorts(_):
+        order = _pass(jnp.arange(n, dtype=U32), hashes >> bits, bits)
+        order = _pass(order, key - least, bits)
+        sk, sh = key[order], hashes[order]
+        # rows tied at a key and at the hash's high bits stand together: they must hash alike
+        blurred = (sk[1:] == sk[:-1]) & ((sh[1:] >> bits) == (sh[:-1] >> bits)) & (sh[1:] != sh[:-1])
+        return jax.lax.cond(jnp.any(blurred), lambda: radix_order(key, hashes), lambda: order)
+
+    fits = (jnp.max(key) - least) < U32(1 << (32 - bits)) if bits < 32 else jnp.asarray(False)
+    return jax.lax.cond(fits, two_sorts, lambda _: radix_order(key, hashes), None)
 
 
 def _merge(
