@@ -45,7 +45,7 @@ else:
 from levanter.store.cache import CacheOptions  # noqa: E402
 
 from meshbatch.cache import TokenCache  # noqa: E402
-from meshbatch.cache.builds.build_once import CacheBuildFailed  # noqa: E402
+from meshbatch.cache.builds import CacheBuildFailed  # noqa: E402
 from meshbatch.levanter import CausalLMConfig, quick_start  # noqa: E402
 from meshbatch.levanter.quick_start import growing_cache  # noqa: E402
 

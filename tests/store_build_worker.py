@@ -20,7 +20,7 @@ logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 from store_build_helpers import docs, slow_build  # noqa: E402
 
 from meshbatch.cache import TokenCache  # noqa: E402
-from meshbatch.cache.builds.build_once import build_once  # noqa: E402
+from meshbatch.cache.builds import build_once  # noqa: E402
 
 open(os.path.join(root, f"ready-{ident}"), "w").close()
 deadline = time.monotonic() + 60

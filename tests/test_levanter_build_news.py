@@ -4,8 +4,7 @@ ends unfinished leaves its error for the readers of that build (not of a later o
 
 import threading
 
-from meshbatch.cache.builds.build_news import LocalNews, release, take_lock
-from meshbatch.cache.builds.build_once import quick_start_lock
+from meshbatch.cache.builds import LocalNews, quick_start_lock, release, take_lock
 from meshbatch.levanter.quick_start import QuickStartBuildError
 
 

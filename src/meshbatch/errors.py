@@ -14,10 +14,10 @@ since they need ``levanter`` installed. Arguments a caller gets wrong raise the 
 
 from importlib import import_module
 
-from meshbatch.cache.builds.build_status import CacheBuildFailed as CacheBuildFailed
-from meshbatch.cache.builds.store_build import BuildLockLost as BuildLockLost
-from meshbatch.cache.builds.store_lock import ConditionalWritesUnsupported as ConditionalWritesUnsupported
-from meshbatch.cache.builds.waiting import CacheWaitTimeout as CacheWaitTimeout
+from meshbatch.cache.builds import BuildLockLost as BuildLockLost
+from meshbatch.cache.builds import CacheBuildFailed as CacheBuildFailed
+from meshbatch.cache.builds import CacheWaitTimeout as CacheWaitTimeout
+from meshbatch.cache.builds import ConditionalWritesUnsupported as ConditionalWritesUnsupported
 from meshbatch.cache.format.checks import CacheChangedError as CacheChangedError
 from meshbatch.cache.format.checks import CacheIntegrityError as CacheIntegrityError
 from meshbatch.cache.format.stores import StoreUnavailableError as StoreUnavailableError

@@ -1,8 +1,8 @@
 """Host-side token caches: Levanter's on-disk format, read coalesced and written resumably."""
 
-from .builds.waiting import CacheWaitTimeout as CacheWaitTimeout
-from .builds.waiting import poll_until as poll_until
-from .builds.waiting import wait_seconds as wait_seconds
+from .builds import CacheWaitTimeout as CacheWaitTimeout
+from .builds import poll_until as poll_until
+from .builds import wait_seconds as wait_seconds
 from .format.arrays import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
 from .format.arrays import shared_context as shared_context
 from .format.checks import CacheChangedError as CacheChangedError

@@ -32,7 +32,7 @@ from levanter.data.passthrough_tokenizer import PassthroughTokenizer
 from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, CacheOptions, SerialCacheWriter, _canonicalize_batch
 
-from meshbatch.cache.builds.build_once import (
+from meshbatch.cache.builds import (
     build_once,
     builds_here,
     clear_failure,

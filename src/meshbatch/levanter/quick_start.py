@@ -41,23 +41,21 @@ from levanter.data.text import preprocessor_for_format
 from levanter.store.tree_store import TreeStore
 
 from meshbatch.cache import TokenCache, poll_until
-from meshbatch.cache.builds.build_news import (
+from meshbatch.cache.builds import (
+    CacheBuildFailed,
     LocalNews,
     OwnNews,
     RemoteNews,
     announce,
+    builds_here,
+    clear_failure,
     describe,
+    is_local,
+    quick_start_lock,
     release,
     take_lock,
 )
-from meshbatch.cache.builds.build_once import (
-    CacheBuildFailed,
-    builds_here,
-    clear_failure,
-    is_local,
-    quick_start_lock,
-)
-from meshbatch.cache.builds.build_once import quick_start_running as quick_start_running
+from meshbatch.cache.builds import quick_start_running as quick_start_running
 from meshbatch.cache.format.files import remove_file
 from meshbatch.cache.format.ledger import (
     Ledger,
