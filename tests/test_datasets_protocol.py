@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 from mp_harness import assemble, run_jobs
 
 import meshbatch
@@ -212,10 +213,6 @@ def counting_reference(path, steps: int) -> list[np.ndarray]:
         state = (state + int(example.sum())) % 2**32
         out.append(windows[example])
     return out
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 @pytest.mark.parametrize("devices", [1, 8])

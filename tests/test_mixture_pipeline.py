@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 from mixture_reference import least_consumed, stable_rows
 from mp_harness import assemble, run_jobs
 
@@ -46,10 +47,6 @@ def caches(tmp_path_factory):
             )
         paths.append(path)
     return paths
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def children(paths, *, splice: bool = False, pool: bool = False) -> dict:

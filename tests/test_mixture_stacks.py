@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from meshes import mesh_of
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.arguments import as_key
@@ -42,10 +43,6 @@ def caches(tmp_path_factory):
             )
         out.append(TokenCache.open(path))
     return out
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 SPECS = {

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 from mp_harness import assemble, run_processes
 
 from meshbatch import Pipeline, ShuffleSpec
@@ -39,10 +40,6 @@ def store(tmp_path_factory):
     # written with the packing key of the pipelines' key (7): legacy mode packs the same blocks
     preblock(path, [str(text)], block_size=BLOCK, key=BlockDataset.pack_key(7), progress=False)
     return path
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 class MaskedSteps:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
+from meshes import mesh_of
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
@@ -164,10 +164,6 @@ def _doc_sources(dataset):
         if getattr(child, "doc_source", None) is not None:
             yield child.doc_source
         yield from (_doc_sources(child) if getattr(child, "children", None) else ())
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 @pytest.mark.parametrize("devices", [1, 8])

@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from meshes import mesh_of
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import CacheWaitTimeout, CacheWriter, TokenCache
@@ -55,10 +56,6 @@ class SlowWriter(threading.Thread):
         except BaseException as error:
             self.error = error
             self.opened.set()
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def pipeline_over(cache, spec) -> Pipeline:
