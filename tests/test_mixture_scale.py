@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import random_docs, write_docs
 from mixture_reference import block_permutation, counts_per_block, least_consumed, levanter_rows, stable_rows
 
 import meshbatch
@@ -157,11 +158,10 @@ def children(tmp_path_factory):
     """Causal windows of two caches and splice frames of a third (real tokens: copy lengths)."""
     root = tmp_path_factory.mktemp("wide")
     rng = np.random.default_rng(1)
-    caches = []
-    for k, docs in enumerate((30, 9, 7)):
-        with CacheWriter(str(root / f"c{k}")) as writer:
-            writer.write([rng.integers(2, 999, rng.integers(3, 70)).astype(np.int32) for _ in range(docs)])
-        caches.append(TokenCache.open(str(root / f"c{k}")))
+    caches = [
+        TokenCache.open(write_docs(root / f"c{k}", random_docs(rng, docs, (2, 999), (3, 70))))
+        for k, docs in enumerate((30, 9, 7))
+    ]
     return {
         "a": CausalLMDataset(caches[0], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("full"), eos_id=1),

@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import random_docs, write_docs
 from meshes import mesh_of
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.arguments import as_key
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import derive_keys
 from meshbatch.kernels import Counts, select_least_consumed
@@ -31,18 +32,15 @@ def caches(tmp_path_factory):
     """64 small caches of different lengths (so the stacked lengths differ); tokens say the cache."""
     root = tmp_path_factory.mktemp("stacks")
     rng = np.random.default_rng(7)
-    out = []
-    for k in range(SOURCES):
-        path = str(root / f"c{k}")
-        with CacheWriter(path) as writer:
-            writer.write(
-                [
-                    np.append(100 * (k + 1) + rng.integers(2, 99, rng.integers(3, 40)), 1).astype(np.int32)
-                    for _ in range(rng.integers(3, 12))
-                ]
+    return [
+        TokenCache.open(
+            write_docs(
+                root / f"c{k}",
+                random_docs(rng, rng.integers(3, 12), (2, 99), (3, 40), offset=100 * (k + 1), eos=1),
             )
-        out.append(TokenCache.open(path))
-    return out
+        )
+        for k in range(SOURCES)
+    ]
 
 
 SPECS = {

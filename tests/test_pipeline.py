@@ -30,6 +30,16 @@ def flat_tokens(path: str) -> np.ndarray:
     return np.concatenate(cache.read_rows(np.arange(cache.num_rows)))
 
 
+def windows_pipeline(cache_path: str, devices: int, key: int, **kwargs) -> Pipeline:
+    """The session cache's ``SEQ``-token windows (default shuffle) over a ``data`` mesh of ``devices``."""
+    return Pipeline(
+        CausalLMDataset(TokenCache.open(cache_path), SEQ),
+        mesh=mesh_of(devices),
+        key=jax.random.key(key),
+        **kwargs,
+    )
+
+
 def expected_tokens(path, spec: ShuffleSpec, key, batch_size: int, step: int) -> np.ndarray:
     """The reference for a constant batch size: see ``expected_stream``."""
     return expected_stream(path, spec, key, step * batch_size, batch_size)
@@ -120,12 +130,7 @@ def test_replicated_rows_are_fetched_once(cache_path):
 
 
 def test_iterate_from_equals_iterating_from_zero(cache_path):
-    pipeline = Pipeline(
-        CausalLMDataset(TokenCache.open(cache_path), SEQ),
-        mesh=mesh_of((4,), ("data",)),
-        batch_size=8,
-        key=jax.random.key(1),
-    )
+    pipeline = windows_pipeline(cache_path, 4, key=1, batch_size=8)
     stream = pipeline.iterate_from(0)
     from_zero = [np.asarray(next(stream).tokens) for _ in range(6)]
     stream.close()
@@ -214,13 +219,7 @@ def test_no_recompilation_after_the_first_step(cache_path):
 
 
 def test_prefetch_reports_consumer_wait(cache_path):
-    pipeline = Pipeline(
-        CausalLMDataset(TokenCache.open(cache_path), SEQ),
-        mesh=mesh_of((2,), ("data",)),
-        batch_size=8,
-        key=jax.random.key(0),
-        prefetch=3,
-    )
+    pipeline = windows_pipeline(cache_path, 2, key=0, batch_size=8, prefetch=3)
     stream = pipeline.iterate_from(0)
     for _ in range(5):
         next(stream)
@@ -274,12 +273,7 @@ def test_pipeline_reset_stats_starts_a_window(cache_path):
 )
 def test_bad_pipeline_arguments(cache_path, kwargs, error, match):
     with pytest.raises(error, match=match):
-        Pipeline(
-            CausalLMDataset(TokenCache.open(cache_path), SEQ),
-            mesh=mesh_of((4,), ("data",)),
-            key=jax.random.key(0),
-            **kwargs,
-        )
+        windows_pipeline(cache_path, 4, key=0, **kwargs)
 
 
 def test_bad_dataset_arguments(cache_path):

@@ -3,13 +3,13 @@ batches from every mode, through the dataset protocol (plan -> spans -> coalesce
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import topic_texts, write_jsonl
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import run_reads
@@ -27,14 +27,8 @@ PACK = BlockDataset.pack_key(KEY)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from pydoc_data.topics import topics
-
     root = tmp_path_factory.mktemp("dataset")
-    text = root / "docs.jsonl"
-    with open(text, "w") as f:
-        for name in sorted(topics)[:30]:
-            for para in topics[name].split("\n\n")[:12]:
-                f.write(json.dumps({"text": para}) + "\n")
+    text = write_jsonl(root / "docs.jsonl", topic_texts(30, paragraphs=12))
     paths = {}
     for level in ("document", "segment"):
         paths[level] = str(root / f"store-{level}")

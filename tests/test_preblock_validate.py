@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from corpora import topic_texts, write_jsonl
 from preblock_reference import validate
 
 from meshbatch.cli import main
@@ -101,13 +102,8 @@ def test_kernel_equals_python_reference(seed):
 
 @pytest.fixture(scope="module")
 def shuffled_stores(tmp_path_factory):
-    from pydoc_data.topics import topics
-
     root = tmp_path_factory.mktemp("validate")
-    text = root / "topics.jsonl"
-    with open(text, "w") as f:
-        for name in sorted(topics)[:40]:
-            f.write(json.dumps({"text": topics[name][:3000]}) + "\n")
+    text = write_jsonl(root / "topics.jsonl", topic_texts(40, chars=3000))
     stores = {}
     for level in ("document", "segment"):
         stores[level] = str(root / level)

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from corpora import random_docs, write_docs
 from meshes import mesh_of
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
@@ -31,16 +32,8 @@ BLOCK_FILL = {IDS["doc_id"], IDS["eod_id"], IDS["pad_id"]}
 
 @pytest.fixture(scope="module")
 def second_cache(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("provenance") / "cache_b")
-    rng = np.random.default_rng(1)
-    with CacheWriter(path) as writer:
-        writer.write(
-            [
-                np.append(rng.integers(20_000, 30_000, rng.integers(3, 90)), EOS).astype(np.int32)
-                for _ in range(60)
-            ]
-        )
-    return path
+    docs = random_docs(np.random.default_rng(1), 60, (20_000, 30_000), (3, 90), eos=EOS)
+    return write_docs(tmp_path_factory.mktemp("provenance") / "cache_b", docs)
 
 
 @pytest.fixture(scope="module")
