@@ -1,4 +1,5 @@
-"""The documents, text files and caches the tests write, drawn the same way in every test.
+"""The documents, text files and caches the tests write, drawn the same way in every test, and
+the splice frames several of them read from a cache.
 
 Each helper draws from the ``rng`` it is given in the order the inline code it replaces did (a
 document's length, then its tokens), so a fixture that calls it writes the same data as before and
@@ -100,3 +101,20 @@ def text_root(
     write_jsonl(root / "train.jsonl", word_texts(rng, rng.integers(*lengths), words, numbered=numbered))
     ByteTokenizer().save_pretrained(str(root / "tok"))
     return root
+
+
+def sliding_frames(cache, seq_len: int, content_length: int, eos: int, **kwargs):
+    """A ``SpliceLMDataset`` of every document of ``cache``: ``content_length`` tokens copied from
+    each offset in turn (``slide_within``) into ``seq_len``-token frames padded with 0."""
+    from meshbatch.datasets import SpliceLMDataset
+
+    return SpliceLMDataset.from_cache(
+        cache,
+        np.arange(cache.num_rows),
+        seq_len=seq_len,
+        content_length=content_length,
+        content_start_mode="slide_within",
+        pad_token_id=0,
+        eos_token_id=eos,
+        **kwargs,
+    )

@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
-from corpora import random_docs, write_docs
+from corpora import random_docs, sliding_frames, write_docs
 from meshes import mesh_of
 from mixture_reference import least_consumed, stable_rows
 from mp_harness import assemble, run_jobs
 
 import meshbatch
-from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
 from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
@@ -51,16 +51,7 @@ def children(paths, *, splice: bool = False, pool: bool = False) -> dict:
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=EOS),
     }
     if splice:
-        out["c"] = SpliceLMDataset.from_cache(
-            caches[2],
-            np.arange(caches[2].num_rows),
-            pool=pool,
-            seq_len=SEQ,
-            content_length=6,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=EOS,
-        )
+        out["c"] = sliding_frames(caches[2], SEQ, 6, EOS, pool=pool)
     else:
         out["c"] = CausalLMDataset(caches[2], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS)
     return out

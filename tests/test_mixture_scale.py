@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpora import random_docs, write_docs
+from corpora import random_docs, sliding_frames, write_docs
 from mixture_reference import block_permutation, counts_per_block, least_consumed, levanter_rows, stable_rows
 
 import meshbatch
-from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
@@ -165,15 +165,7 @@ def children(tmp_path_factory):
     return {
         "a": CausalLMDataset(caches[0], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("full"), eos_id=1),
-        "c": SpliceLMDataset.from_cache(
-            caches[2],
-            np.arange(caches[2].num_rows),
-            seq_len=SEQ,
-            content_length=9,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=1,
-        ),
+        "c": sliding_frames(caches[2], SEQ, 9, eos=1),
     }
 
 

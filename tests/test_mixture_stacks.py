@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpora import random_docs, write_docs
+from corpora import random_docs, sliding_frames, write_docs
 from meshes import mesh_of
 
-from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
 from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
@@ -170,15 +170,7 @@ def test_a_mixture_with_unlike_children_stacks_the_alike_ones(caches):
         "a": CausalLMDataset(caches[0], SEQ, shuffle=spec, eos_id=1),
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
         "c": CausalLMDataset(caches[2], SEQ, shuffle=spec, eos_id=1),
-        "d": SpliceLMDataset.from_cache(
-            caches[3],
-            np.arange(caches[3].num_rows),
-            seq_len=SEQ,
-            content_length=5,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=1,
-        ),
+        "d": sliding_frames(caches[3], SEQ, 5, eos=1),
         "e": CausalLMDataset(caches[4], SEQ, shuffle=spec, eos_id=1),
     }
     mixture = Mixture(kids, {name: 1.0 for name in kids}, block_size=10)
