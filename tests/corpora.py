@@ -118,3 +118,14 @@ def sliding_frames(cache, seq_len: int, content_length: int, eos: int, **kwargs)
         eos_token_id=eos,
         **kwargs,
     )
+
+
+def preblocked_per_level(root: pathlib.Path, text: str, **kwargs) -> dict[str, str]:
+    """``preblock`` of ``text`` at each shuffle level, ``document`` and ``segment``: level -> the
+    store at ``root / f"store-{level}"``."""
+    from meshbatch.datasets.preblocked import preblock
+
+    stores = {level: str(root / f"store-{level}") for level in ("document", "segment")}
+    for level, path in stores.items():
+        preblock(path, [text], shuffle_level=level, progress=False, **kwargs)
+    return stores

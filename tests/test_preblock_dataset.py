@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpora import topic_texts, write_jsonl
+from corpora import preblocked_per_level, topic_texts, write_jsonl
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import run_reads
@@ -29,10 +29,7 @@ PACK = BlockDataset.pack_key(KEY)
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("dataset")
     text = write_jsonl(root / "docs.jsonl", topic_texts(30, paragraphs=12))
-    paths = {}
-    for level in ("document", "segment"):
-        paths[level] = str(root / f"store-{level}")
-        preblock(paths[level], [str(text)], block_size=BLOCK, shuffle_level=level, key=PACK, progress=False)
+    paths = preblocked_per_level(root, text, block_size=BLOCK, key=PACK)
     paths["cache"] = os.path.join(paths["document"], "tokens")
     paths["npy"] = str(root / "npy")
     preblock(paths["npy"], [paths["cache"]], block_size=BLOCK, key=PACK, output_format="npy", progress=False)

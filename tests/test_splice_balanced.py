@@ -7,7 +7,7 @@ import logging
 import jax
 import numpy as np
 import pytest
-from test_splice_reference import ref_balanced_rows, ref_balanced_weights, ref_quotas
+from splice_reference import ref_balanced_rows, ref_balanced_weights, ref_quotas
 
 import meshbatch
 
