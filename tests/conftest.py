@@ -82,16 +82,10 @@ def warmups_end_with_their_test():
 @pytest.fixture(scope="session")
 def cache_path(tmp_path_factory):
     """A meshbatch cache of 400 documents of random lengths, each ending in EOS=1; tokens 2..9999."""
-    from meshbatch.cache import CacheWriter
+    from corpora import random_docs, write_docs
 
-    path = str(tmp_path_factory.mktemp("pipeline") / "cache")
-    rng = np.random.default_rng(0)
-    docs = [
-        np.append(rng.integers(2, 10_000, rng.integers(5, 300)), EOS).astype(np.int32) for _ in range(400)
-    ]
-    with CacheWriter(path) as writer:
-        writer.write(docs)
-    return path
+    docs = random_docs(np.random.default_rng(0), 400, (2, 10_000), (5, 300), eos=EOS)
+    return write_docs(tmp_path_factory.mktemp("pipeline") / "cache", docs)
 
 
 @pytest.fixture(scope="session")

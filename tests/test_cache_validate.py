@@ -1,6 +1,5 @@
 """Each validation failure produces its clear error on open, and ``meshbatch validate-cache`` reports it."""
 
-import json
 import os
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import tensorstore as ts
+from corpora import edit_ledger
 
 from meshbatch.cache import CacheIntegrityError, CacheWriter, ShardedCacheWriter, TokenCache, validate_cache
 from meshbatch.cli import main
@@ -21,17 +21,15 @@ def _write(path, docs=DOCS, dtype="int32") -> str:
     return str(path)
 
 
-def _edit_ledger(path, **changes) -> None:
-    with open(os.path.join(path, "shard_ledger.json")) as f:
-        ledger = json.load(f)
-    ledger.update(changes)
-    with open(os.path.join(path, "shard_ledger.json"), "w") as f:
-        json.dump(ledger, f)
-
-
 def _array(path, *parts) -> ts.TensorStore:
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": os.path.join(path, *parts)}}
     return ts.open(spec, open=True).result()
+
+
+def assert_open_refused(path: str, error: type[Exception], match: str) -> None:
+    """Opening the cache at ``path`` raises ``error`` with a message matching ``match``."""
+    with pytest.raises(error, match=match):
+        TokenCache.open(path)
 
 
 def test_good_cache_passes(tmp_path):
@@ -75,45 +73,42 @@ def test_missing_field(tmp_path):
 def test_offsets_not_monotone(tmp_path):
     path = _write(tmp_path)
     _array(path, "input_ids", "offsets")[4].write(6).result()  # row 3 now ends at 6 but starts at 8
-    with pytest.raises(ValueError, match=r"input_ids/offsets not monotone: row 3 spans \[8, 6\)"):
-        TokenCache.open(path)
+    assert_open_refused(path, ValueError, r"input_ids/offsets not monotone: row 3 spans \[8, 6\)")
 
 
 def test_offsets_beyond_ledger_token_count(tmp_path):
     path = _write(tmp_path)
     _array(path, "input_ids", "offsets")[6].write(25).result()
-    with pytest.raises(
-        ValueError, match="input_ids/offsets reach token 25, but the ledger records 21 tokens"
-    ):
-        TokenCache.open(path)
+    assert_open_refused(
+        path, ValueError, "input_ids/offsets reach token 25, but the ledger records 21 tokens"
+    )
 
 
 def test_offsets_beyond_stored_data(tmp_path):
     path = _write(tmp_path)
-    _edit_ledger(path, field_counts={})  # as the installed Levanter writes it: no token count to compare
+    edit_ledger(path, field_counts={})  # as the installed Levanter writes it: no token count to compare
     _array(path, "input_ids", "offsets")[6].write(2**27 + 5).result()
-    with pytest.raises(
+    assert_open_refused(
+        path,
         CacheIntegrityError,
-        match=r"reach token 134217733, but the data chunk holding token 134217732 cannot be read: NOT_FOUND",
-    ):
-        TokenCache.open(path)
+        r"reach token 134217733, but the data chunk holding token 134217732 cannot be read: NOT_FOUND",
+    )
 
 
 def test_offsets_into_deleted_data_chunks(tmp_path):
     path = _write(tmp_path)
     os.unlink(os.path.join(path, "input_ids", "data", "c", "0"))
-    with pytest.raises(
+    assert_open_refused(
+        path,
         CacheIntegrityError,
-        match=r"reach token 21, but the data chunk holding token 20 cannot be read: NOT_FOUND",
-    ):
-        TokenCache.open(path)
+        r"reach token 21, but the data chunk holding token 20 cannot be read: NOT_FOUND",
+    )
 
 
 def test_row_count_disagrees_with_offsets(tmp_path):
     path = _write(tmp_path)
-    _edit_ledger(path, total_num_rows=7)
-    with pytest.raises(ValueError, match="offsets\\[0\\] = 6 rows on disk, but the ledger commits 7 rows"):
-        TokenCache.open(path)
+    edit_ledger(path, total_num_rows=7)
+    assert_open_refused(path, ValueError, "offsets\\[0\\] = 6 rows on disk, but the ledger commits 7 rows")
 
 
 def test_dtype_mismatch_with_expected(tmp_path):
@@ -128,7 +123,7 @@ def test_dtype_mismatch_between_shards(tmp_path):
     writer.write_shard("a", iter(DOCS))
     writer.finish()
     _write(tmp_path / "b", dtype="uint16")
-    _edit_ledger(
+    edit_ledger(
         str(tmp_path),
         finished_shards=["a", "b"],
         shard_rows={"a": 6, "b": 6},
@@ -146,14 +141,12 @@ def test_offsets_must_be_int64_and_data_integer(tmp_path):
     ts.open(
         {"driver": "zarr3", "kvstore": kv}, create=True, delete_existing=True, dtype=ts.float32, shape=[30]
     ).result()
-    with pytest.raises(ValueError, match="input_ids/data has dtype float32; token data must be integers"):
-        TokenCache.open(path)
+    assert_open_refused(path, ValueError, "input_ids/data has dtype float32; token data must be integers")
     kv["path"] = os.path.join(path, "input_ids", "offsets")
     ts.open(
         {"driver": "zarr3", "kvstore": kv}, create=True, delete_existing=True, dtype=ts.int32, shape=[8]
     ).result()
-    with pytest.raises(ValueError, match="input_ids/offsets has dtype int32; Levanter caches use int64"):
-        TokenCache.open(path)
+    assert_open_refused(path, ValueError, "input_ids/offsets has dtype int32; Levanter caches use int64")
 
 
 @pytest.fixture
@@ -196,13 +189,13 @@ def sharded(tmp_path):
     ],
 )
 def test_bad_sharded_ledgers(sharded, changes, message):
-    _edit_ledger(sharded, **changes)
+    edit_ledger(sharded, **changes)
     with pytest.raises(ValueError, match=message):
         TokenCache.open(sharded)
 
 
 def test_shard_offsets_disagree_with_its_ledger_counts(sharded):
-    _edit_ledger(
+    edit_ledger(
         sharded,
         field_counts_by_shard={"p0": {"input_ids": 9}, "p1": {"input_ids": 12}},
         field_counts={"input_ids": 21},

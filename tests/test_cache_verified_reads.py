@@ -4,13 +4,13 @@ Each case writes a small real cache, damages it on disk (through TensorStore, so
 decodes, as bit rot or a careless edit would leave it) and reads it.
 """
 
-import json
 import os
 import shutil
 
 import numpy as np
 import pytest
 import tensorstore as ts
+from corpora import edit_ledger
 
 from meshbatch.cache import (
     BlockCache,
@@ -53,14 +53,6 @@ def _levanter(path, docs=DOCS) -> str:
     with SerialCacheWriter(str(path), {"input_ids": np.zeros((0,), np.int32)}) as writer:
         writer.write_batch([{"input_ids": d} for d in docs])
     return str(path)
-
-
-def _edit_ledger(path, **changes) -> None:
-    with open(os.path.join(path, "shard_ledger.json")) as f:
-        ledger = json.load(f)
-    ledger.update(changes)
-    with open(os.path.join(path, "shard_ledger.json"), "w") as f:
-        json.dump(ledger, f)
 
 
 def test_a_changed_token_that_decodes_is_named_on_its_first_read(tmp_path):
@@ -177,7 +169,7 @@ def test_levanter_cache_last_offset_moved_back_is_named_at_open(tmp_path):
     end = int(offsets[len(DOCS)].read().result())
     cut = end - max(1, DOCS[-1].size // 2)
     offsets[len(DOCS)].write(cut).result()  # still monotone: the last row loses its second half
-    _edit_ledger(path, field_counts={"input_ids": cut})  # and the ledger agrees
+    edit_ledger(path, field_counts={"input_ids": cut})  # and the ledger agrees
     message = rf"the last row ends at token {cut}, but data\[{cut}\] = \d+ past it is not the fill"
     with pytest.raises(CacheIntegrityError, match=message):
         TokenCache.open(path)
@@ -196,7 +188,7 @@ def test_levanter_cache_data_chunk_from_a_larger_cache_is_named_at_open(tmp_path
 
 def test_levanter_cache_offsets_past_the_last_row_are_named_at_open(tmp_path):
     path = _levanter(tmp_path / "lev")
-    _edit_ledger(
+    edit_ledger(
         path, total_num_rows=len(DOCS) - 1, field_counts={"input_ids": int(FLAT.size - DOCS[-1].size)}
     )
     _array(path, "offsets")[0].write(len(DOCS) - 1).result()  # a row dropped from the count only

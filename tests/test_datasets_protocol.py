@@ -18,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from corpora import random_docs, write_docs
+from meshes import mesh_of
 from mp_harness import assemble, run_jobs
 
 import meshbatch
 from meshbatch import Batch, Pipeline
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 from meshbatch.datasets import Content, Dataset, DeviceDataset, Plan, Rows, Spans
 from meshbatch.kernels import causal_lm_batch, gather_windows
 
@@ -147,10 +149,7 @@ class KeyedStage(eqx.Module):
 
 
 def write_cache(path, seed: int, docs: int = 40) -> str:
-    rng = np.random.default_rng(seed)
-    with CacheWriter(str(path)) as writer:
-        writer.write([rng.integers(2, 30_000, rng.integers(5, 60)).astype(np.int32) for _ in range(docs)])
-    return str(path)
+    return write_docs(path, random_docs(np.random.default_rng(seed), docs, (2, 30_000), (5, 60)))
 
 
 @pytest.fixture(scope="module")
@@ -212,10 +211,6 @@ def counting_reference(path, steps: int) -> list[np.ndarray]:
         state = (state + int(example.sum())) % 2**32
         out.append(windows[example])
     return out
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 @pytest.mark.parametrize("devices", [1, 8])

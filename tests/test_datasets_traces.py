@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
@@ -14,10 +15,6 @@ from meshbatch.datasets.causal import CausalDevice, WindowBuild
 from meshbatch.datasets.splice.splice_dataset import SplicePlan
 from meshbatch.pipeline.fetch import fetch
 from meshbatch.pipeline.row_layout import RowLayout
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def plan_of(device, position, epoch=None):

@@ -225,12 +225,16 @@ def test_errors_are_the_caches_own(corpus, case):
         assert corpus["s0"][0] in str(want) and "span 1 " in str(want)
 
 
-def test_a_replaced_cache_is_named(corpus, tmp_path):
-    paths = []
-    for name in ("c0", "c1", "s0"):
-        path = str(tmp_path / name)
+def copies(corpus, tmp_path, names) -> list[str]:
+    """Copies of the corpus's caches ``names`` under ``tmp_path`` (a test may damage or replace them)."""
+    paths = [str(tmp_path / name) for name in names]
+    for name, path in zip(names, paths, strict=True):
         shutil.copytree(corpus[name][0], path)
-        paths.append(path)
+    return paths
+
+
+def test_a_replaced_cache_is_named(corpus, tmp_path):
+    paths = copies(corpus, tmp_path, ("c0", "c1", "s0"))
     caches = [TokenCache.open(path) for path in paths]
     with CacheWriter(paths[1], if_exists="overwrite") as writer:  # a new cache at c1's path
         writer.write([np.arange(500, dtype=np.int32)])
@@ -242,11 +246,7 @@ def test_a_replaced_cache_is_named(corpus, tmp_path):
 
 
 def test_a_damaged_chunk_is_named_as_before(corpus, tmp_path):
-    paths = []
-    for name in ("c0", "c2", "s1"):
-        path = str(tmp_path / name)
-        shutil.copytree(corpus[name][0], path)
-        paths.append(path)
+    paths = copies(corpus, tmp_path, ("c0", "c2", "s1"))
     shard = f"{paths[2]}/p2/input_ids/data"
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": shard}}
     ts.open(spec, open=True).result()[3].write(7).result()  # decodes, fails its checksum

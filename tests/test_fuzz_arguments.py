@@ -16,12 +16,12 @@ a user sees, which a checker's ``TypeCheckError`` would otherwise pre-empt at th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from argument_fuzz import ALLOWED, BAD, Call, grid
 from shape_checks import unchecked
 
 import meshbatch
@@ -29,22 +29,6 @@ from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec, Spl
 from meshbatch.cache import BlockCache, CacheWriter, TokenCache
 from meshbatch.datasets.preblocked.block_validation import validate_array
 from meshbatch.datasets.preblocked.masking import MLMMasking
-
-BAD = [
-    None, -1, 0, -(2**40), 2**70, 2.5, float("nan"), float("inf"), True, "abc", "", b"x", [1, 2],
-    {}, (), np.float32(1.5), np.array([1, 2]), np.array([0.5]), np.int64(-7), object(),
-]  # fmt: skip
-ALLOWED = (TypeError, ValueError, IndexError, FileNotFoundError)  # the last: a path or field not there
-
-
-class Call:
-    """A valid call: ``fn(**kwargs)``; ``aliases`` maps a parameter to other names its errors use."""
-
-    def __init__(self, fn: Callable, aliases: dict[str, tuple[str, ...]] | None = None, **kwargs):
-        self.fn, self.kwargs, self.aliases = fn, kwargs, aliases or {}
-
-    def names(self, param: str) -> tuple[str, ...]:
-        return (param, *self.aliases.get(param, ()))
 
 
 @pytest.fixture(scope="module")
@@ -169,17 +153,6 @@ def calls(tmp_path_factory):
         "read_spans": Call(cache.read_spans, starts=[0, 16], lengths=[4, 4]),
         "BlockCache": Call(BlockCache, max_bytes=1 << 20, block_tokens=1024),
     }
-
-
-def grid(calls: dict[str, Call], per_param: int = len(BAD)) -> Iterator[tuple[str, str, object]]:
-    """``(call, parameter, bad value)`` trials in a fixed order: each parameter with ``per_param``
-    values of ``BAD``, the ``i``-th parameter starting at ``BAD[i * per_param]`` (cyclically), so
-    fewer values per parameter still use all of ``BAD`` across parameters; ``len(BAD)``: every
-    combination."""
-    params = [(name, param) for name, call in calls.items() for param in call.kwargs]
-    for i, (name, param) in enumerate(params):
-        for j in range(per_param):
-            yield name, param, BAD[(i * per_param + j) % len(BAD)]
 
 
 def test_bad_arguments_raise_named_errors(calls):

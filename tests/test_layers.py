@@ -1,5 +1,7 @@
 """Layering: ``meshbatch.kernels`` imports nothing but jax, numpy, equinox and jaxtyping, and no
-meshbatch host module; ``src`` imports kernels only through ``meshbatch.kernels``'s exports.
+meshbatch host module; ``src`` imports kernels only through ``meshbatch.kernels``'s exports; no
+dataset family imports another's modules; no two modules import each other in a circle; and a
+folder's module names are unique (file names may repeat across folders: the folder says which).
 
 One fresh interpreter (``probe``) runs ``STEPS`` in order and reports ``sys.modules`` after each:
 the first step sees a fresh interpreter; a later step's snapshot holds what every step so far
@@ -7,12 +9,14 @@ loaded (``import meshbatch`` loads ``meshbatch.kernels`` itself, so its snapshot
 and what a step newly loaded is its snapshot minus the one before.
 """
 
+import ast
 import json
 import pathlib
 import pkgutil
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -120,63 +124,85 @@ def test_host_code_imports_kernels_only_through_their_exports():
     assert not offenders, f"import from meshbatch.kernels directly: {offenders}"
 
 
-# -- the tree: one folder per family, unique module names, no import cycle -----------------------
+# -- the tree: families that stand alone, no import cycle, names unique within a folder ----------
 
 ROOT = pathlib.Path(__file__).parents[1]
-# a word in a module's file name -> the folders its family lives in (``levanter/`` holds the
-# adapter's config types of every family: the only package that may import levanter)
+# the folders of one dataset family each (host half and kernels): a family imports the shared layers
+# (kernels, shuffles, cache, datasets' protocol) and none of another family's modules; the
+# mixtures combine other families' datasets through the protocol, not their modules
 FAMILIES = {
     "splice": ("src/meshbatch/datasets/splice", "kernels/splice"),
-    "mixture": ("src/meshbatch/datasets/mixtures", "kernels/mixtures"),
-    "interleave": ("src/meshbatch/datasets/mixtures", "kernels/mixtures"),
-    "balanced": ("src/meshbatch/datasets/mixtures", "kernels/splice"),
-    "preblock": ("src/meshbatch/datasets/preblocked", "kernels/preblocked"),
-    "pack": (
-        "src/meshbatch/datasets/preblocked",
-        "kernels/preblocked",
-        "src/meshbatch/datasets/packed",
-        "kernels/packed",
-    ),
+    "mixtures": ("src/meshbatch/datasets/mixtures", "kernels/mixtures"),
+    "packed": ("src/meshbatch/datasets/packed", "kernels/packed"),
+    "preblocked": ("src/meshbatch/datasets/preblocked", "kernels/preblocked"),
 }
-ADAPTERS = ("src/meshbatch/levanter",)
 
 
 def _modules(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return sorted(p for d in ("src/meshbatch", "kernels") for p in (root / d).rglob("*.py"))
 
 
-def _misplaced(root: pathlib.Path) -> list[str]:
-    out = []
-    for path in _modules(root):
-        where = path.parent.relative_to(root).as_posix()
-        for word, homes in FAMILIES.items():
-            if word in path.stem and not any(where.startswith(h) for h in homes + ADAPTERS):
-                out.append(f"{path.relative_to(root)} (a {word} module outside {homes})")
-    return out
+def _family(path: pathlib.Path, root: pathlib.Path = ROOT) -> str | None:
+    where = path.parent.relative_to(root).as_posix()
+    return next((f for f, homes in FAMILIES.items() if any(where.startswith(h) for h in homes)), None)
 
 
-def test_each_dataset_family_lives_in_its_folder():
-    assert not _misplaced(ROOT), _misplaced(ROOT)
+def _cross_family(imports: dict[pathlib.Path, set[pathlib.Path]], root: pathlib.Path = ROOT) -> list[str]:
+    """``importer -> imported`` for each import of one family's file by another family's file."""
+    return sorted(
+        f"{a.relative_to(root)} -> {b.relative_to(root)}"
+        for a, targets in imports.items()
+        for b in targets
+        if _family(a, root) and _family(b, root) and _family(a, root) != _family(b, root)
+    )
+
+
+def test_no_dataset_family_imports_another():
+    assert not _cross_family(_file_imports()), _cross_family(_file_imports())
 
 
 def test_the_family_check_can_fail(tmp_path):
-    (tmp_path / "src/meshbatch/datasets/splice").mkdir(parents=True)
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "src/meshbatch/datasets/splice/splice_spec.py").write_text("")
-    (tmp_path / "src/meshbatch/splice_helpers.py").write_text("")
-    assert _misplaced(tmp_path) == [
-        "src/meshbatch/splice_helpers.py (a splice module outside "
-        "('src/meshbatch/datasets/splice', 'kernels/splice'))"
+    splice = tmp_path / "kernels/splice/pairs.py"
+    packed = tmp_path / "src/meshbatch/datasets/packed/packed_dataset.py"
+    shared = tmp_path / "kernels/batch.py"
+    assert _cross_family({splice: {shared}, packed: {splice, shared}}, tmp_path) == [
+        "src/meshbatch/datasets/packed/packed_dataset.py -> kernels/splice/pairs.py"
     ]
 
 
-def test_module_names_explain_themselves_once():
-    """No two modules share a file name (``schedule``, ``fetch``, ``layout``, ``checks`` once each)."""
+def _name_clashes(paths: list[pathlib.Path], root: pathlib.Path = ROOT) -> dict[str, list[str]]:
+    """Import names that two entries of one folder both claim: ``x.py`` beside a package ``x/``,
+    or names that differ only in case (one file on a case-insensitive disk)."""
     names: dict[str, list[str]] = {}
-    for path in _modules():
-        if path.name not in ("__init__.py", "__main__.py"):
-            names.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
-    assert not {n: ps for n, ps in names.items() if len(ps) > 1}
+    for path in paths:
+        module = path.parent if path.name == "__init__.py" else path.with_suffix("")
+        if path.name != "__main__.py" and module != root:
+            key = f"{module.parent.relative_to(root).as_posix()}/{module.name.lower()}"
+            names.setdefault(key, []).append(str(path.relative_to(root)))
+    return {n: sorted(ps) for n, ps in names.items() if len(ps) > 1}
+
+
+def test_module_names_are_unique_within_their_folder():
+    """One import name, one file: a folder's modules and packages do not share a name (a
+    ``fetch.py`` in two folders is fine; the folder says which one it is)."""
+    assert not _name_clashes(_modules()), _name_clashes(_modules())
+
+
+def test_the_name_check_can_fail(tmp_path):
+    for name in (
+        "cache/reader.py",
+        "cache/Reader.py",
+        "cache/lazy.py",
+        "cache/lazy/__init__.py",
+        "x/reader.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    clashes = _name_clashes(sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert clashes == {
+        "cache/lazy": ["cache/lazy.py", "cache/lazy/__init__.py"],
+        "cache/reader": ["cache/Reader.py", "cache/reader.py"],
+    }
 
 
 def _dotted(path: pathlib.Path) -> str:
@@ -186,25 +212,50 @@ def _dotted(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the meshbatch modules (not packages) it imports anywhere, lazily too."""
-    import ast
+def _imports(name: str, path: pathlib.Path) -> Iterator[tuple[str, bool]]:
+    """What a module imports anywhere, lazily too: ``(dotted name, from-import)`` for the module of
+    each ``import x`` / ``from x import`` and each ``x.name`` a ``from x import name`` may mean."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            yield base, True
+            yield from ((f"{base}.{a.name}", True) for a in node.names)
+        elif isinstance(node, ast.Import):
+            yield from ((a.name, False) for a in node.names)
 
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the meshbatch modules (not packages) it imports with ``from ... import``."""
     files = {_dotted(p): p for p in _modules()}
-    graph: dict[str, set[str]] = {}
+    return {
+        name: {
+            t
+            for t, from_import in _imports(name, path)
+            if from_import and t in files and files[t].name != "__init__.py"
+        }
+        - {name}
+        for name, path in files.items()
+    }
+
+
+def _file_imports() -> dict[pathlib.Path, set[pathlib.Path]]:
+    """File -> the meshbatch files it imports: a module's, or a package's ``__init__.py`` where the
+    import names the package (``from meshbatch.datasets.packed import PackedDataset``)."""
+    files = {_dotted(p): p for p in _modules()}
+    out: dict[pathlib.Path, set[pathlib.Path]] = {}
     for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
-                edges |= {t for t in targets if t in files and files[t].name != "__init__.py"}
-        graph[name] = edges - {name}
-    return graph
+        targets = set()
+        for target, _ in _imports(name, path):
+            while target and target not in files:
+                target = target.rpartition(".")[0]
+            if target:
+                targets.add(files[target])
+        out[path] = targets - {path}
+    return out
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

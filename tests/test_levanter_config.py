@@ -3,7 +3,6 @@ the dataset, Levanter's own YAML still parses, bad configs fail naming the field
 tokenizer directory gives Levanter and meshbatch the same tokens."""
 
 import dataclasses
-import json
 import textwrap
 import time
 
@@ -12,6 +11,7 @@ import haliax as hax
 import jax
 import numpy as np
 import pytest
+from corpora import text_root, word_texts, write_jsonl
 from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
@@ -32,18 +32,12 @@ from meshbatch.levanter.mixture_config import LevanterKeyedMixture
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SEQ = 64
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("configs")
-    rng = np.random.default_rng(0)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-    with open(root / "train.jsonl", "w") as f:
-        for n in rng.integers(5, 120, 40):
-            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
-    ByteTokenizer().save_pretrained(str(root / "tok"))
-    return root
+    return text_root(tmp_path_factory.mktemp("configs"), 0, (5, 120, 40), WORDS)
 
 
 def parse(root, data: str) -> TrainLmConfig:
@@ -332,10 +326,8 @@ def test_quick_start_yaml_serves_batches_while_the_cache_is_built(tmp_path):
     is written; the fast path's batches (committed windows only, waiting for more) equal those of
     the finished cache with the same key (the era shuffle allows it)."""
     rng = np.random.default_rng(1)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-    with open(tmp_path / "big.jsonl", "w") as f:  # ~3 MB of bytes: 3 commits of 1 Mi tokens
-        for n in rng.integers(200, 1200, 700):
-            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
+    # ~3 MB of bytes: 3 commits of 1 Mi tokens
+    write_jsonl(tmp_path / "big.jsonl", word_texts(rng, rng.integers(200, 1200, 700), WORDS))
     ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
     cache_dir = tmp_path / "cache"
     data = (

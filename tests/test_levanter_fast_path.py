@@ -8,6 +8,7 @@ import haliax as hax
 import jax
 import numpy as np
 import pytest
+from corpora import random_docs, write_docs
 from levanter.data.loader import DataLoader
 from mp_harness import assemble, run_processes
 from test_quick_start import SEQ as QUICK_SEQ
@@ -15,7 +16,7 @@ from test_quick_start import STEPS as QUICK_STEPS
 from test_quick_start import SlowWriter
 
 from meshbatch import ShuffleSpec
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 from meshbatch.datasets import CausalLMDataset, SpliceLMDataset
 from meshbatch.levanter import MeshbatchDataset, PipelineLoader
 
@@ -26,13 +27,8 @@ QUICK_SPEC = ShuffleSpec("era", era_length=32)
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("fast") / "cache")
-    rng = np.random.default_rng(0)
-    with CacheWriter(path) as writer:
-        writer.write(
-            [np.append(rng.integers(2, 500, rng.integers(20, 200)), 1).astype(np.int32) for _ in range(60)]
-        )
-    return path
+    docs = random_docs(np.random.default_rng(0), 60, (2, 500), (20, 200), eos=1)
+    return write_docs(tmp_path_factory.mktemp("fast") / "cache", docs)
 
 
 def make_dataset(path: str, kind: str):

@@ -12,8 +12,8 @@ import draccus
 import haliax as hax
 import numpy as np
 import pytest
+from corpora import text_root
 
-from meshbatch.cache import ByteTokenizer
 from meshbatch.datasets.splice.selection import select_documents
 from meshbatch.levanter.train_lm import TrainLmConfig
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
@@ -21,12 +21,9 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("field_checks")
-    rng = np.random.default_rng(0)
-    with open(root / "train.jsonl", "w") as f:
-        for i, n in enumerate(rng.integers(5, 60, 30)):
-            f.write(json.dumps({"text": f"doc{i:02d} " + " ".join(rng.choice(["ab", "cd", "ef"], n))}) + "\n")
-    ByteTokenizer().save_pretrained(str(root / "tok"))
+    root = text_root(
+        tmp_path_factory.mktemp("field_checks"), 0, (5, 60, 30), ["ab", "cd", "ef"], numbered=True
+    )
     shutil.copytree(root / "tok", root / "tok_noeos")  # the same without the post-processor's EOS
     spec = json.loads((root / "tok" / "tokenizer.json").read_text())
     (root / "tok_noeos" / "tokenizer.json").write_text(json.dumps({**spec, "post_processor": None}))

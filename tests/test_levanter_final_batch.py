@@ -14,6 +14,7 @@ from levanter.data.dataset import EpochDataset
 from levanter.data.loader import DataLoader
 from levanter.data.text import CausalLmDataset, TokenSeqDataset
 from levanter.store.cache import SerialCacheWriter, TreeCache
+from meshes import mesh_of
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import TokenCache
@@ -34,10 +35,6 @@ def levanter_cache(tmp_path_factory):
     with SerialCacheWriter(path, EXEMPLAR) as writer:
         writer.write_batch([{"input_ids": doc} for doc in docs])
     return path
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def meshbatch_dataset(path: str, epochs: int, fast_path: bool = True) -> MeshbatchDataset:

@@ -9,11 +9,11 @@ prompt masking, packed and one example a row, with either slicing of long exampl
 """
 
 import haliax as hax
-import jax
 import numpy as np
 import pytest
 from levanter.data.text import MultiturnChatDataset, SupervisedDataset
 from levanter.store.cache import TreeCache
+from meshes import mesh_of
 from mp_harness import assemble, run_jobs
 from packed_corpus import chat_examples, supervised_examples, write_chat_cache, write_supervised_cache
 
@@ -90,10 +90,6 @@ def compat_dataset(path, pack, mask_prompt, slice_strategy, max_segments=64):
 def compat_pipeline(mesh, *, path, pack=True, mask_prompt=True, slice_strategy=None, max_segments=64):
     dataset = compat_dataset(path, pack, mask_prompt, slice_strategy, max_segments)
     return Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=0), dict
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def pipeline_rows(pipeline, rows: int) -> dict[str, np.ndarray]:

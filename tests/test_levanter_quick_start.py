@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 from levanter.store.cache import CacheOptions, TreeCache
+from threads import error_within
 
 from meshbatch.cache import ByteTokenizer, CacheWaitTimeout, TokenCache
 from meshbatch.cache.format.ledger import Ledger, LedgerFile, try_read_ledger, write_ledger
@@ -106,25 +107,17 @@ def test_a_build_failing_after_its_first_commit_stops_the_consumer(root):
     Pos = hax.Axis("position", 16)
     dataset = MeshbatchDataset(quick.dataset(Pos.size), Pos=Pos, key=jax.random.key(0), epochs=None)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    raised: list[BaseException] = []
 
     def consume():
-        try:
-            loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=8)
-            for _ in loader.iter_from_step(0):
-                pass
-        except BaseException as error:
-            raised.append(error)
+        loader = PipelineLoader(dataset, mesh=mesh, axis_mapping={"batch": "data"}, batch_size=8)
+        for _ in loader.iter_from_step(0):
+            pass
 
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    consumer.join(timeout=60)
-    assert not consumer.is_alive(), "the consumer still waits for rows the failed build never writes"
-    assert raised, "the consumer ended without the build's error"
-    error = raised[0]
+    raised = error_within(consume, 60, "the consumer still waits for rows the failed build never writes")
+    error = raised
     while not isinstance(error, QuickStartBuildError) and error.__cause__ is not None:
         error = error.__cause__
-    assert isinstance(error, QuickStartBuildError), repr(raised[0])
+    assert isinstance(error, QuickStartBuildError), repr(raised)
     assert try_read_ledger(os.path.join(quick.cache_dir, "train")).total_num_rows >= 128  # it committed
     assert "failing/train failed" in str(error) and "JSONDecodeError" in str(error), str(error)
     assert f"from shard '{root / 'bad.jsonl'}' after 300 documents" in str(error), str(error)

@@ -3,15 +3,14 @@ by_temperature), ``doc_key`` is a field, and the seed's own YAML examples (local
 batches, not only parse: the single-document one with ``restrict_to_training_subset: true`` and no
 ``max_train_batches`` reads the whole cache as the training subset."""
 
-import json
 import textwrap
 
 import draccus
 import haliax as hax
 import numpy as np
 import pytest
+from corpora import text_root
 
-from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SEQ = 64
@@ -19,13 +18,9 @@ SEQ = 64
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("splice_defaults")
-    rng = np.random.default_rng(0)
-    with open(root / "train.jsonl", "w") as f:
-        for i, n in enumerate(rng.integers(20, 120, 30)):
-            f.write(json.dumps({"text": f"doc{i:02d} " + " ".join(rng.choice(["ab", "cd", "ef"], n))}) + "\n")
-    ByteTokenizer().save_pretrained(str(root / "tok"))
-    return root
+    return text_root(
+        tmp_path_factory.mktemp("splice_defaults"), 0, (20, 120, 30), ["ab", "cd", "ef"], numbered=True
+    )
 
 
 def parse(root, data: str):

@@ -6,13 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from corpora import random_docs, sliding_frames, write_docs
+from meshes import mesh_of
 from mixture_reference import least_consumed, stable_rows
 from mp_harness import assemble, run_jobs
 
 import meshbatch
-from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import CountOverflowError, PositionLog, derive_keys
 from meshbatch.kernels import causal_lm_batch
@@ -32,24 +34,12 @@ def caches(tmp_path_factory):
     """Three caches whose token ids say which cache they came from: ``1000 * (k + 1) + ...``."""
     root = tmp_path_factory.mktemp("mixture")
     rng = np.random.default_rng(0)
-    paths = []
-    for k, docs in enumerate((40, 12, 6)):
-        path = str(root / f"cache{k}")
-        with CacheWriter(path) as writer:
-            writer.write(
-                [
-                    np.append(1000 * (k + 1) + rng.integers(2, 999, rng.integers(3, 60)), EOS).astype(
-                        np.int32
-                    )
-                    for _ in range(docs)
-                ]
-            )
-        paths.append(path)
-    return paths
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+    return [
+        write_docs(
+            root / f"cache{k}", random_docs(rng, docs, (2, 999), (3, 60), offset=1000 * (k + 1), eos=EOS)
+        )
+        for k, docs in enumerate((40, 12, 6))
+    ]
 
 
 def children(paths, *, splice: bool = False, pool: bool = False) -> dict:
@@ -61,16 +51,7 @@ def children(paths, *, splice: bool = False, pool: bool = False) -> dict:
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=EOS),
     }
     if splice:
-        out["c"] = SpliceLMDataset.from_cache(
-            caches[2],
-            np.arange(caches[2].num_rows),
-            pool=pool,
-            seq_len=SEQ,
-            content_length=6,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=EOS,
-        )
+        out["c"] = sliding_frames(caches[2], SEQ, 6, EOS, pool=pool)
     else:
         out["c"] = CausalLMDataset(caches[2], SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS)
     return out

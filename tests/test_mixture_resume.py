@@ -4,7 +4,8 @@ following each of the seed's rules."""
 
 import numpy as np
 import pytest
-from test_mixture_pipeline import BATCH, KEY, SEQ, STEPS, balanced_pipeline, caches, children, mesh_of
+from meshes import mesh_of
+from test_mixture_pipeline import BATCH, KEY, SEQ, STEPS, balanced_pipeline, caches, children
 
 from meshbatch import Pipeline, TokenBalancedMixture
 

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import random_docs, sliding_frames, write_docs
 from interleave_reference import select_merge, select_scan
 from mixture_reference import block_permutation, counts_per_block, least_consumed, levanter_rows, stable_rows
 
 import meshbatch
-from meshbatch import CausalLMDataset, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Rows
@@ -158,23 +159,14 @@ def children(tmp_path_factory):
     """Causal windows of two caches and splice frames of a third (real tokens: copy lengths)."""
     root = tmp_path_factory.mktemp("wide")
     rng = np.random.default_rng(1)
-    caches = []
-    for k, docs in enumerate((30, 9, 7)):
-        with CacheWriter(str(root / f"c{k}")) as writer:
-            writer.write([rng.integers(2, 999, rng.integers(3, 70)).astype(np.int32) for _ in range(docs)])
-        caches.append(TokenCache.open(str(root / f"c{k}")))
+    caches = [
+        TokenCache.open(write_docs(root / f"c{k}", random_docs(rng, docs, (2, 999), (3, 70))))
+        for k, docs in enumerate((30, 9, 7))
+    ]
     return {
         "a": CausalLMDataset(caches[0], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("full"), eos_id=1),
-        "c": SpliceLMDataset.from_cache(
-            caches[2],
-            np.arange(caches[2].num_rows),
-            seq_len=SEQ,
-            content_length=9,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=1,
-        ),
+        "c": sliding_frames(caches[2], SEQ, 9, eos=1),
     }
 
 

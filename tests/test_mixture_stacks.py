@@ -11,10 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import random_docs, sliding_frames, write_docs
+from meshes import mesh_of
 
-from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset, TokenBalancedMixture
+from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.arguments import as_key
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import derive_keys
 from meshbatch.kernels import Counts, select_tournament
@@ -30,22 +32,15 @@ def caches(tmp_path_factory):
     """64 small caches of different lengths (so the stacked lengths differ); tokens say the cache."""
     root = tmp_path_factory.mktemp("stacks")
     rng = np.random.default_rng(7)
-    out = []
-    for k in range(SOURCES):
-        path = str(root / f"c{k}")
-        with CacheWriter(path) as writer:
-            writer.write(
-                [
-                    np.append(100 * (k + 1) + rng.integers(2, 99, rng.integers(3, 40)), 1).astype(np.int32)
-                    for _ in range(rng.integers(3, 12))
-                ]
+    return [
+        TokenCache.open(
+            write_docs(
+                root / f"c{k}",
+                random_docs(rng, rng.integers(3, 12), (2, 99), (3, 40), offset=100 * (k + 1), eos=1),
             )
-        out.append(TokenCache.open(path))
-    return out
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+        )
+        for k in range(SOURCES)
+    ]
 
 
 SPECS = {
@@ -175,15 +170,7 @@ def test_a_mixture_with_unlike_children_stacks_the_alike_ones(caches):
         "a": CausalLMDataset(caches[0], SEQ, shuffle=spec, eos_id=1),
         "b": CausalLMDataset(caches[1], SEQ, shuffle=ShuffleSpec("none"), eos_id=1),
         "c": CausalLMDataset(caches[2], SEQ, shuffle=spec, eos_id=1),
-        "d": SpliceLMDataset.from_cache(
-            caches[3],
-            np.arange(caches[3].num_rows),
-            seq_len=SEQ,
-            content_length=5,
-            content_start_mode="slide_within",
-            pad_token_id=0,
-            eos_token_id=1,
-        ),
+        "d": sliding_frames(caches[3], SEQ, 5, eos=1),
         "e": CausalLMDataset(caches[4], SEQ, shuffle=spec, eos_id=1),
     }
     mixture = Mixture(kids, {name: 1.0 for name in kids}, block_size=10)

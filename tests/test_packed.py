@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 from mp_harness import assemble, run_jobs
 from packed_corpus import chat_examples, supervised_examples, write_chat_cache, write_supervised_cache
 from packed_reference import first_fit_packs, greedy_packs, packs_for, reference_batch
@@ -84,10 +85,6 @@ def reference(examples, fmt, policy, step, *, key=3, host=None, shuffle_spec=NO_
     segments = min(64, SEQ) if pack else 1
     return reference_batch(examples, packs, pack_ids, fmt=fmt, seq_len=SEQ, rule=rule, mask_prompt=True,
                            slice_strategy=slice_strategy, segments=segments), len(packs)  # fmt: skip
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 @pytest.mark.parametrize("fmt", ["chat", "supervised"])

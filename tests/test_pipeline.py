@@ -1,5 +1,10 @@
 """The pipeline in one process: exact batches, any mesh, resume, epochs, no recompiles, errors."""
 
+import ast
+import importlib
+import pathlib
+import re
+import sys
 import time
 
 import chex
@@ -9,6 +14,7 @@ import numpy as np
 import pytest
 from compiles import count_compiles
 from jax.sharding import Mesh, PartitionSpec
+from meshes import mesh_of
 
 import meshbatch
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec
@@ -24,9 +30,14 @@ def flat_tokens(path: str) -> np.ndarray:
     return np.concatenate(cache.read_rows(np.arange(cache.num_rows)))
 
 
-def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
-    count = int(np.prod(shape))
-    return Mesh(np.array(jax.devices()[:count]).reshape(shape), names)
+def windows_pipeline(cache_path: str, devices: int, key: int, **kwargs) -> Pipeline:
+    """The session cache's ``SEQ``-token windows (default shuffle) over a ``data`` mesh of ``devices``."""
+    return Pipeline(
+        CausalLMDataset(TokenCache.open(cache_path), SEQ),
+        mesh=mesh_of(devices),
+        key=jax.random.key(key),
+        **kwargs,
+    )
 
 
 def expected_tokens(path, spec: ShuffleSpec, key, batch_size: int, step: int) -> np.ndarray:
@@ -119,12 +130,7 @@ def test_replicated_rows_are_fetched_once(cache_path):
 
 
 def test_iterate_from_equals_iterating_from_zero(cache_path):
-    pipeline = Pipeline(
-        CausalLMDataset(TokenCache.open(cache_path), SEQ),
-        mesh=mesh_of((4,), ("data",)),
-        batch_size=8,
-        key=jax.random.key(1),
-    )
+    pipeline = windows_pipeline(cache_path, 4, key=1, batch_size=8)
     stream = pipeline.iterate_from(0)
     from_zero = [np.asarray(next(stream).tokens) for _ in range(6)]
     stream.close()
@@ -213,13 +219,7 @@ def test_no_recompilation_after_the_first_step(cache_path):
 
 
 def test_prefetch_reports_consumer_wait(cache_path):
-    pipeline = Pipeline(
-        CausalLMDataset(TokenCache.open(cache_path), SEQ),
-        mesh=mesh_of((2,), ("data",)),
-        batch_size=8,
-        key=jax.random.key(0),
-        prefetch=3,
-    )
+    pipeline = windows_pipeline(cache_path, 2, key=0, batch_size=8, prefetch=3)
     stream = pipeline.iterate_from(0)
     for _ in range(5):
         next(stream)
@@ -273,12 +273,7 @@ def test_pipeline_reset_stats_starts_a_window(cache_path):
 )
 def test_bad_pipeline_arguments(cache_path, kwargs, error, match):
     with pytest.raises(error, match=match):
-        Pipeline(
-            CausalLMDataset(TokenCache.open(cache_path), SEQ),
-            mesh=mesh_of((4,), ("data",)),
-            key=jax.random.key(0),
-            **kwargs,
-        )
+        windows_pipeline(cache_path, 4, key=0, **kwargs)
 
 
 def test_bad_dataset_arguments(cache_path):
@@ -293,8 +288,46 @@ def test_bad_dataset_arguments(cache_path):
         ShuffleSpec("random")
 
 
+def documented_names() -> dict[str, set[str]]:
+    """``module:name`` -> the docs whose Python code blocks import it from meshbatch (``from
+    meshbatch[.x] import name``) or use it as ``meshbatch.name``."""
+    root = pathlib.Path(__file__).parent.parent
+    used: dict[str, set[str]] = {}
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
+            for node in ast.walk(ast.parse(block, filename=str(doc))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "meshbatch":
+                    names = [f"{node.module}:{alias.name}" for alias in node.names]
+                elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "meshbatch":
+                    names = [f"meshbatch:{node.attr}"]
+                else:
+                    continue
+                for name in names:
+                    used.setdefault(name, set()).add(doc.name)
+    return used
+
+
 def test_public_names():
-    assert meshbatch.Pipeline is Pipeline and meshbatch.CausalLMDataset is CausalLMDataset
+    """The top-level names are the defining modules' objects, and every meshbatch name the
+    README's and the docs' code blocks use exists: a top-level one is in ``meshbatch.__all__`` (or
+    is a subpackage), a deeper one is an attribute or submodule of the module it is imported from."""
+    for obj, package in ((Pipeline, "meshbatch.pipeline"), (CausalLMDataset, "meshbatch.datasets")):
+        assert obj.__module__.startswith(package + "."), obj.__module__
+        assert getattr(sys.modules[obj.__module__], obj.__name__) is obj
+    used = documented_names()
+    assert {"meshbatch:Pipeline", "meshbatch:CausalLMDataset"} <= set(used), sorted(used)
+    missing = []
+    for name, docs in sorted(used.items()):
+        module, attr = name.split(":")
+        if module == "meshbatch" and attr in meshbatch.__all__:
+            continue
+        if module != "meshbatch" and hasattr(importlib.import_module(module), attr):
+            continue
+        try:
+            importlib.import_module(f"{module}.{attr}")
+        except ModuleNotFoundError:
+            missing.append(f"{name} (in {', '.join(sorted(docs))})")
+    assert not missing, f"the docs use names meshbatch does not have: {missing}"
 
 
 def test_numpy_steps_are_python_ints_and_never_wrap(cache_path):

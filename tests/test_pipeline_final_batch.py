@@ -5,8 +5,9 @@ import jax
 import numpy as np
 import pytest
 from compiles import count_compiles
+from meshes import mesh_of
 from mp_harness import assemble, run_processes
-from test_pipeline import SEQ, expected_stream, mesh_of
+from test_pipeline import SEQ, expected_stream
 
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import TokenCache

@@ -8,17 +8,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from meshes import mesh_of
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import TokenCache
 
 SEQ = 32
 DEADLINE_S = 120.0  # a bound on waiting for threads to stop, not a speed requirement
-
-
-def mesh_of(count: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:count]), ("data",))
 
 
 def make(cache_path, **kwargs) -> Pipeline:

@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 from compiles import count_compiles
+from corpora import random_docs, write_docs
 
 from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, SpliceLMDataset
-from meshbatch.cache import CacheWriter, TokenCache
+from meshbatch.cache import TokenCache
 
 SEQ, BATCH = 8, 8
 
@@ -22,12 +23,7 @@ SEQ, BATCH = 8, 8
 def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("programs")
     rng = np.random.default_rng(0)
-    out = []
-    for name in ("a", "b"):
-        with CacheWriter(str(root / name)) as writer:
-            writer.write([rng.integers(2, 1000, rng.integers(5, 40)).astype(np.int32) for _ in range(30)])
-        out.append(str(root / name))
-    return out
+    return [write_docs(root / name, random_docs(rng, 30, (2, 1000), (5, 40))) for name in ("a", "b")]
 
 
 def causal(paths):

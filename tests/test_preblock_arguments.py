@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 import pytest
+from argument_fuzz import ALLOWED, Call, grid
 from shape_checks import unchecked
-from test_fuzz_arguments import ALLOWED, Call, grid
 
 from meshbatch import ShuffleSpec
 from meshbatch.datasets.preblocked import (

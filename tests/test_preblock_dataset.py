@@ -3,13 +3,13 @@ batches from every mode, through the dataset protocol (plan -> spans -> coalesce
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from corpora import preblocked_per_level, topic_texts, write_jsonl
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import run_reads
@@ -27,18 +27,9 @@ PACK = BlockDataset.pack_key(KEY)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from pydoc_data.topics import topics
-
     root = tmp_path_factory.mktemp("dataset")
-    text = root / "docs.jsonl"
-    with open(text, "w") as f:
-        for name in sorted(topics)[:30]:
-            for para in topics[name].split("\n\n")[:12]:
-                f.write(json.dumps({"text": para}) + "\n")
-    paths = {}
-    for level in ("document", "segment"):
-        paths[level] = str(root / f"store-{level}")
-        preblock(paths[level], [str(text)], block_size=BLOCK, shuffle_level=level, key=PACK, progress=False)
+    text = write_jsonl(root / "docs.jsonl", topic_texts(30, paragraphs=12))
+    paths = preblocked_per_level(root, text, block_size=BLOCK, key=PACK)
     paths["cache"] = os.path.join(paths["document"], "tokens")
     paths["npy"] = str(root / "npy")
     preblock(paths["npy"], [paths["cache"]], block_size=BLOCK, key=PACK, output_format="npy", progress=False)

@@ -4,13 +4,14 @@ x 4 devices (jax.distributed + gloo)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import numpy as np
 import pytest
 from compiles import count_compiles
+from corpora import topic_texts, write_jsonl
+from meshes import mesh_of
 from mp_harness import assemble, run_processes
 
 from meshbatch import Pipeline, ShuffleSpec
@@ -27,22 +28,12 @@ IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from pydoc_data.topics import topics
-
     root = tmp_path_factory.mktemp("pipeline")
-    text = root / "docs.jsonl"
-    with open(text, "w") as f:
-        for name in sorted(topics)[:8]:
-            for para in topics[name].split("\n\n")[:10]:
-                f.write(json.dumps({"text": para}) + "\n")
+    text = write_jsonl(root / "docs.jsonl", topic_texts(8, paragraphs=10))
     path = str(root / "store")
     # written with the packing key of the pipelines' key (7): legacy mode packs the same blocks
     preblock(path, [str(text)], block_size=BLOCK, key=BlockDataset.pack_key(7), progress=False)
     return path
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 class MaskedSteps:

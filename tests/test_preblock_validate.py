@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from corpora import preblocked_per_level, topic_texts, write_jsonl
 from preblock_reference import validate
 
 from meshbatch.cli import main
-from meshbatch.datasets.preblocked import preblock
 from meshbatch.datasets.preblocked.block_validation import validate_array, validate_path
 from meshbatch.kernels import ANOMALY_KINDS as KINDS
 
@@ -101,18 +101,9 @@ def test_kernel_equals_python_reference(seed):
 
 @pytest.fixture(scope="module")
 def shuffled_stores(tmp_path_factory):
-    from pydoc_data.topics import topics
-
     root = tmp_path_factory.mktemp("validate")
-    text = root / "topics.jsonl"
-    with open(text, "w") as f:
-        for name in sorted(topics)[:40]:
-            f.write(json.dumps({"text": topics[name][:3000]}) + "\n")
-    stores = {}
-    for level in ("document", "segment"):
-        stores[level] = str(root / level)
-        preblock(stores[level], [str(text)], block_size=64, shuffle_level=level, key=1, progress=False)
-    return stores
+    text = write_jsonl(root / "topics.jsonl", topic_texts(40, chars=3000))
+    return preblocked_per_level(root, text, block_size=64, key=1)
 
 
 def test_shuffle_level_trade_off(shuffled_stores):

@@ -183,17 +183,22 @@ def test_writer_rejects(corpus, store, tmp_path):
 
 
 def test_public_names():
+    """A fresh interpreter finds the preblocked names on ``meshbatch``; ``meshbatch.preblock`` is
+    the writer, refusing an empty input list by name."""
     import subprocess
     import sys
 
+    import meshbatch
+
     code = (
-        "import meshbatch, meshbatch.datasets.preblocked.block_dataset\n"
+        "import meshbatch, meshbatch.datasets.preblocked\n"
         "assert callable(meshbatch.preblock) and meshbatch.BlockDataset and meshbatch.MLMMasking\n"
         "assert meshbatch.PackSpec is meshbatch.datasets.preblocked.PackSpec\n"
-        "try:\n    meshbatch.preblock('unused', [], block_size=8)\n"
-        "except ValueError as e:\n    assert 'inputs' in str(e)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+    assert meshbatch.preblock is preblock
+    with pytest.raises(ValueError, match=r"inputs must name at least one file .* \(got inputs=\[\]\)"):
+        meshbatch.preblock("unused", [], block_size=8)
 
 
 def test_file_urls_are_the_local_paths_they_name(corpus, store, tmp_path):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
+from corpora import random_docs, write_docs
+from meshes import mesh_of
 
 from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
@@ -31,16 +32,8 @@ BLOCK_FILL = {IDS["doc_id"], IDS["eod_id"], IDS["pad_id"]}
 
 @pytest.fixture(scope="module")
 def second_cache(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("provenance") / "cache_b")
-    rng = np.random.default_rng(1)
-    with CacheWriter(path) as writer:
-        writer.write(
-            [
-                np.append(rng.integers(20_000, 30_000, rng.integers(3, 90)), EOS).astype(np.int32)
-                for _ in range(60)
-            ]
-        )
-    return path
+    docs = random_docs(np.random.default_rng(1), 60, (20_000, 30_000), (3, 90), eos=EOS)
+    return write_docs(tmp_path_factory.mktemp("provenance") / "cache_b", docs)
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +157,6 @@ def _doc_sources(dataset):
         if getattr(child, "doc_source", None) is not None:
             yield child.doc_source
         yield from (_doc_sources(child) if getattr(child, "children", None) else ())
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 @pytest.mark.parametrize("devices", [1, 8])

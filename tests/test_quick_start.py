@@ -14,6 +14,8 @@ import time
 import jax
 import numpy as np
 import pytest
+from meshes import mesh_of
+from threads import error_within
 
 from meshbatch import CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import CacheWaitTimeout, CacheWriter, TokenCache
@@ -55,10 +57,6 @@ class SlowWriter(threading.Thread):
         except BaseException as error:
             self.error = error
             self.opened.set()
-
-
-def mesh_of(devices: int):
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
 
 
 def pipeline_over(cache, spec) -> Pipeline:
@@ -133,19 +131,12 @@ def test_a_wait_for_rows_a_stalled_writer_never_commits_is_bounded(tmp_path, mon
     writer.flush()
     dataset = CausalLMDataset(TokenCache.open(path, require_finished=False), SEQ, shuffle=ShuffleSpec("none"))
     monkeypatch.setenv("MESHBATCH_CACHE_WAIT_S", "0.5")
-    raised: list[BaseException] = []
-
-    def wait():
-        try:
-            dataset.wait_for(dataset.num_examples + 1)
-        except BaseException as error:
-            raised.append(error)
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    waiter.join(timeout=30)
-    assert not waiter.is_alive(), "wait_for still waits for rows the stalled writer never commits"
-    assert len(raised) == 1 and isinstance(raised[0], CacheWaitTimeout), raised
-    message = str(raised[0])
+    error = error_within(
+        lambda: dataset.wait_for(dataset.num_examples + 1),
+        30,
+        "wait_for still waits for rows the stalled writer never commits",
+    )
+    assert isinstance(error, CacheWaitTimeout), error
+    message = str(error)
     assert f"cache {path} has 10 rows" in message and "MESHBATCH_CACHE_WAIT_S=0.5" in message, message
     assert re.search(r"after waiting 0\.[5-9] s", message), message

@@ -6,7 +6,7 @@ import jax
 import jax.extend
 import numpy as np
 import pytest
-from test_splice_reference import ref_pairs
+from splice_reference import ref_pairs
 
 import meshbatch
 import meshbatch.datasets.splice as splice_module

@@ -7,7 +7,7 @@ import logging
 import jax
 import numpy as np
 import pytest
-from test_splice_reference import ref_balanced_rows, ref_balanced_weights, ref_quotas
+from splice_reference import ref_balanced_rows, ref_balanced_weights, ref_quotas
 
 import meshbatch
 
@@ -62,34 +62,25 @@ TEMPERATURE_LENGTHS = [45231, 43890, 12105, 8234, 5678, 3421, 1209]
 
 
 @pytest.mark.parametrize("epoch_length", [1, 7, 1000, 99991])
-def test_temperature_one_is_length_proportional(epoch_length):
+@pytest.mark.parametrize("tau", [1.0, 0.0])
+def test_temperature_one_is_length_proportional_and_zero_equal_per_document(tau, epoch_length):
+    """``balance_tau=1`` shares the pairs in proportion to the lengths, ``0`` equally: the
+    reference's quotas of those weights, each within 1 of its exact share."""
+    weights = TEMPERATURE_LENGTHS if tau == 1.0 else [1] * len(TEMPERATURE_LENGTHS)
     schedule = balanced(
         TEMPERATURE_LENGTHS,
         seq_len=1024,
         balance_mode="by_temperature",
-        balance_tau=1.0,
+        balance_tau=tau,
         epoch_length=epoch_length,
     )
     quotas = meshbatch.pairs_per_doc(schedule)
     assert quotas.sum() == epoch_length
-    assert quotas.tolist() == ref_quotas(TEMPERATURE_LENGTHS, epoch_length)
-    share = epoch_length * np.array(TEMPERATURE_LENGTHS) / sum(TEMPERATURE_LENGTHS)
+    assert quotas.tolist() == ref_quotas(weights, epoch_length)
+    share = epoch_length * np.array(weights) / sum(weights)
     assert np.abs(quotas - share).max() < 1
-
-
-@pytest.mark.parametrize("epoch_length", [1, 7, 1000, 99991])
-def test_temperature_zero_is_equal_per_document(epoch_length):
-    schedule = balanced(
-        TEMPERATURE_LENGTHS,
-        seq_len=1024,
-        balance_mode="by_temperature",
-        balance_tau=0.0,
-        epoch_length=epoch_length,
-    )
-    quotas = meshbatch.pairs_per_doc(schedule)
-    assert quotas.sum() == epoch_length
-    assert quotas.tolist() == ref_quotas([1] * len(TEMPERATURE_LENGTHS), epoch_length)
-    assert quotas.max() - quotas.min() <= 1
+    if tau == 0.0:
+        assert quotas.max() - quotas.min() <= 1
 
 
 def test_intermediate_temperature_and_default_epoch_length():

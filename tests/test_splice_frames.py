@@ -9,7 +9,7 @@ import jaxtyping
 import numpy as np
 import pytest
 from shape_checks import unchecked
-from test_splice_reference import ref_frame
+from splice_reference import ref_frame
 
 from meshbatch.datasets.splice.tables import document_pool
 from meshbatch.kernels import cyclic_read_split, pool_frames, splice_frames

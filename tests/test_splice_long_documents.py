@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from test_splice_reference import ref_pairs
+from splice_reference import ref_pairs
 
 import meshbatch
 

@@ -3,7 +3,8 @@
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
+from meshes import mesh_of
 
 import meshbatch
 from meshbatch import Pipeline, SpliceLMDataset
@@ -46,10 +47,6 @@ def splice_cache(tmp_path_factory):
     with CacheWriter(path) as writer:
         writer.write([np.full(50, 7, np.int32), *DOCS])
     return path
-
-
-def mesh_of(shape, names):
-    return Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
 
 
 @pytest.mark.parametrize("name", list(SPECS))

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_splice_reference import ref_pairs, ref_pass_order, ref_quotas
+from splice_reference import ref_pairs, ref_pass_order, ref_quotas
 
 import meshbatch
 from meshbatch.kernels.splice.splice_rows import interleave, lookup_rows, search_last

@@ -11,7 +11,7 @@ from collections import Counter
 import jax
 import numpy as np
 import pytest
-from test_splice_reference import ref_frame
+from splice_reference import ref_frame
 
 import meshbatch
 
