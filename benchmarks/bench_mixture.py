@@ -95,6 +95,7 @@ from meshbatch.kernels import Counts, select_tournament, source_salts
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from interleave_reference import select_scan
+from reference import fmix32
 
 MAX_ROW = 4096
 
@@ -124,15 +125,6 @@ def heap_generator(token_lists, token_counts, seed):
         positions[s] += 1
         yield s, tokens
         heapq.heappush(heap, (count + tokens, rng.random(), s))
-
-
-def fmix32(h: int) -> int:
-    """murmur3's finaliser on a Python int (``meshbatch.kernels`` computes it in uint32)."""
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
 
 
 def check_equal_to_heap(table: np.ndarray, salts: jax.Array) -> None:

@@ -14,7 +14,7 @@ from fractions import Fraction
 import jax
 import jax.numpy as jnp
 import numpy as np
-from reference import strong_order
+from reference import fmix32, strong_order
 
 from meshbatch.kernels import Counts
 
@@ -95,14 +95,6 @@ def levanter_rows(lengths, weights, block_size, seed, rows):
         return await mixture.get_batch([int(r) for r in rows])
 
     return [(names.index(n), i) for n, i in asyncio.run(run())]
-
-
-def fmix32(h: int) -> int:
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & MASK32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & MASK32
-    return h ^ (h >> 16)
 
 
 def salts(seed: int, sources: int) -> list[int]:

@@ -75,7 +75,8 @@ def marin_block_order(length: int, io_block_size: int, window_blocks: int, key, 
     return out
 
 
-def _fmix32(h: int) -> int:
+def fmix32(h: int) -> int:
+    """murmur3's finaliser on a Python int (``meshbatch.kernels`` computes it in uint32)."""
     h ^= h >> 16
     h = (h * 0x85EBCA6B) & 0xFFFFFFFF
     h ^= h >> 13
@@ -92,7 +93,7 @@ def strong_order(length: int, round_keys: list[int], min_half: int, indices) -> 
         ra, rb = a, b
         for k in round_keys:
             left, right = divmod(x, rb)
-            f = ((_fmix32(right ^ k) >> 16) * ra) >> 16
+            f = ((fmix32(right ^ k) >> 16) * ra) >> 16
             x = right * ra + (left + f) % ra
             ra, rb = rb, ra
         return x

@@ -4,6 +4,7 @@ module docstring's worked trace."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 
 from meshbatch.kernels.uint32 import add_mod, ceil_div, fmix32, mul_mod, mul_wide, muldiv, mulhi
 
@@ -62,14 +63,7 @@ def test_modular_add_and_multiply_stay_below_n(n):
 
 
 def test_fmix32_is_murmur3s_finaliser_and_a_bijection():
-    def reference(h: int) -> int:
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) % M
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) % M
-        return h ^ (h >> 16)
-
     x = _words(2000, 4)
-    assert np.asarray(fmix32(_u32(x))).tolist() == [reference(int(v)) for v in x]
+    assert np.asarray(fmix32(_u32(x))).tolist() == [reference.fmix32(int(v)) for v in x]
     low = np.asarray(fmix32(jnp.arange(1 << 16, dtype=U32)))
     assert np.unique(low).size == 1 << 16
