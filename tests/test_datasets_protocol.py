@@ -65,7 +65,10 @@ class TwoSourceToy(Dataset):
     """Row ``e``: tokens ``[e*S, e*S + head)`` of source 0, then ``[e*S + head, (e+1)*S)`` of source 1,
     ``head = 1 + e mod (S - 1)``; examples in a keyed permutation, reshuffled per epoch."""
 
-    spans_per_row = 2
+    num_examples: int
+    seq_len: int
+    max_row_tokens: int
+    spans_per_row: int = 2
 
     def __init__(self, first, second, seq_len: int, max_row_tokens: int | None = None):
         self.sources = (first, second)
@@ -73,8 +76,8 @@ class TwoSourceToy(Dataset):
         self.max_row_tokens = seq_len if max_row_tokens is None else max_row_tokens
         self.num_examples = min(first.num_tokens, second.num_tokens) // seq_len
 
-    def device(self, key):
-        return TwoSourceDevice(meshbatch.permutation("feistel", self.num_examples, key), self.seq_len)
+    def make(self, key):
+        return TwoSourceDevice(meshbatch.permutation("feistel", self.num_examples, key), self.seq_len), self
 
     def spans(self, plan):
         first = plan.example.astype(np.int64) * self.seq_len
@@ -105,13 +108,18 @@ class CountingToy(Dataset):
     """Stateful: row ``i`` of a step reads window ``(position + state + i) mod n`` of a cache, and the
     state grows by the examples read, so each step depends on every earlier one."""
 
+    num_examples: int
+    seq_len: int
+    max_row_tokens: int
+    spans_per_row: int = 1
+
     def __init__(self, source, seq_len: int):
         self.sources = (source,)
         self.seq_len = self.max_row_tokens = seq_len
         self.num_examples = source.num_tokens // seq_len
 
-    def device(self, key):
-        return CountingDevice(self.num_examples, self.seq_len)
+    def make(self, key):
+        return CountingDevice(self.num_examples, self.seq_len), self
 
     def init_state(self):
         return jnp.zeros((), jnp.uint32)
@@ -333,6 +341,6 @@ def test_rows_of_a_plan_are_the_stream_coordinates(caches):
     first, second = (TokenCache.open(p) for p in caches)
     dataset = TwoSourceToy(first, second, SEQ)
     rows = Rows(jnp.arange(3, dtype=jnp.uint32), jnp.ones(3, jnp.uint32))
-    plan, state = dataset.device(jax.random.key(0)).plan(rows)
+    plan, state = dataset.make(jax.random.key(0))[0].plan(rows)
     assert state is None and plan.rows is rows
     chex.assert_shape([plan.source, plan.example], (3,))

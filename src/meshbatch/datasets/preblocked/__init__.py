@@ -4,6 +4,7 @@
 """
 
 from .block_dataset import BlockDataset as BlockDataset
+from .block_dataset import CacheBlockDataset as CacheBlockDataset
 from .block_sources import BlockSource as BlockSource
 from .block_sources import open_blocks as open_blocks
 from .block_store import Header as Header
