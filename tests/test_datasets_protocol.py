@@ -175,9 +175,9 @@ def toy_pipeline(mesh, *, paths):
     return pipeline, lambda: {"spans": first.counters.spans_requested + second.counters.spans_requested}
 
 
-def counting_pipeline(mesh, *, paths):
+def counting_pipeline(mesh, *, paths, warmup: bool = True):
     cache = TokenCache.open(paths[0])
-    pipeline = Pipeline(CountingToy(cache, SEQ), mesh=mesh, batch_size=BATCH, key=0)
+    pipeline = Pipeline(CountingToy(cache, SEQ), mesh=mesh, batch_size=BATCH, key=0, warmup=warmup)
     return pipeline, lambda: {"spans": cache.counters.spans_requested}
 
 
@@ -296,6 +296,37 @@ def test_carried_state_equals_reference_and_resumes(caches):
     np.testing.assert_array_equal(np.asarray(fresh.batch(1).tokens), want[1])  # replayed from step 0
     with pytest.raises(ValueError, match="the state at step 2 is not known"):
         resumed.batch(2)  # resumed at STEPS: nothing before its checkpoint is known
+
+
+def test_a_replay_without_its_state_says_so_at_any_length(caches, caplog):
+    """A stateful dataset asked for a step whose state it does not know (a resume without a
+    state_dict) replays the plans since the latest state it knows, and says so in one WARNING
+    line however short the replay; a stream from a known state (step 0, a state_dict, the next
+    step) says nothing."""
+    pipeline, _ = counting_pipeline(mesh_of(1), paths=caches)
+    with caplog.at_level(logging.WARNING, logger="meshbatch.pipeline.state_planner"):
+        pipeline.batch(0)
+        pipeline.batch(1)  # the next step: its state is known
+        saved = pipeline.state_dict()
+        with pipeline.iterate_from(2) as stream:
+            next(stream)
+        resumed, _ = counting_pipeline(mesh_of(1), paths=caches)
+        with resumed.iterate_from(state=saved) as stream:
+            next(stream)
+        assert not caplog.records
+        replayed, _ = counting_pipeline(mesh_of(1), paths=caches, warmup=False)
+        with replayed.iterate_from(2) as stream:  # two steps replayed: far fewer than 64
+            np.testing.assert_array_equal(
+                np.asarray(next(stream).tokens), counting_reference(caches[0], 3)[2]
+            )
+        (record,) = caplog.records
+        assert record.levelno == logging.WARNING
+        assert "planning steps 0..1 to rebuild the state of step 2" in record.getMessage()
+        caplog.clear()
+        replayed, _ = counting_pipeline(mesh_of(1), paths=caches, warmup=False)
+        replayed.batch(1)  # one step
+        (record,) = caplog.records
+        assert "planning steps 0..0 to rebuild the state of step 1" in record.getMessage()
 
 
 def test_stateless_checkpoint_is_the_step(caches):

@@ -31,8 +31,6 @@ A dataset with state (the token-balanced interleave) has its plan run over the w
 by every process, in step order, so the state is the same everywhere.
 """
 
-from __future__ import annotations
-
 import abc
 import os
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -40,6 +38,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from equinox import AbstractVar
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, UInt32
 
 from meshbatch.kernels import Batch
@@ -123,7 +122,7 @@ class PreparedRead(Protocol):
     end: int  # first position of the output buffer after this read's tokens
 
 
-@runtime_checkable  # a field annotation of every host half: the shape-checked tests test it
+@runtime_checkable  # annotates every host half's sources: the shape-checked tests test it
 class TokenSource(Protocol):
     """A flat token space the pipeline can read from (``meshbatch.cache.TokenCache`` is one)."""
 
@@ -218,10 +217,10 @@ class Dataset(eqx.Module):
             calls ``wait_for`` before planning a step.
     """
 
-    num_examples: eqx.AbstractVar[int]
-    seq_len: eqx.AbstractVar[int]
-    max_row_tokens: eqx.AbstractVar[int]
-    spans_per_row: eqx.AbstractVar[int]
+    num_examples: AbstractVar[int]
+    seq_len: AbstractVar[int]
+    max_row_tokens: AbstractVar[int]
+    spans_per_row: AbstractVar[int]
     sources: tuple[TokenSource, ...] = eqx.field(default=(), kw_only=True)
     content_margin: int = eqx.field(default=0, kw_only=True)
     length_is_final: bool = eqx.field(default=True, kw_only=True)
@@ -235,7 +234,7 @@ class Dataset(eqx.Module):
         return bool(self.sources)
 
     @abc.abstractmethod
-    def make(self, key: PRNGKeyArray) -> tuple[DeviceDataset, Dataset]:
+    def make(self, key: PRNGKeyArray) -> tuple[DeviceDataset, "Dataset"]:
         """``(device half, host half)`` for ``key`` (a typed threefry key, already checked).
 
         Every table of the device half derives from ``key`` (``fold_in`` per purpose); nothing
@@ -264,7 +263,7 @@ class Dataset(eqx.Module):
         the dataset's spans are its own."""
         return None
 
-    def wait_for(self, examples: int) -> Dataset | None:
+    def wait_for(self, examples: int) -> "Dataset | None":
         """Blocks until stream rows ``[0, examples)`` can be planned and read (quick start).
 
         Returns the final dataset (a new value: ``num_examples`` the real length) once, when the
