@@ -31,6 +31,7 @@ from meshbatch import (
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import Dataset, DeviceDataset
 from meshbatch.datasets.preblocked import preblock
+from meshbatch.datasets.protocol import replace
 
 SEQ = 16
 BLOCK = 64
@@ -143,3 +144,29 @@ def test_a_path_given_where_an_opened_cache_is_meant_is_named(paths):
         CausalLMDataset(paths["text"], SEQ)
     with pytest.raises(TypeError, match=r"cache must be .* \(open a path with TokenCache\.open\(path\)\)"):
         SpliceLMDataset.from_cache(paths["text"], [0], **SPLICE)
+
+
+def test_a_mixture_over_a_child_made_anew_is_made_anew(paths):
+    """A child whose host half for a key is a new value gives its mixture a new host half over it:
+    ``replace`` of the children and what derives from them; the constructed mixture keeps its own."""
+
+    class Anew(CausalLMDataset):
+        def make(self, key):
+            device, _ = super().make(key)
+            return device, replace(self, eos_id=self.eos_id)
+
+    text = TokenCache.open(paths["text"])
+    child, other = Anew(text, SEQ), CausalLMDataset(text, SEQ)
+    mixtures = (
+        Mixture({"a": child, "b": other}, {"a": 0.5, "b": 0.5}, block_size=4),
+        TokenBalancedMixture({"a": child, "b": other}),
+    )
+    for mixture in mixtures:
+        _, host = mixture.make(jax.random.key(0))
+        assert type(host) is type(mixture) and host is not mixture
+        assert mixture.children[0] is child and mixture.children[1] is other
+        assert isinstance(host.children[0], Anew) and host.children[0] is not child
+        assert type(host.children[1]) is CausalLMDataset and host.children[1].source is text
+        assert len(host.sources) == 1 and host.sources[0] is text  # one source, the same object
+        assert host.names == mixture.names and host.num_examples == mixture.num_examples
+        assert_frozen(host)
