@@ -101,14 +101,15 @@ class BlockDevice(DeviceDataset):
     pad_id: int = eqx.field(static=True)
 
     @property
-    def legacy(self) -> bool:
+    def on_the_fly(self) -> bool:
+        """Whether the blocks are packed on the fly (``CacheBlockDataset``): the pieces' tables."""
         return self.packed is not None
 
     def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
         example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
         source = jnp.searchsorted(self.source_start, example, side="right").astype(jnp.int32) - 1
         local = (example - self.source_start[source]).astype(jnp.int32)
-        detail = self._pieces(self.packed[example]) if self.legacy else BlockPlan(local)
+        detail = self._pieces(self.packed[example]) if self.on_the_fly else BlockPlan(local)
         return Plan(rows=rows, source=source, example=example, detail=detail), None
 
     def _pieces(self, packed: Int[Array, " n"]) -> PiecesPlan:
@@ -125,7 +126,7 @@ class BlockDevice(DeviceDataset):
 
     def build(self, plan: Plan, content: Content | None) -> Batch:
         ids = dict(doc_id=self.doc_id, eod_id=self.eod_id, pad_id=self.pad_id)
-        if self.legacy:
+        if self.on_the_fly:
             d = plan.detail
             tokens = assemble_rows(
                 content.tokens,
