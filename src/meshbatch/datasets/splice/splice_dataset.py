@@ -169,11 +169,7 @@ class SpliceLMDataset(Dataset):
         self.spec = SpliceSpec(**spec)
         self.frame_args = self.spec.frame_args  # refuses pad_token_id=None
         self.source = None
-        if selection is None:  # provenance of arrays: their concatenation, document d at its start
-            self.doc_source, self.doc_rows = None, np.arange(len(docs), dtype=np.int64)
-            lengths = np.asarray([len(d) for d in docs], np.int64)
-            self.doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        else:  # rows ``indices`` of the cache
+        if selection is not None:  # rows ``indices`` of the cache
             cache, indices = selection.cache, selection.indices
             offsets = cache.doc_offsets()
             self.doc_source, self.doc_rows, self.doc_starts = cache, indices, offsets[indices]
@@ -188,6 +184,9 @@ class SpliceLMDataset(Dataset):
         else:
             self.pool = document_pool(docs, margin=self.spec.seq_len)
             self.doc_lengths = check_lengths([len(d) for d in docs])
+        if selection is None:  # provenance of arrays: their concatenation, document d at its start
+            self.doc_source, self.doc_rows = None, np.arange(len(self.doc_lengths), dtype=np.int64)
+            self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
         self.sources = () if self.source is None else (self.source,)
         self.seq_len = self.max_row_tokens = self.content_margin = self.spec.seq_len
         self.cyclic = self.spec.cyclic
