@@ -292,7 +292,8 @@ class Dataset(eqx.Module):
 def replace(dataset: Dataset, **changes) -> Dataset:
     """``dataclasses.replace`` for a dataset: a new value whose named fields are ``changes`` and
     whose others are ``dataset``'s (a dataset's ``__init__`` takes its user's arguments, not its
-    fields, so this goes through ``equinox.tree_at``); ``dataset`` is unchanged."""
+    fields, so this goes through ``equinox.tree_at``); ``dataset`` is unchanged. The new value holds
+    the same sources and arrays; nested modules (a mixture's children) are rebuilt as equal copies."""
     names = list(changes)
     return eqx.tree_at(
         lambda d: [getattr(d, name) for name in names],
