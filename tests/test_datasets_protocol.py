@@ -67,7 +67,10 @@ class TwoSourceToy(Dataset):
     """Row ``e``: tokens ``[e*S, e*S + head)`` of source 0, then ``[e*S + head, (e+1)*S)`` of source 1,
     ``head = 1 + e mod (S - 1)``; examples in a keyed permutation, reshuffled per epoch."""
 
-    spans_per_row = 2
+    num_examples: int
+    seq_len: int
+    max_row_tokens: int
+    spans_per_row: int = 2
 
     def __init__(self, first, second, seq_len: int, max_row_tokens: int | None = None):
         self.sources = (first, second)
@@ -75,8 +78,8 @@ class TwoSourceToy(Dataset):
         self.max_row_tokens = seq_len if max_row_tokens is None else max_row_tokens
         self.num_examples = min(first.num_tokens, second.num_tokens) // seq_len
 
-    def device(self, key):
-        return TwoSourceDevice(meshbatch.permutation("feistel", self.num_examples, key), self.seq_len)
+    def make(self, key):
+        return TwoSourceDevice(meshbatch.permutation("feistel", self.num_examples, key), self.seq_len), self
 
     def spans(self, plan):
         first = plan.example.astype(np.int64) * self.seq_len
@@ -107,13 +110,18 @@ class CountingToy(Dataset):
     """Stateful: row ``i`` of a step reads window ``(position + state + i) mod n`` of a cache, and the
     state grows by the examples read, so each step depends on every earlier one."""
 
+    num_examples: int
+    seq_len: int
+    max_row_tokens: int
+    spans_per_row: int = 1
+
     def __init__(self, source, seq_len: int):
         self.sources = (source,)
         self.seq_len = self.max_row_tokens = seq_len
         self.num_examples = source.num_tokens // seq_len
 
-    def device(self, key):
-        return CountingDevice(self.num_examples, self.seq_len)
+    def make(self, key):
+        return CountingDevice(self.num_examples, self.seq_len), self
 
     def init_state(self):
         return jnp.zeros((), jnp.uint32)
@@ -166,9 +174,9 @@ def toy_pipeline(mesh, *, paths):
     return pipeline, lambda: {"spans": first.counters.spans_requested + second.counters.spans_requested}
 
 
-def counting_pipeline(mesh, *, paths):
+def counting_pipeline(mesh, *, paths, warmup: bool = True):
     cache = TokenCache.open(paths[0])
-    pipeline = Pipeline(CountingToy(cache, SEQ), mesh=mesh, batch_size=BATCH, key=0)
+    pipeline = Pipeline(CountingToy(cache, SEQ), mesh=mesh, batch_size=BATCH, key=0, warmup=warmup)
     return pipeline, lambda: {"spans": cache.counters.spans_requested}
 
 
@@ -285,6 +293,37 @@ def test_carried_state_equals_reference_and_resumes(caches):
         resumed.batch(2)  # resumed at STEPS: nothing before its checkpoint is known
 
 
+def test_a_replay_without_its_state_says_so_at_any_length(caches, caplog):
+    """A stateful dataset asked for a step whose state it does not know (a resume without a
+    state_dict) replays the plans since the latest state it knows, and says so in one WARNING
+    line however short the replay; a stream from a known state (step 0, a state_dict, the next
+    step) says nothing."""
+    pipeline, _ = counting_pipeline(mesh_of(1), paths=caches)
+    with caplog.at_level(logging.WARNING, logger="meshbatch.pipeline.state_planner"):
+        pipeline.batch(0)
+        pipeline.batch(1)  # the next step: its state is known
+        saved = pipeline.state_dict()
+        with pipeline.iterate_from(2) as stream:
+            next(stream)
+        resumed, _ = counting_pipeline(mesh_of(1), paths=caches)
+        with resumed.iterate_from(state=saved) as stream:
+            next(stream)
+        assert not caplog.records
+        replayed, _ = counting_pipeline(mesh_of(1), paths=caches, warmup=False)
+        with replayed.iterate_from(2) as stream:  # two steps replayed: far fewer than 64
+            np.testing.assert_array_equal(
+                np.asarray(next(stream).tokens), counting_reference(caches[0], 3)[2]
+            )
+        (record,) = caplog.records
+        assert record.levelno == logging.WARNING
+        assert "planning steps 0..1 to rebuild the state of step 2" in record.getMessage()
+        caplog.clear()
+        replayed, _ = counting_pipeline(mesh_of(1), paths=caches, warmup=False)
+        replayed.batch(1)  # one step
+        (record,) = caplog.records
+        assert "planning steps 0..0 to rebuild the state of step 1" in record.getMessage()
+
+
 def test_stateless_checkpoint_is_the_step(caches):
     pipeline, _ = toy_pipeline(mesh_of(1), paths=caches)
     pipeline.batch(6)
@@ -328,6 +367,6 @@ def test_rows_of_a_plan_are_the_stream_coordinates(caches):
     first, second = (TokenCache.open(p) for p in caches)
     dataset = TwoSourceToy(first, second, SEQ)
     rows = Rows(jnp.arange(3, dtype=jnp.uint32), jnp.ones(3, jnp.uint32))
-    plan, state = dataset.device(jax.random.key(0)).plan(rows)
+    plan, state = dataset.make(jax.random.key(0))[0].plan(rows)
     assert state is None and plan.rows is rows
     chex.assert_shape([plan.source, plan.example], (3,))

@@ -37,7 +37,7 @@ def trace_caches(tmp_path_factory):
 def test_causal_trace(trace_caches):
     cache = TokenCache.open(trace_caches[0])
     dataset = CausalLMDataset(cache, 4, shuffle=ShuffleSpec("none"))
-    plan = plan_of(dataset.device(jax.random.key(0)), np.arange(4, 8))
+    plan = plan_of(dataset.make(jax.random.key(0))[0], np.arange(4, 8))
     assert plan.rows.position.tolist() == [4, 5, 6, 7] and plan.rows.epoch.tolist() == [0, 0, 0, 0]
     assert plan.source.tolist() == [0, 0, 0, 0] and plan.example.tolist() == [4, 5, 6, 7]
     layout = RowLayout.create(mesh_of(2), ("data",), 4)
@@ -61,7 +61,7 @@ def test_splice_trace(trace_caches):
     spec = dict(seq_len=6, content_length=3, content_start_mode="slide_within", pad_token_id=0)
     dataset = SpliceLMDataset.from_cache(cache, [2], pool=False, **spec)
     assert dataset.num_examples == 13  # t = 0, 1: s in 0..3; t = 2: s in 0..4
-    plan = plan_of(dataset.device(jax.random.key(0)), np.array([4, 5]))
+    plan = plan_of(dataset.make(jax.random.key(0))[0], np.array([4, 5]))
     assert isinstance(plan.detail, SplicePlan)
     assert {k: getattr(plan.detail, k).tolist() for k in ("doc", "t", "s", "copy_len")} == {
         "doc": [0, 0],
@@ -98,7 +98,7 @@ def test_second_pipeline_trace(trace_caches):
     assert compiles == []
     np.testing.assert_array_equal(same, first)
     assert not np.array_equal(other, first)  # other rows
-    one, two = dataset.device(jax.random.key(3)), again.device(jax.random.key(3))
+    one, two = dataset.make(jax.random.key(3))[0], again.make(jax.random.key(3))[0]
     assert one is not two and isinstance(one, CausalDevice)
     assert one.window == two.window == WindowBuild(seq_len=4, eos_id=None, ignore_id=None)
     assert one.builder() == one.window

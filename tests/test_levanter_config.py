@@ -278,8 +278,8 @@ def test_stable_mixture_yaml_reaches_the_mixture(root):
     rows = np.arange(64, dtype=np.uint32)
     key = jax.random.key(0)
     np.testing.assert_array_equal(
-        np.asarray(mixture.device(key).schedule.lookup(rows)[0]),
-        np.asarray(want.device(key).schedule.lookup(rows)[0]),
+        np.asarray(mixture.make(key)[0].schedule.lookup(rows)[0]),
+        np.asarray(want.make(key)[0].schedule.lookup(rows)[0]),
     )
     assert sorted(config.validation_sets(hax.Axis("position", SEQ))) == ["code"]
 

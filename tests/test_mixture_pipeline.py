@@ -105,7 +105,7 @@ def stable_reference(paths, steps: int, compat) -> list[np.ndarray]:
         mine = source == s
         child = kids[name]
         rows = Rows(jnp.asarray(index[mine], jnp.uint32), jnp.asarray(epoch[mine], jnp.uint32))
-        plan, _ = child.device(child_keys[name]).plan(rows)
+        plan, _ = child.make(child_keys[name])[0].plan(rows)
         starts = np.asarray(plan.example).astype(np.int64) * SEQ
         out[mine] = flat_tokens(paths[s])[starts[:, None] + np.arange(SEQ)]
     return list(out.reshape(steps, BATCH, SEQ))
@@ -146,7 +146,7 @@ def test_causal_and_splice_children_never_recompile(caches):
 
 def plan_steps(dataset, steps: int, state=None):
     """The dataset's plans of ``steps`` steps of BATCH rows (jitted, no pipeline) and the state."""
-    device = dataset.device(as_key(KEY))
+    device = dataset.make(as_key(KEY))[0]
     state = dataset.init_state() if state is None else state
     rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     plans = []
@@ -159,7 +159,7 @@ def plan_steps(dataset, steps: int, state=None):
 def balanced_reference(paths, steps: int):
     """Each row's (source, nth) from the heap reference over the children's real tokens."""
     dataset = TokenBalancedMixture(children(paths, splice=True))
-    device = dataset.device(as_key(KEY))
+    device = dataset.make(as_key(KEY))[0]
     table = []
     for c, child in enumerate(dataset.children):
         ahead = np.arange(steps * BATCH)
@@ -346,7 +346,7 @@ def test_mixture_arguments(caches):
 
 def test_counts_that_would_pass_2_to_the_64_are_refused_not_wrapped(caches):
     mixture = TokenBalancedMixture(children(caches))
-    device = mixture.device(as_key(KEY))  # one compilation (plan_program) for both cases
+    device = mixture.make(as_key(KEY))[0]  # one compilation (plan_program) for both cases
     rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     near = {"datasets": [{"spec": n, "row_offset": 0, "token_offset": 2**64 - 5} for n in NAMES]}
     before = mixture.load_state_dict(near)

@@ -190,7 +190,7 @@ def test_balanced_child_epoch_never_wraps(tmp_path, epochs_before):
             {"spec": "b", "row_offset": 0, "token_offset": 10**6},
         ]
     }
-    device = mixture.device(as_key(0))
+    device = mixture.make(as_key(0))[0]
 
     def step(n):
         rows = Rows(jnp.arange(n, dtype=jnp.uint32), jnp.zeros(n, jnp.uint32))
@@ -230,7 +230,7 @@ def test_balanced_component_past_2_31_rows(children, monkeypatch, select):
     rows = {"a": 2**31 - 20, "b": 2**32 - 10, "c": 5}
     tokens = {"a": 2**33 - 100, "b": 2**33 - 60, "c": 2**33 - 80}
     start = {"datasets": [{"spec": n, "row_offset": rows[n], "token_offset": tokens[n]} for n in rows]}
-    device = dataset.device(as_key(3))
+    device = dataset.make(as_key(3))[0]
     state = dataset.load_state_dict(start)
     batch_rows = Rows(jnp.arange(BATCH, dtype=jnp.uint32), jnp.zeros(BATCH, jnp.uint32))
     picked = []

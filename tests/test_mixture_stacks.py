@@ -62,7 +62,7 @@ def test_stacked_rows_plan_as_each_child_alone(caches, spec):
     child's own device half (made alone, for its own key) plans that child row."""
     kids = {f"s{k}": CausalLMDataset(cache, SEQ, shuffle=spec) for k, cache in enumerate(caches[:6])}
     mixture = Mixture(kids, {name: 1.0 + k for k, name in enumerate(kids)}, block_size=12)
-    device = mixture.device(as_key(KEY))
+    device = mixture.make(as_key(KEY))[0]
     assert device.members == (tuple(range(6)),)
     _, child_keys = derive_keys(as_key(KEY), list(kids))
     stream = np.arange(240)  # the children wrap many times: child epochs up to about 20
@@ -76,7 +76,7 @@ def test_stacked_rows_plan_as_each_child_alone(caches, spec):
         child_rows = Rows(
             *(jnp.asarray(np.asarray(x)[mine]) for x in (child_plan.rows.position, child_plan.rows.epoch))
         )
-        alone, _ = kid.device(child_keys[name]).plan(child_rows)
+        alone, _ = kid.make(child_keys[name])[0].plan(child_rows)
         np.testing.assert_array_equal(
             np.asarray(child_plan.example)[mine], np.asarray(alone.example), err_msg=name
         )
@@ -97,7 +97,7 @@ def balanced(caches, sources: int):
 
 def plan_size(dataset) -> int:
     """Lines of the plan program's jaxpr (its size, whatever the table shapes)."""
-    device = dataset.device(as_key(KEY))
+    device = dataset.make(as_key(KEY))[0]
     rows = Rows(jnp.arange(16, dtype=jnp.uint32), jnp.zeros(16, jnp.uint32))
     jaxpr = jax.make_jaxpr(lambda d, r, s: d.plan(r, s))(device, rows, dataset.init_state())
     return len(str(jaxpr).splitlines())
@@ -174,7 +174,7 @@ def test_a_mixture_with_unlike_children_stacks_the_alike_ones(caches):
         "e": CausalLMDataset(caches[4], SEQ, shuffle=spec, eos_id=1),
     }
     mixture = Mixture(kids, {name: 1.0 for name in kids}, block_size=10)
-    device = mixture.device(as_key(KEY))
+    device = mixture.make(as_key(KEY))[0]
     assert device.members == ((0, 2, 4), (1,), (3,))
     pipeline = Pipeline(mixture, mesh=mesh_of(8), batch_size=16, key=KEY)
     for step in range(3):

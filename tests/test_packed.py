@@ -125,7 +125,7 @@ def test_every_example_once_per_epoch_and_fill(corpus):
     fills = {}
     for policy in POLICIES:
         host = make_dataset(path, policy).make(jax.random.key(3))[1]
-        tables = host._tables
+        tables = host.packing
         assert sorted(np.asarray(tables.members).tolist()) == list(range(N))
         fills[policy] = host.fill()
         kept = sum(min(len(ids), SEQ) for ids, _ in examples)

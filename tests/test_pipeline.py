@@ -53,7 +53,7 @@ def expected_stream(path, spec: ShuffleSpec, key, start: int, count: int) -> np.
     n = windows.shape[0]
     g = np.arange(start, start + count)
     position, epoch = g % n, g // n
-    shuffle = CausalLMDataset(TokenCache.open(path), SEQ, shuffle=spec).device(key).shuffle
+    shuffle = CausalLMDataset(TokenCache.open(path), SEQ, shuffle=spec).make(key)[0].shuffle
     if shuffle is None:
         examples = position
     elif spec.reshuffle_each_epoch:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from shape_checks import unchecked
 from meshbatch import ShuffleSpec
 from meshbatch.datasets.preblocked import (
     BlockDataset,
+    CacheBlockDataset,
     MLMMasking,
     PackSpec,
     escape,
@@ -57,6 +59,14 @@ def calls(tmp_path_factory):
             BlockDataset,
             aliases={"paths": ("path",)},
             paths=store,
+            shuffle=ShuffleSpec("none"),
+            **ids,
+        ),
+        "CacheBlockDataset": Call(
+            CacheBlockDataset,
+            aliases={"paths": ("path",)},
+            paths=os.path.join(store, "tokens"),
+            pack=PackSpec(8),
             shuffle=ShuffleSpec("none"),
             field="input_ids",
             **ids,

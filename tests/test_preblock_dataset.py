@@ -14,7 +14,7 @@ from corpora import preblocked_per_level, topic_texts, write_jsonl
 from meshbatch import ShuffleSpec
 from meshbatch.cache import run_reads
 from meshbatch.datasets.preblocked import PackSpec, preblock
-from meshbatch.datasets.preblocked.block_dataset import BlockDataset
+from meshbatch.datasets.preblocked.block_dataset import BlockDataset, CacheBlockDataset
 from meshbatch.datasets.protocol import Content, Rows
 from meshbatch.kernels.preblocked.block_batch import block_batch
 from meshbatch.pipeline.programs import build_program_single, plan_program
@@ -58,12 +58,13 @@ def fetch_and_build(dataset: BlockDataset, positions, epoch: int = 0):
 
 def test_format_detection_picks_the_mode(data):
     store, npy = BlockDataset(data["document"]), BlockDataset(data["npy"])
-    legacy = BlockDataset(data["cache"], pack=PackSpec(BLOCK), **IDS)
+    legacy = CacheBlockDataset(data["cache"], pack=PackSpec(BLOCK), **IDS)
     with pytest.raises(AttributeError, match=r"depend on the packing key.*make\(key\)\[1\]\.num_examples"):
         legacy.num_examples  # noqa: B018 - unknown until packed for a key
+    assert "unpacked" in repr(legacy)  # a repr never raises
     legacy = legacy.make(jax.random.key(KEY))[1]
     assert (store.format, npy.format, legacy.format) == ("store", "npy", "levanter")
-    assert not store.legacy and not npy.legacy and legacy.legacy
+    assert isinstance(legacy, CacheBlockDataset) and legacy.packed is not None
     assert store.spans_per_row == 1 and legacy.spans_per_row > 1
     assert store.num_examples == npy.num_examples == legacy.num_examples
     assert store.ids == IDS  # read from the header
@@ -71,12 +72,19 @@ def test_format_detection_picks_the_mode(data):
         BlockDataset([data["document"], data["cache"]])
     with pytest.raises(ValueError, match="mixed formats"):
         BlockDataset([data["npy"], data["document"]])
-    with pytest.raises(ValueError, match="needs pack"):
+    with pytest.raises(ValueError, match="mixed formats"):
+        CacheBlockDataset([data["cache"], data["document"]], pack=PackSpec(BLOCK), **IDS)
+    with pytest.raises(ValueError, match=r"jagged token cache: CacheBlockDataset\(paths, pack="):
         BlockDataset(data["cache"], **IDS)
-    with pytest.raises(ValueError, match="legacy mode needs"):
-        BlockDataset(data["cache"], pack=PackSpec(BLOCK))
-    with pytest.raises(ValueError, match="packed already"):
+    with pytest.raises(TypeError, match=r"takes no pack .*CacheBlockDataset\(paths, pack="):
+        BlockDataset(data["cache"], pack=PackSpec(BLOCK), **IDS)  # the old spelling names the new class
+    with pytest.raises(ValueError, match="CacheBlockDataset needs"):
+        CacheBlockDataset(data["cache"], pack=PackSpec(BLOCK), doc_id=None, eod_id=None, pad_id=None,
+                          vocab_size=None)  # fmt: skip
+    with pytest.raises(TypeError, match="takes no pack"):
         BlockDataset(data["document"], pack=PackSpec(BLOCK))
+    with pytest.raises(ValueError, match=r"packed already: read it with BlockDataset"):
+        CacheBlockDataset(data["document"], pack=PackSpec(BLOCK), **IDS)
     two = BlockDataset([data["document"], data["segment"]])  # same format: concatenated
     assert two.num_examples == store.num_examples + BlockDataset(data["segment"]).num_examples
 
@@ -88,7 +96,7 @@ def test_every_mode_gives_identical_batches(data, level):
     )  # shuffles are ShuffleSpec's (tested with it); rows come in random order here
     modes = {
         "store": BlockDataset(data[level], shuffle=shuffle),
-        "legacy": BlockDataset(data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), **IDS),
+        "legacy": CacheBlockDataset(data["cache"], shuffle=shuffle, pack=PackSpec(BLOCK, level), **IDS),
     }
     if level == "document":
         modes["npy"] = BlockDataset(data["npy"], shuffle=shuffle)
@@ -123,7 +131,7 @@ def test_two_sources_read_in_one_step(data):
 def test_legacy_mode_over_two_caches_equals_two_stores(data):
     shuffle = ShuffleSpec("none")
     stores = BlockDataset([data["document"], data["document"]], shuffle=shuffle)
-    legacy = BlockDataset([data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), **IDS)
+    legacy = CacheBlockDataset([data["cache"], data["cache"]], shuffle=shuffle, pack=PackSpec(BLOCK), **IDS)
     n = stores.num_examples
     assert legacy.make(jax.random.key(KEY))[1].num_examples == n
     positions = np.random.default_rng(1).integers(0, n, 256)

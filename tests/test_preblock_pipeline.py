@@ -16,7 +16,7 @@ from mp_harness import assemble, run_processes
 
 from meshbatch import Pipeline, ShuffleSpec
 from meshbatch.datasets.preblocked import PackSpec, preblock
-from meshbatch.datasets.preblocked.block_dataset import BlockDataset
+from meshbatch.datasets.preblocked.block_dataset import BlockDataset, CacheBlockDataset
 
 BLOCK, BATCH, STEPS = 64, 32, 3  # ~100 blocks: the six steps of `masked_steps` cross epochs
 LEAVES = ("tokens", "loss_mask", "segment_ids", "labels")
@@ -42,7 +42,9 @@ class MaskedSteps:
 
     def __init__(self, mesh, path: str, legacy: bool = False):
         if legacy:
-            dataset = BlockDataset(os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), **IDS)
+            dataset = CacheBlockDataset(
+                os.path.join(path, "tokens"), shuffle=SHUFFLE, pack=PackSpec(BLOCK), **IDS
+            )
         else:
             dataset = BlockDataset(path, shuffle=SHUFFLE)
         self.dataset = dataset
@@ -88,7 +90,7 @@ def test_store_and_on_the_fly_packing_give_the_same_masked_batches(store, refere
 def test_static_masks_repeat_per_block_dynamic_ones_do_not(one_device):
     steps = one_device
     dataset, n = steps.dataset, steps.dataset.num_examples
-    shuffle = dataset.device(jax.random.key(7)).shuffle
+    shuffle = dataset.make(jax.random.key(7))[0].shuffle
     per_block = {"static": {}, "dynamic": {}}
     for index, pipeline in enumerate(steps.pipelines):
         mode = ("static", "dynamic")[index]

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from meshbatch import BlockDataset, PackSpec, Pipeline, ShuffleSpec
+from meshbatch import BlockDataset, CacheBlockDataset, PackSpec, Pipeline, ShuffleSpec
 from meshbatch.cache import CacheWriter
 from meshbatch.cli import main
 from meshbatch.datasets.preblocked import preblock
@@ -93,8 +93,8 @@ def test_legacy_sequences_convert_to_the_same_cache(tmp_path):
     assert main(["convert-pt", str(src), str(tmp_path / "converted")]) == 0
     with CacheWriter(str(tmp_path / "direct")) as writer:
         writer.write([s.astype(np.int32) for s in sequences])
-    got = BlockDataset(str(tmp_path / "converted"), pack=PackSpec(BLOCK), **IDS)
-    want = BlockDataset(str(tmp_path / "direct"), pack=PackSpec(BLOCK), **IDS)
+    got = CacheBlockDataset(str(tmp_path / "converted"), pack=PackSpec(BLOCK), **IDS)
+    want = CacheBlockDataset(str(tmp_path / "direct"), pack=PackSpec(BLOCK), **IDS)
     for step, (x, y) in enumerate(zip(batches(got), batches(want), strict=True)):
         for name in y:
             np.testing.assert_array_equal(x[name], y[name], err_msg=f"{step=} {name}")

@@ -16,7 +16,7 @@ from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import CausalLMDataset, SpliceLMDataset
 from meshbatch.datasets.preblocked import PackSpec, preblock
-from meshbatch.datasets.preblocked.block_dataset import BlockDataset
+from meshbatch.datasets.preblocked.block_dataset import BlockDataset, CacheBlockDataset
 from meshbatch.datasets.provenance import content_fingerprint, source_name
 from meshbatch.pipeline.telemetry import read_counters
 
@@ -73,7 +73,7 @@ def datasets(cache_path, second_cache, store):
         ),
         "preblocked": (BlockDataset(store, shuffle=ShuffleSpec("full")), {"": set()}),
         "packed_on_the_fly": (
-            BlockDataset(
+            CacheBlockDataset(
                 os.path.join(store, "tokens"), shuffle=ShuffleSpec("full"), pack=PackSpec(32), **IDS
             ),
             {"": BLOCK_FILL},

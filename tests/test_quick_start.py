@@ -92,7 +92,7 @@ def test_training_starts_before_the_cache_is_finished(tmp_path, spec):
 
     finished = pipeline_over(TokenCache.open(path), spec)
     examples = np.arange(STEPS * BATCH).reshape(STEPS, BATCH)
-    shuffle = finished.dataset.device(jax.random.key(5)).shuffle
+    shuffle = finished.dataset.make(jax.random.key(5))[0].shuffle
     for step, got in enumerate(batches):
         np.testing.assert_array_equal(got, np.asarray(finished.batch(step).tokens), err_msg=f"{step=}")
         rows = examples[step]

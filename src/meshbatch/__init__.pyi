@@ -20,6 +20,7 @@ from .datasets.mixtures import mixture_schedule as mixture_schedule
 from .datasets.packed import PackedDataError as PackedDataError
 from .datasets.packed import PackedDataset as PackedDataset
 from .datasets.preblocked import BlockDataset as BlockDataset
+from .datasets.preblocked import CacheBlockDataset as CacheBlockDataset
 from .datasets.preblocked import MLMMasking as MLMMasking
 from .datasets.preblocked import PackSpec as PackSpec
 from .datasets.preblocked import preblock as preblock

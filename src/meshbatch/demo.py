@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         f"consumer waited {stats['wait_mean_s'] * 1e3:.2f} ms per batch on average"
     )
 
-    schedule = dataset.device(key).schedule
+    schedule = dataset.make(key)[0].schedule
     rows = np.arange(args.batch_size, steps * args.batch_size, dtype=np.int64)
     epoch, position = np.divmod(rows, dataset.num_examples)
     doc, t, s, _ = (

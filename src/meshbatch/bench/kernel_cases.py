@@ -171,7 +171,7 @@ def splice_frames_case(shapes: Shapes) -> Case:
         plan, _ = device.plan(rows, None)
         return device.build(plan, None)
 
-    d0, d1 = dataset.device(jax.random.key(0)), dataset.device(jax.random.key(1))
+    (d0, _), (d1, _) = dataset.make(jax.random.key(0)), dataset.make(jax.random.key(1))
     return Case(
         "splice_frames",
         "splice frames",

@@ -9,7 +9,7 @@ EOS-derived segment ids.
     cache tokens = [0 .. 9], seq_len = 4:  examples [0 1 2 3], [4 5 6 7]   (8, 9 dropped)
     rows position = [1, 0]  ->  example = [1, 0]  ->  spans (4, 4), (0, 4)  ->  one read [0, 8)
 
-The dataset is a value: ``device(key)`` makes ``CausalDevice`` (the shuffle's tables, the window
+The dataset is a value: ``make(key)`` makes ``CausalDevice`` (the shuffle's tables, the window
 build's configuration); the dataset itself reads spans on the host and is never changed.
 
 Quick start: over a cache still being written (``TokenCache.open(..., require_finished=False)``)
@@ -24,7 +24,6 @@ needs the final length, and is refused until the cache is finished. Once the cac
 from __future__ import annotations
 
 import logging
-import os
 from typing import ClassVar
 
 import equinox as eqx
@@ -37,7 +36,7 @@ from meshbatch.cache import DEFAULT_CHUNK_SIZE, poll_until
 from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from .protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from .protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, TokenSource, check_cache
 
 logger = logging.getLogger(__name__)
 MAX_EXAMPLES = 2**32 - 1
@@ -111,6 +110,15 @@ class CausalLMDataset(Dataset):
             needs the final length over a source still being written.
     """
 
+    source: TokenSource
+    seq_len: int
+    shuffle_spec: ShuffleSpec
+    eos_id: int | None
+    ignore_id: int | None
+    num_examples: int
+    max_row_tokens: int
+    spans_per_row: int = 1
+
     def __init__(
         self,
         source,
@@ -120,14 +128,7 @@ class CausalLMDataset(Dataset):
         eos_id: int | None = None,
         ignore_id: int | None = None,
     ):
-        if not (hasattr(source, "num_tokens") and callable(getattr(source, "prepare_read", None))):
-            hint = (
-                " (open a path with TokenCache.open(path))" if isinstance(source, str | os.PathLike) else ""
-            )
-            raise TypeError(
-                f"source must be a TokenCache or another TokenSource with num_tokens and prepare_read "
-                f"(got source={source!r}){hint}"
-            )
+        check_cache("source", source, ("num_tokens", "prepare_read"), "a TokenCache or another TokenSource")
         seq_len = check_int("seq_len", seq_len, low=1)
         if not isinstance(shuffle, ShuffleSpec):
             raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
@@ -137,7 +138,7 @@ class CausalLMDataset(Dataset):
         self.shuffle_spec = shuffle
         self.length_is_final = bool(getattr(source, "is_finished", True))
         if self.length_is_final:
-            self.num_examples = self._final_length()
+            self.num_examples = _final_length(source, seq_len)
         elif shuffle.strategy not in GROWING_ORDERS:
             raise ValueError(
                 f"shuffle strategy={shuffle.strategy!r} needs the final length of {source!r}, which "
@@ -149,19 +150,6 @@ class CausalLMDataset(Dataset):
             self.num_examples = MAX_EXAMPLES  # a bound until the writer finishes
         self.eos_id = check_token_id("eos_id", eos_id, optional=True)
         self.ignore_id = check_token_id("ignore_id", ignore_id, optional=True)
-
-    def _final_length(self) -> int:
-        num_tokens = check_int("source.num_tokens", self.source.num_tokens, low=0)
-        num_examples = num_tokens // self.seq_len
-        if num_examples < 1:
-            raise ValueError(
-                f"the source holds {num_tokens} tokens: not one window of seq_len={self.seq_len}"
-            )
-        if num_examples > MAX_EXAMPLES:
-            raise ValueError(
-                f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache"
-            )
-        return num_examples
 
     def wait_for(self, examples: int) -> CausalLMDataset | None:
         """Blocks until windows ``[0, examples)`` (whole eras of them) are committed, or the cache
@@ -197,12 +185,13 @@ class CausalLMDataset(Dataset):
         path = getattr(self.source, "path", None) or repr(self.source)
         return poll_until(ready, path=path, status=status, why="its writer commits them")[0]
 
-    def device(self, key: PRNGKeyArray) -> CausalDevice:
-        """The shuffle for ``key`` (``None`` for cache order) and the window build."""
+    def make(self, key: PRNGKeyArray) -> tuple[CausalDevice, CausalLMDataset]:
+        """The shuffle for ``key`` (``None`` for cache order) and the window build; the host half
+        is the dataset itself."""
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         window = WindowBuild(self.seq_len, self.eos_id, self.ignore_id)
-        return CausalDevice(self.shuffle_spec, shuffle, window)
+        return CausalDevice(self.shuffle_spec, shuffle, window), self
 
     def spans(self, plan: Plan) -> Spans:
         """Each row's window: tokens ``[example * seq_len, (example + 1) * seq_len)``."""
@@ -218,3 +207,13 @@ class CausalLMDataset(Dataset):
             f"CausalLMDataset(examples={self.num_examples}, seq_len={self.seq_len}, "
             f"shuffle={self.shuffle_spec}, eos_id={self.eos_id}, ignore_id={self.ignore_id})"
         )
+
+
+def _final_length(source, seq_len: int) -> int:
+    num_tokens = check_int("source.num_tokens", source.num_tokens, low=0)
+    num_examples = num_tokens // seq_len
+    if num_examples < 1:
+        raise ValueError(f"the source holds {num_tokens} tokens: not one window of seq_len={seq_len}")
+    if num_examples > MAX_EXAMPLES:
+        raise ValueError(f"{num_examples} examples exceed 2**32 - 1; use a longer seq_len or split the cache")
+    return num_examples

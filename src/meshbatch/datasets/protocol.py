@@ -31,14 +31,14 @@ A dataset with state (the token-balanced interleave) has its plan run over the w
 by every process, in step order, so the state is the same everywhere.
 """
 
-from __future__ import annotations
-
 import abc
+import os
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from equinox import AbstractVar
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, UInt32
 
 from meshbatch.kernels import Batch
@@ -122,6 +122,7 @@ class PreparedRead(Protocol):
     end: int  # first position of the output buffer after this read's tokens
 
 
+@runtime_checkable  # annotates every host half's sources: the shape-checked tests test it
 class TokenSource(Protocol):
     """A flat token space the pipeline can read from (``meshbatch.cache.TokenCache`` is one)."""
 
@@ -190,19 +191,25 @@ class DeviceDataset(eqx.Module):
         return self.seq_len if type(self).real_tokens is DeviceDataset.real_tokens else None
 
 
-class Dataset(abc.ABC):
-    """What a user constructs, and the host half of a dataset (numpy only); never mutated.
+class Dataset(eqx.Module):
+    """What a user constructs, and the host half of a dataset (numpy only): a frozen value.
+
+    Its fields are declared (an ``equinox.Module``): a subclass's ``__init__`` sets every one of
+    them, or construction fails naming the field; after ``__init__`` assigning one raises
+    ``dataclasses.FrozenInstanceError``. A value for another key or length is a new value
+    (``replace``), never this one changed. Host halves compare and hash by identity (they hold
+    sources, which are not values).
 
     ``make(key)`` gives the device half for a key and the host half that reads for it (``self``
     unless what the host reads depends on the key). When a growing source's length becomes final
     (quick start), ``wait_for`` returns a new, final dataset and the pipeline makes it again.
 
-    Attributes (set by subclasses, at construction):
+    Fields:
         num_examples: examples per epoch, ``1 <= num_examples <= 2**32 - 1``.
         seq_len: tokens per row of the batches ``build`` makes.
-        sources: the token sources ``spans`` refers to, by index; empty for device-resident data.
         max_row_tokens: most tokens one row's spans hold together (the fetch capacity per row).
         spans_per_row: span slots per row in ``spans``.
+        sources: the token sources ``spans`` refers to, by index; empty for device-resident data.
         content_margin: zeros fetch leaves before and after the tokens (lets ``build`` slice
             windows that reach past either end without padding on device).
         length_is_final: ``False`` while a source is still being written (quick start):
@@ -210,13 +217,16 @@ class Dataset(abc.ABC):
             calls ``wait_for`` before planning a step.
     """
 
-    num_examples: int
-    seq_len: int
-    sources: tuple[TokenSource, ...] = ()
-    max_row_tokens: int = 0
-    spans_per_row: int = 1
-    content_margin: int = 0
-    length_is_final: bool = True
+    num_examples: AbstractVar[int]
+    seq_len: AbstractVar[int]
+    max_row_tokens: AbstractVar[int]
+    spans_per_row: AbstractVar[int]
+    sources: tuple[TokenSource, ...] = eqx.field(default=(), kw_only=True)
+    content_margin: int = eqx.field(default=0, kw_only=True)
+    length_is_final: bool = eqx.field(default=True, kw_only=True)
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     @property
     def fetches(self) -> bool:
@@ -224,13 +234,12 @@ class Dataset(abc.ABC):
         return bool(self.sources)
 
     @abc.abstractmethod
-    def device(self, key: PRNGKeyArray) -> DeviceDataset:
-        """The device half for ``key`` (a typed threefry key, already checked): every table
-        derives from it (``fold_in`` per purpose); nothing keeps the key but the tables."""
+    def make(self, key: PRNGKeyArray) -> tuple[DeviceDataset, "Dataset"]:
+        """``(device half, host half)`` for ``key`` (a typed threefry key, already checked).
 
-    def make(self, key: PRNGKeyArray) -> tuple[DeviceDataset, Dataset]:
-        """``(device half, host half)`` for ``key``; the host half is ``self`` by default."""
-        return self.device(key), self
+        Every table of the device half derives from ``key`` (``fold_in`` per purpose); nothing
+        keeps the key but the tables. The host half is ``self`` unless what it reads depends on
+        the key (a new value then, e.g. caches packed for it)."""
 
     def init_state(self) -> State | None:
         """The carried state at step 0; ``None`` for a stateless dataset (the default)."""
@@ -254,7 +263,7 @@ class Dataset(abc.ABC):
         the dataset's spans are its own."""
         return None
 
-    def wait_for(self, examples: int) -> Dataset | None:
+    def wait_for(self, examples: int) -> "Dataset | None":
         """Blocks until stream rows ``[0, examples)`` can be planned and read (quick start).
 
         Returns the final dataset (a new value: ``num_examples`` the real length) once, when the
@@ -278,3 +287,27 @@ class Dataset(abc.ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> State | None:
         """The state a ``state_dict`` describes (``init_state()`` when stateless)."""
         return self.init_state()
+
+
+def replace(dataset: Dataset, **changes) -> Dataset:
+    """``dataclasses.replace`` for a dataset: a new value whose named fields are ``changes`` and
+    whose others are ``dataset``'s (a dataset's ``__init__`` takes its user's arguments, not its
+    fields, so this goes through ``equinox.tree_at``); ``dataset`` is unchanged. The new value holds
+    the same sources and arrays; nested modules (a mixture's children) are rebuilt as equal copies."""
+    names = list(changes)
+    return eqx.tree_at(
+        lambda d: [getattr(d, name) for name in names],
+        dataset,
+        [changes[name] for name in names],
+        is_leaf=lambda x: x is None,
+    )
+
+
+def check_cache(name: str, value, needs: tuple[str, ...], what: str) -> None:
+    """Raises a ``TypeError`` naming ``value`` when it lacks an attribute of ``needs`` (a path
+    given where an opened cache is meant gets the call that opens it)."""
+    if all(hasattr(value, attr) for attr in needs):
+        return
+    hint = " (open a path with TokenCache.open(path))" if isinstance(value, str | os.PathLike) else ""
+    listed = " and ".join([", ".join(needs[:-1]), needs[-1]] if len(needs) > 1 else needs)
+    raise TypeError(f"{name} must be {what} with {listed} (got {name}={value!r}){hint}")

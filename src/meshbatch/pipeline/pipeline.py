@@ -221,6 +221,8 @@ class Pipeline:
         Taking it moves the checkpoint position (``state_dict``) to ``step + 1``.
         """
         step = check_step(step)
+        if self._planner is not None:
+            self._planner.warn_if_replay(step)
         batch = self._take_warm(step)
         if batch is None:
             batch = self._make(step)
@@ -484,6 +486,8 @@ class Pipeline:
             self.load_state_dict(state, step)
             step = self._next_step
         start = 0 if step is None else check_step(step)
+        if self._planner is not None:
+            self._planner.warn_if_replay(start)
         with self._warm_lock:  # the warm batch goes to the stream if it is its first step's
             warm = self._warm
             if warm is not None and warm.step != start:

@@ -71,6 +71,22 @@ class StatePlanner:
                 self._advance(step - 1, keep_plans=True)
             return self._states[step]
 
+    def warn_if_replay(self, step: int) -> None:
+        """Says so in one WARNING line when the state at ``step`` is not known: a consumer starting
+        there (a resume without a ``state_dict``) makes the planner replay every step since the
+        latest state it knows, however few."""
+        with self._lock:
+            if step in self._states:
+                return
+            known = [s for s in self._states if s < step]
+            if known:
+                base = max(known)
+                logger.warning(
+                    "planning steps %d..%d to rebuild the state of step %d (no state_dict for it: "
+                    "resume with Pipeline(state=...) or iterate_from(state=...) to plan no replay)",
+                    base, step - 1, step,
+                )  # fmt: skip
+
     def forget_before(self, step: int) -> None:
         """Drop what no one will ask for once the consumer is at ``step``."""
         with self._lock:
@@ -87,9 +103,7 @@ class StatePlanner:
                 f"{min(self._states)}): resume from a state_dict() saved at or before it"
             )
         base = max(known)
-        long = step - base > KEEP
-        if long:
-            logger.warning("planning steps %d..%d to rebuild the state of step %d", base, step, step)
+        long = step - base > KEEP  # progress lines (the replay itself is announced by warn_if_replay)
         state, started = self._states[base], time.monotonic()
         reported = started
         for s in range(base, step + 1):

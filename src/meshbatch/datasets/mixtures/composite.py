@@ -31,7 +31,6 @@ child's order (a resumed token-balanced run may add a source). The Levanter drop
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import zlib
 from collections.abc import Mapping
@@ -42,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from meshbatch.datasets.provenance import RowSources, content_fingerprint
 from meshbatch.kernels import WRAPPED, Batch
 
@@ -285,6 +284,14 @@ class Composite(Dataset):
     ``CompositeDevice``: ``child_plans`` then ``group_plans``), which ``make_children`` fills.
     """
 
+    names: list[str]
+    children: list[Dataset]
+    seq_len: int
+    source_table: np.ndarray  # [children, width]: a child's source index -> ours
+    max_row_tokens: int
+    spans_per_row: int
+    span_group_cache: dict  # group_of -> _span_groups (filled on first use)
+
     def __init__(self, datasets: Mapping[str, Dataset], *, what: str = "datasets"):
         if not isinstance(datasets, Mapping) or not datasets:
             raise ValueError(f"{what} must be a non-empty dict of name -> Dataset (got {datasets!r})")
@@ -299,38 +306,8 @@ class Composite(Dataset):
         if len(set(crcs)) != len(crcs):
             raise ValueError(f"two names of {list(datasets)} share a crc32: their keys would collide")
         self.names = list(datasets)
-        self._set_children(list(datasets.values()), what)
-
-    def _set_children(self, children: list[Dataset], what: str = "datasets") -> None:
-        self.children = children
-        lengths = {child.seq_len for child in self.children}
-        if len(lengths) != 1:
-            seq = {
-                name: getattr(child, "seq_len", None)
-                for name, child in zip(self.names, self.children, strict=True)
-            }
-            raise ValueError(f"{what} build rows of different seq_len: {seq}")
-        self.seq_len = lengths.pop()
-        sources, self.source_maps = [], []
-        for child in self.children:
-            indices = []
-            for source in child.sources:
-                found = next((i for i, s in enumerate(sources) if s is source), None)
-                if found is None:
-                    sources.append(source)
-                    found = len(sources) - 1
-                indices.append(found)
-            self.source_maps.append(np.asarray(indices, np.int32))
-        self.sources = tuple(sources)
-        width = max((len(m) for m in self.source_maps), default=0)
-        self._source_table = np.zeros((len(self.children), max(width, 1)), np.int32)  # child's -> ours
-        for c, indices in enumerate(self.source_maps):
-            self._source_table[c, : len(indices)] = indices
-        self._span_group_cache: dict[tuple[int, ...], list[list[int]]] = {}
-        fetching = [child for child in self.children if child.fetches]
-        self.spans_per_row = max((c.spans_per_row for c in fetching), default=1)
-        self.max_row_tokens = max((c.max_row_tokens for c in fetching), default=0)
-        self.content_margin = max((c.content_margin for c in fetching), default=0)
+        for field, value in _children_fields(self.names, list(datasets.values()), what).items():
+            setattr(self, field, value)
 
     # -- for subclasses -------------------------------------------------------------------------
 
@@ -347,8 +324,7 @@ class Composite(Dataset):
         hosts = [host for _, host in made]
         host = self
         if any(h is not c for h, c in zip(hosts, self.children, strict=True)):
-            host = copy.copy(self)  # a new value over the children's hosts; self stays as it is
-            host._set_children(hosts)
+            host = replace(self, **_children_fields(self.names, hosts))  # a new value over them
         members, stacks = stack_children(devices)
         fields = dict(
             stacks=stacks,
@@ -385,7 +361,7 @@ class Composite(Dataset):
             )
             part = lead.spans(mine_only)
             k = part.source.shape[1]
-            out.source[mine, :k] = self._source_table[source[mine][:, None], part.source]
+            out.source[mine, :k] = self.source_table[source[mine][:, None], part.source]
             out.start[mine, :k] = part.start
             out.length[mine, :k] = part.length
         return out
@@ -420,17 +396,52 @@ class Composite(Dataset):
     def _span_groups(self, group_of: tuple[int, ...]) -> list[list[int]]:
         """Children whose spans one call reads (equal ``spans_key``, one build group's plan): a
         step reads every causal child's spans at once, whatever the number of children."""
-        found = self._span_group_cache.get(group_of)
+        found = self.span_group_cache.get(group_of)
         if found is None:
             groups: dict = {}
             for c, child in enumerate(self.children):
                 key = child.spans_key()
                 groups.setdefault((c,) if key is None else (key, group_of[c]), []).append(c)
-            found = self._span_group_cache[group_of] = list(groups.values())
+            found = self.span_group_cache[group_of] = list(groups.values())
         return found
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(zip(self.names, self.children, strict=True))})"
+
+
+def _children_fields(names: list[str], children: list[Dataset], what: str = "datasets") -> dict:
+    """A composite's fields that derive from its children: ``seq_len`` (theirs, one value), the
+    union of their sources (each once, by identity) and a table from each child's source indices
+    into it, and the fetch shape (the widest child's)."""
+    lengths = {child.seq_len for child in children}
+    if len(lengths) != 1:
+        seq = {name: getattr(child, "seq_len", None) for name, child in zip(names, children, strict=True)}
+        raise ValueError(f"{what} build rows of different seq_len: {seq}")
+    sources, source_maps = [], []
+    for child in children:
+        indices = []
+        for source in child.sources:
+            found = next((i for i, s in enumerate(sources) if s is source), None)
+            if found is None:
+                sources.append(source)
+                found = len(sources) - 1
+            indices.append(found)
+        source_maps.append(np.asarray(indices, np.int32))
+    width = max((len(m) for m in source_maps), default=0)
+    table = np.zeros((len(children), max(width, 1)), np.int32)
+    for c, indices in enumerate(source_maps):
+        table[c, : len(indices)] = indices
+    fetching = [child for child in children if child.fetches]
+    return dict(
+        children=list(children),
+        seq_len=lengths.pop(),
+        sources=tuple(sources),
+        source_table=table,
+        span_group_cache={},
+        spans_per_row=max((c.spans_per_row for c in fetching), default=1),
+        max_row_tokens=max((c.max_row_tokens for c in fetching), default=0),
+        content_margin=max((c.content_margin for c in fetching), default=0),
+    )
 
 
 def _stack(leaves) -> Array:

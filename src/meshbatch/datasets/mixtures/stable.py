@@ -60,7 +60,7 @@ class Mixture(Composite):
         batch_size: the pipeline's batch schedule (an int, pairs or a ``BatchSchedule``);
             needed only to place staged weights, whose starts are steps.
 
-    The mixture takes no key: ``device(key)`` derives its own and each child's from the
+    The mixture takes no key: ``make(key)`` derives its own and each child's from the
     pipeline's (``derive_keys``; a subclass may override it, as ``LevanterKeyedMixture`` of
     ``meshbatch.levanter.mixture_config`` does to reproduce ``LMMixtureDatasetConfig``'s keys).
 
@@ -68,6 +68,13 @@ class Mixture(Composite):
         ValueError, TypeError: naming the value: bad weights or stages, children of different
             ``seq_len``, a stateful child, staged weights without ``batch_size``.
     """
+
+    rows: dict  # mixture_rows: the schedule's tables that do not depend on the key
+    num_examples: int
+    block_size: int
+    stop_strategy: StopStrategy
+    compat: Literal["levanter"] | None
+    weights: object  # as given (stages in rows): part of content_fingerprint
 
     def __init__(
         self,
@@ -95,16 +102,13 @@ class Mixture(Composite):
         )
         self.num_examples = int(self.rows["num_rows"])
         self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
-        self.weights = weights  # as given (stages in rows): part of content_fingerprint
+        self.weights = weights
 
     def make(self, key: PRNGKeyArray) -> tuple[MixtureDevice, Composite]:
         """The mixture's schedule under its key and the children's halves under theirs."""
         mixture_key, child_keys = self.derive_keys(key)
         fields, host = self.make_children(child_keys)
         return MixtureDevice(schedule=MixtureSchedule(key=as_key(mixture_key), **self.rows), **fields), host
-
-    def device(self, key: PRNGKeyArray) -> MixtureDevice:
-        return self.make(key)[0]
 
     def __repr__(self) -> str:
         return (

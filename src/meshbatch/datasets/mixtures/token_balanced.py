@@ -133,6 +133,10 @@ class TokenBalancedMixture(Composite):
         baseline: the consumed-token count a spec new to a checkpoint starts at.
     """
 
+    baseline: Baseline
+    num_examples: int
+    lengths: list[int]  # each child's rows per epoch
+
     def __init__(self, datasets: Mapping[str, Dataset], *, baseline: Baseline = "zero"):
         super().__init__(datasets)
         self.baseline = check_choice("baseline", baseline, ("zero", "min", "mean"))
@@ -156,9 +160,6 @@ class TokenBalancedMixture(Composite):
             **fields,
         )
         return device, host
-
-    def device(self, key: PRNGKeyArray) -> BalancedDevice:
-        return self.make(key)[0]
 
     def init_state(self) -> BalancedState:
         zeros = jnp.zeros(len(self.names), U32)

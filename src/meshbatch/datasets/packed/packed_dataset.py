@@ -28,7 +28,6 @@ rows); ``pack=False`` puts one example in each row, padded (marin#7086's unpacke
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Literal, NamedTuple
 
@@ -44,7 +43,7 @@ from meshbatch.cache import DEFAULT_CHUNK_SIZE
 from meshbatch.kernels import Batch
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec, permutation
 
-from ..protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from ..protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from ..provenance import RowSources, from_spans
 from .packed_sources import FORMATS, Examples, PackedDataError, open_examples
 
@@ -208,6 +207,25 @@ class PackedDataset(Dataset):
             than ``seq_len`` with ``slice_strategy="raise"``.
     """
 
+    seq_len: int
+    pack: bool
+    compat: Compat
+    max_segments: int
+    window: int
+    decreasing: bool
+    shuffle_examples: bool
+    shuffle_spec: ShuffleSpec
+    mask_prompt: bool
+    attention_metadata: bool
+    pad_id: int
+    examples: Examples
+    format: str
+    slice_strategy: SliceStrategy
+    segments: int  # member slots per row
+    spans_per_row: int
+    max_row_tokens: int
+    packing: Packing | None  # the packed rows; ``None`` until made for a key (keyed packing)
+
     def __init__(
         self,
         path: str,
@@ -274,23 +292,22 @@ class PackedDataset(Dataset):
         self.sources = (self.examples.tokens,) + ((self.examples.masks,) if self.format == "chat" else ())
         self.spans_per_row = self.segments * len(self.sources)
         self.max_row_tokens = self.seq_len * len(self.sources)
-        self._tables: Packing | None = None
-        if not self.keyed_packing:
-            self._tables = self._pack(None)
-            self.num_examples = int(self._tables.num_rows)
+        self.packing = None if self.keyed_packing else self._pack(None)
 
     @property
     def keyed_packing(self) -> bool:
         """Whether the packing depends on the key (the default policy's shuffle of examples)."""
         return self.pack and self.compat is None and self.shuffle_examples
 
-    def __getattr__(self, name: str):
-        if name == "num_examples":  # only missing before a keyed packing
+    @property
+    def num_examples(self) -> int:
+        """The packed rows (known once packed: at construction, or for a key by ``make``)."""
+        if self.packing is None:
             raise AttributeError(
                 "the packed rows depend on the key (shuffle_examples=True): num_examples is known on "
                 "the dataset PackedDataset.make(key) returns (dataset.make(key)[1].num_examples)"
             )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return int(self.packing.num_rows)
 
     # -- packing --------------------------------------------------------------------------------
 
@@ -327,11 +344,9 @@ class PackedDataset(Dataset):
     def packed_for(self, key: PRNGKeyArray) -> PackedDataset:
         """The host half for the pipeline's ``key``: itself when the packing needs no key, else a
         new value packed for it (``num_examples``: the packed rows)."""
-        if self._tables is not None:
+        if self.packing is not None:
             return self
-        host = copy.copy(self)
-        host._tables = self._pack(key)
-        host.num_examples = int(host._tables.num_rows)
+        host = replace(self, packing=self._pack(key))
         logger.info(
             "packed %d %s examples into %d rows of %d tokens (fill %.4f)",
             self.examples.num_examples, self.format, host.num_examples, self.seq_len, host.fill(),
@@ -340,20 +355,18 @@ class PackedDataset(Dataset):
 
     def fill(self) -> float:
         """Real tokens over slots of the packed rows (packing efficiency); needs the packing."""
-        if self._tables is None:
+        if self.packing is None:
             raise ValueError("the packing depends on the key: call fill() on dataset.make(key)[1]")
         kept = np.minimum(self.examples.lengths, self.seq_len).sum()
-        return float(kept) / (int(self._tables.num_rows) * self.seq_len)
+        return float(kept) / (int(self.packing.num_rows) * self.seq_len)
 
     # -- the protocol ---------------------------------------------------------------------------
 
     def make(self, key: PRNGKeyArray) -> tuple[PackedDevice, PackedDataset]:
-        host = self.packed_for(key)
-        return host.device(key), host
-
-    def device(self, key: PRNGKeyArray) -> PackedDevice:
-        if self._tables is None:
-            return self.make(key)[0]
+        """The packed rows' order for ``key`` and the packing's tables; the host half is a new
+        value packed for ``key`` when the packing depends on it (``packed_for``)."""
+        if self.packing is None:
+            return self.packed_for(key).make(key)
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         n = self.examples.num_examples
@@ -369,14 +382,14 @@ class PackedDataset(Dataset):
         return PackedDevice(
             shuffle_spec=self.shuffle_spec,
             shuffle=shuffle,
-            members=jnp.asarray(self._tables.members, jnp.int32),
-            row_start=jnp.asarray(self._tables.row_start, jnp.int32),
+            members=jnp.asarray(self.packing.members, jnp.int32),
+            row_start=jnp.asarray(self.packing.row_start, jnp.int32),
             lengths=jnp.asarray(np.minimum(self.examples.lengths, 2**31 - 1).astype(np.int32)),
             sources_len=jnp.asarray(sources_len.astype(np.int32)),
             max_segments=self.segments,
             keep_end=self.slice_strategy == "right",
             row_build=build,
-        )
+        ), self
 
     def spans(self, plan: Plan) -> Spans:
         """Each member's kept tokens; for chat, then the same ranges of ``assistant_masks``."""

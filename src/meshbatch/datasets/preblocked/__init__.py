@@ -1,9 +1,11 @@
 """Preblocked document blocks: ``[DOC] ... [EOD]`` packing, shuffle levels, escaping, validation,
-``BlockDataset`` and masked-LM masking. This module only re-exports; the writer is
-``meshbatch.preblock`` (``meshbatch.datasets.preblocked.preblock``).
+``BlockDataset`` (a store), ``CacheBlockDataset`` (a token cache packed on the fly) and masked-LM
+masking. This module only re-exports; the writer is ``meshbatch.preblock``
+(``meshbatch.datasets.preblocked.preblock``).
 """
 
 from .block_dataset import BlockDataset as BlockDataset
+from .block_dataset import CacheBlockDataset as CacheBlockDataset
 from .block_sources import BlockSource as BlockSource
 from .block_sources import open_blocks as open_blocks
 from .block_store import Header as Header

@@ -1,78 +1,162 @@
-"""``BlockDataset``: preblocked blocks as a pipeline dataset, from a store, ``chunk*.npy`` or a cache.
+"""Preblocked blocks as pipeline datasets: ``BlockDataset`` reads a store or ``chunk*.npy``;
+``CacheBlockDataset`` packs a jagged Levanter token cache into the same blocks on the fly.
 
-The format is detected from the first path; every path must have the same one:
+* ``BlockDataset`` (a ``meshbatch.preblock`` store or ``chunk*.npy`` matrices): example ``b`` is
+  block ``b``; a row reads one span, the whole block, coalesced with its neighbours by the
+  pipeline;
+* ``CacheBlockDataset`` (a jagged token cache): the documents are packed by the same packing plan
+  as the writer (``plan_layout``), so example ``b`` is the block the writer would have written as
+  row ``b`` with ``key=BlockDataset.pack_key(pipeline key)``. The dataset holds no key: it packs
+  when the pipeline makes it for its key (``make(key)`` returns the packed host half, which knows
+  ``num_examples`` and ``spans_per_row``). A row reads up to ``spans_per_row`` spans, the tokens
+  of each document piece in the block; the build kernel inserts the markers and padding.
 
-* preblocked (a ``meshbatch.preblock`` store or ``chunk*.npy`` matrices): example ``b`` is block
-  ``b``; a row reads one span, the whole block, coalesced with its neighbours by the pipeline;
-* legacy (a jagged Levanter token cache): the documents are packed on the fly by the same packing
-  plan as the writer (``plan_layout``), so example ``b`` is the block the writer would have written
-  as row ``b`` with ``key=BlockDataset.pack_key(pipeline key)``. The dataset holds no key: it
-  packs when the pipeline makes it for its key (``make(key)`` returns the packed host half, which
-  knows ``num_examples`` and ``spans_per_row``). A row reads up to ``spans_per_row`` spans, the
-  tokens of each document piece in the block; the build kernel inserts the markers and padding.
+The device half, ``BlockDevice``: each row's plan, and what build does with it::
+
+    preblocked: example b -> source by ``source_start``, block within it -> BlockPlan(block)
+    on the fly: example b -> packed block p -> its pieces (entries first[p] .. first[p] + count[p])
+                -> PiecesPlan(entry, row_start, slot_start, slots, size), [n, spans_per_row] each
+    build:      gather_windows (preblocked) or assemble_rows (on the fly), then block_batch
 
 Build (per shard): ``block_batch`` (segment ids from the ``[DOC]`` markers, padding its own segment,
 no loss on padding or across a document boundary). ``real_tokens`` is the block's non-pad count,
 stored (or computed from the layout) so it is known at plan time.
 
-    BlockDataset("/data/blocks")                                   # a store
-    BlockDataset("/data/cache", pack=PackSpec(128), vocab_size=257)  # legacy, packed on the fly
+    BlockDataset("/data/blocks")                                        # a store
+    CacheBlockDataset("/data/cache", pack=PackSpec(128), vocab_size=257, doc_id=..., ...)
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
-from meshbatch.datasets.protocol import Dataset, Plan, Spans
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from meshbatch.datasets.provenance import RowSources, from_spans
+from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from .block_device import BlockDevice
 from .block_sources import open_blocks
 from .block_store import STRUCTURAL_IDS, check_paths, check_structural_ids, detect_format, tokenizer_markers
 from .masking import MLMMasking
-from .pack_layout import PackSpec, plan_layout
+from .pack_layout import Layout, PackSpec, plan_layout
 
 logger = logging.getLogger(__name__)
 PACK_TAG = 0x5041434B  # "PACK": the packing key is fold_in(pipeline key, PACK_TAG)
+PIECE_TABLES = ("packed", "first", "count", "start_block", "start_offset", "size")
 
 
-class BlockDataset(Dataset):
-    """Fixed blocks of ``[DOC] ... [EOD]`` documents (see the module docstring).
+class BlockPlan(eqx.Module):
+    """A preblocked row's plan detail: the block within its source."""
 
-    Args:
-        paths: one path or several of the same format.
-        shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
-        pack: legacy mode only: how the caches' documents are packed (``PackSpec``).
-        doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary; read from the
-            header of preblocked data when not given, required in legacy mode.
-        field: legacy mode: the cache field.
+    block: Int[Array, " n"]
 
-    Raises:
-        ValueError: mixed formats, inconsistent block sizes or ids, missing ids.
+
+class PiecesPlan(eqx.Module):
+    """A row's plan detail when packed on the fly: its packed block's document pieces, ``[n, spans_per_row]``
+    each (entry, where the piece starts in the row and in the document's slots, its slots, the
+    document's size)."""
+
+    entry: Int[Array, "n k"]
+    row_start: Int[Array, "n k"]
+    slot_start: Int[Array, "n k"]
+    slots: Int[Array, "n k"]
+    size: Int[Array, "n k"]
+
+
+class BlockDevice(DeviceDataset):
+    """The device half of both block datasets (the pieces' tables are ``None`` for ``BlockDataset``).
+
+    Attributes:
+        shuffle: the block order for the key (``None`` for source order).
+        source_start: first global example of each source; ``real``: non-pad tokens per example.
+        packed, first, count: on the fly: per example, its packed block, first piece entry, pieces.
+        start_block, start_offset, size: on the fly: per entry (document, by position).
+        shuffle_spec, seq_len, spans_per_row, doc_id, eod_id, pad_id: configuration (static).
     """
 
-    def __init__(
-        self,
-        paths: str | Sequence[str],
-        *,
-        shuffle=None,
-        pack: PackSpec | None = None,
-        doc_id: int | None = None,
-        eod_id: int | None = None,
-        pad_id: int | None = None,
-        vocab_size: int | None = None,
-        field: str = "input_ids",
-    ):
+    shuffle: eqx.Module | None
+    source_start: Int[Array, " sources_plus_1"]
+    real: Int[Array, " blocks"]
+    packed: Int[Array, " blocks"] | None
+    first: Int[Array, " blocks"] | None
+    count: Int[Array, " blocks"] | None
+    start_block: Int[Array, " entries"] | None
+    start_offset: Int[Array, " entries"] | None
+    size: Int[Array, " entries"] | None
+    shuffle_spec: ShuffleSpec = eqx.field(static=True)
+    seq_len: int = eqx.field(static=True)
+    spans_per_row: int = eqx.field(static=True)
+    doc_id: int = eqx.field(static=True)
+    eod_id: int = eqx.field(static=True)
+    pad_id: int = eqx.field(static=True)
+
+    @property
+    def on_the_fly(self) -> bool:
+        """Whether the blocks are packed on the fly (``CacheBlockDataset``): the pieces' tables."""
+        return self.packed is not None
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
+        source = jnp.searchsorted(self.source_start, example, side="right").astype(jnp.int32) - 1
+        local = (example - self.source_start[source]).astype(jnp.int32)
+        detail = self._pieces(self.packed[example]) if self.on_the_fly else BlockPlan(local)
+        return Plan(rows=rows, source=source, example=example, detail=detail), None
+
+    def _pieces(self, packed: Int[Array, " n"]) -> PiecesPlan:
+        S, k = self.seq_len, self.spans_per_row
+        slot = jnp.arange(k, dtype=jnp.int32)[None, :]
+        used = slot < self.count[packed][:, None]
+        entry = jnp.where(used, self.first[packed][:, None] + slot, 0)
+        start_block, start_offset, size = (t[entry] for t in (self.start_block, self.start_offset, self.size))
+        here = start_block == packed[:, None]
+        row_start = jnp.where(here, start_offset, 0)
+        slot_start = jnp.where(here, 0, (packed[:, None] - start_block) * S - start_offset)
+        slots = jnp.where(used, jnp.minimum(size - slot_start, S - row_start), 0)
+        return PiecesPlan(entry, row_start, slot_start, slots, size)
+
+    def build(self, plan: Plan, content: Content | None) -> Batch:
+        ids = dict(doc_id=self.doc_id, eod_id=self.eod_id, pad_id=self.pad_id)
+        if self.on_the_fly:
+            d = plan.detail
+            tokens = assemble_rows(
+                content.tokens,
+                content.offsets,
+                d.row_start,
+                d.slot_start,
+                d.slots,
+                d.size,
+                block_size=self.seq_len,
+                **ids,
+            )
+        else:
+            tokens = gather_windows(content.tokens, content.offsets[:, 0], width=self.seq_len)
+        return block_batch(tokens, **ids)
+
+    def real_tokens(self, plan: Plan) -> Int[Array, " n"]:
+        return self.real[plan.example]
+
+
+class _Blocks(Dataset):
+    """What both block datasets share: the ids, the order, the block build and its device half."""
+
+    format: str
+    shuffle_spec: ShuffleSpec
+    ids: dict[str, int]
+    seq_len: int
+    max_row_tokens: int
+
+    def _start(self, paths, shuffle, *, cache: bool) -> list[str]:
+        """Checks ``paths`` (one format, the one this class reads) and ``shuffle``."""
         paths = check_paths("paths", paths)
         if not paths:
             raise ValueError("paths must name at least one store, chunk directory or cache (got [])")
@@ -81,67 +165,20 @@ class BlockDataset(Dataset):
             listing = ", ".join(f"{p} is {f}" for p, f in zip(paths, formats, strict=True))
             raise ValueError(f"mixed formats in one dataset are not supported ({listing})")
         self.format = formats[0]
-        self.legacy = self.format == "levanter"
+        if cache and self.format != "levanter":
+            raise ValueError(
+                f"{paths[0]} holds preblocked data ({self.format}), packed already: read it with "
+                "BlockDataset(paths); CacheBlockDataset packs a jagged token cache"
+            )
+        if not cache and self.format == "levanter":
+            raise ValueError(
+                f"{paths[0]} is a jagged token cache: CacheBlockDataset(paths, pack=PackSpec(block_size, "
+                "...), doc_id=..., eod_id=..., pad_id=..., vocab_size=...) packs it on the fly"
+            )
         self.shuffle_spec = ShuffleSpec() if shuffle is None else shuffle
         if not isinstance(self.shuffle_spec, ShuffleSpec):
             raise TypeError(f"shuffle must be a ShuffleSpec (got shuffle={shuffle!r})")
-        given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
-        if self.legacy:
-            if pack is None:
-                raise ValueError(
-                    "a jagged token cache needs pack=PackSpec(block_size, ...) to be packed on the fly"
-                )
-            missing = [name for name, v in given.items() if v is None]
-            if missing:
-                raise ValueError(f"legacy mode needs {missing} (a token cache has no preblock header)")
-            self.ids = {name: check_token_id(name, v) for name, v in given.items()}
-            check_structural_ids({n: self.ids[n] for n in STRUCTURAL_IDS}, self.ids["vocab_size"])
-            if not isinstance(pack, PackSpec):
-                raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
-            if not isinstance(field, str):
-                raise TypeError(f"field must be a str (got field={field!r})")
-            check_int("vocab_size", self.ids["vocab_size"], low=1)
-            self.pack = pack
-            self.sources = tuple(TokenCache.open(p, field) for p in paths)
-            self.seq_len = self.max_row_tokens = pack.block_size
-            self.packed = False  # its blocks exist once packed for a key (make)
-            return
-        else:
-            if pack is not None:
-                raise ValueError("pack applies to jagged token caches; preblocked data is packed already")
-            self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
-            self.ids = _preblocked_ids(self.sources, given)
-            check_structural_ids(
-                {n: self.ids[n] for n in STRUCTURAL_IDS},
-                self.ids["vocab_size"],
-                in_vocab=tokenizer_markers(self.sources, self.ids),
-            )
-            sizes = {s.block_size for s in self.sources}
-            if len(sizes) != 1:
-                raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")
-            self.seq_len = sizes.pop()
-            self.max_row_tokens, self.spans_per_row = self.seq_len, 1
-            self._blocks = [s.num_blocks for s in self.sources]
-            self._real = np.concatenate([s.real_tokens() for s in self.sources])
-        check_int("vocab_size", self.ids["vocab_size"], low=1)
-        self.packed = True
-        self._count_blocks()
-
-    def _count_blocks(self) -> None:
-        total = sum(self._blocks)
-        if not 1 <= total <= 2**32 - 1:
-            raise ValueError(f"{total} blocks: need 1 <= blocks <= 2**32 - 1")
-        self.num_examples = total
-        self._source_start = np.concatenate([[0], np.cumsum(self._blocks)]).astype(np.int64)
-
-    def __getattr__(self, name: str):
-        if name in ("num_examples", "spans_per_row", "layouts"):  # only missing before packing
-            raise AttributeError(
-                f"a jagged cache's blocks depend on the packing key, which derives from the "
-                f"pipeline's key: {name} is known on the dataset BlockDataset.make(key) returns "
-                f"(dataset.make(key)[1].{name})"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return paths
 
     @staticmethod
     def pack_key(key: PRNGKeyArray) -> PRNGKeyArray:
@@ -150,81 +187,15 @@ class BlockDataset(Dataset):
         key=BlockDataset.pack_key(key))`` holds exactly the blocks packed on the fly."""
         return jax.random.fold_in(as_key(key), PACK_TAG)
 
-    def packed_for(self, key: PRNGKeyArray) -> BlockDataset:
-        """Legacy mode: the host half for the pipeline's ``key``, a new value whose caches are
-        packed with ``pack_key(key)``; a preblocked dataset is its own."""
-        if self.packed:
-            return self
-        host = copy.copy(self)
-        host._pack_caches(self.pack_key(key))
-        host.packed = True
-        host._count_blocks()
-        return host
-
-    def _pack_caches(self, key: PRNGKeyArray) -> None:
-        caches, pack = self.sources, self.pack
-        layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
-        S = pack.block_size
-        packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
-        self._entry_doc, self._entry_source, self._doc_offsets = [], [], []
-        block_base = entry_base = 0
-        for i, (cache, layout) in enumerate(zip(caches, layouts, strict=True)):
-            order = layout.by_position()
-            lo, hi = layout.block_docs(order)
-            packed.append(layout.block_order + block_base)
-            first.append(lo + entry_base)
-            count.append(hi - lo)
-            start_block.append(layout.starts[order] // S + block_base)
-            start_offset.append(layout.starts[order] % S)
-            size.append(layout.sizes[order])
-            real.append(layout.real_tokens())
-            self._entry_doc.append(order)
-            self._entry_source.append(np.full(order.shape, i, np.int32))
-            self._doc_offsets.append(cache.doc_offsets())
-            block_base += layout.num_blocks
-            entry_base += layout.num_docs
-        if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
-            raise ValueError(
-                f"{block_base} blocks of {entry_base} documents: packing on the fly indexes them in "
-                "int32; write a store (meshbatch.preblock) or split the caches"
-            )
-        cat = lambda parts: np.concatenate(parts).astype(np.int32)  # noqa: E731
-        self._legacy = dict(
-            packed=cat(packed),
-            first=cat(first),
-            count=cat(count),
-            start_block=cat(start_block),
-            start_offset=cat(start_offset),
-            size=cat(size),
-        )
-        self._entry_doc = np.concatenate(self._entry_doc)
-        self._entry_source = np.concatenate(self._entry_source)
-        self._real = np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)])
-        self.spans_per_row = max(1, int(self._legacy["count"].max()))
-        self.max_row_tokens = S
-        self._blocks = [lay.num_blocks for lay in layouts]
-        self.layouts = layouts
-
-    # -- the protocol --------------------------------------------------------------------------
-
-    def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
-        """Both halves for ``key``; legacy mode packs the caches for it first (``packed_for``)."""
-        host = self.packed_for(key)
-        return host.device(key), host
-
-    def device(self, key: PRNGKeyArray) -> BlockDevice:
-        """The block order for ``key`` and the tables (legacy: the packing's pieces)."""
-        if not self.packed:
-            return self.make(key)[0]
+    def _device(self, key: PRNGKeyArray, source_start, real, pieces: dict) -> BlockDevice:
+        """The block order for ``key`` and the tables (``pieces``: the packing's, or ``None``s)."""
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)  # a block shuffle's block: one read chunk
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
-        names = ("packed", "first", "count", "start_block", "start_offset", "size")
-        legacy = {k: jnp.asarray(self._legacy[k]) if self.legacy else None for k in names}
         return BlockDevice(
             shuffle=shuffle,
-            source_start=jnp.asarray(self._source_start.astype(np.uint32)),
-            real=jnp.asarray(self._real),
-            **legacy,
+            source_start=jnp.asarray(source_start.astype(np.uint32)),
+            real=jnp.asarray(real),
+            **pieces,
             shuffle_spec=self.shuffle_spec,
             seq_len=self.seq_len,
             spans_per_row=self.spans_per_row,
@@ -232,46 +203,6 @@ class BlockDataset(Dataset):
             eod_id=self.ids["eod_id"],
             pad_id=self.ids["pad_id"],
         )
-
-    def spans(self, plan: Plan) -> Spans:
-        S = self.seq_len
-        if not self.legacy:
-            start = plan.detail.block.astype(np.int64)[:, None] * S
-            return Spans(plan.source[:, None].astype(np.int32), start, np.full_like(start, S))
-        d = plan.detail
-        entry = d.entry
-        source = self._entry_source[entry]
-        doc = self._entry_doc[entry]
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
-        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
-        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
-        offsets = np.zeros(entry.shape, np.int64)
-        for i, doc_offsets in enumerate(self._doc_offsets):
-            mine = source == i
-            offsets[mine] = doc_offsets[doc[mine]]
-        start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
-        return Spans(source.astype(np.int32), start, length)
-
-    def provenance(self, plan: Plan) -> RowSources:
-        """Preblocked: each row is one block of its store (``doc``: the block). Packed on the fly:
-        each piece of a cache document, where it lands in the row (after its ``[DOC]`` marker
-        when it is the document's first); no token is read."""
-        if not self.legacy:  # a store's rows are its blocks
-            out = super().provenance(plan)
-            out.doc[:] = np.where(out.length > 0, out.start // self.seq_len, -1)
-            out.doc_start[:] = 0
-            return out
-        spans = self.spans(plan)
-        d = plan.detail
-        out = from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
-        used = spans.length > 0
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
-        out.doc[:] = np.where(used, self._entry_doc[d.entry], -1)
-        out.doc_start[:] = np.where(used, token_lo, 0)
-        out.row_offset[:] = np.where(used, d.row_start + token_lo + 1 - d.slot_start, 0)
-        return out
-
-    # -- conveniences --------------------------------------------------------------------------
 
     def masking(self, key, *, mask_id: int | None = None, **options) -> MLMMasking:
         """An ``MLMMasking`` stage for these blocks: markers and padding are never masked; the
@@ -282,10 +213,271 @@ class BlockDataset(Dataset):
         return MLMMasking(key, mask_id=mask_id, vocab_size=ids["vocab_size"], special_ids=specials, **options)
 
     def __repr__(self) -> str:
+        try:
+            blocks = self.num_examples
+        except AttributeError:  # a cache not yet packed for a key
+            blocks = "unpacked"
         return (
-            f"BlockDataset(format={self.format!r}, blocks={self.num_examples}, block_size={self.seq_len}, "
-            f"ids={self.ids}, shuffle={self.shuffle_spec})"
+            f"{type(self).__name__}(format={self.format!r}, blocks={blocks}, "
+            f"block_size={self.seq_len}, ids={self.ids}, shuffle={self.shuffle_spec})"
         )
+
+
+class BlockDataset(_Blocks):
+    """Fixed blocks of ``[DOC] ... [EOD]`` documents from a store or ``chunk*.npy`` (see the
+    module docstring; a jagged token cache is ``CacheBlockDataset``'s).
+
+    Args:
+        paths: one path or several of the same format.
+        shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
+        doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary; read from the
+            header when not given.
+        pack: refused: packing a token cache on the fly is ``CacheBlockDataset``.
+
+    Raises:
+        ValueError: mixed formats, a token cache, inconsistent block sizes or ids, missing ids.
+    """
+
+    num_examples: int
+    spans_per_row: int
+    source_start: np.ndarray  # first global example of each source, and the total
+    real: np.ndarray  # non-pad tokens per block
+
+    def __init__(
+        self,
+        paths: str | Sequence[str],
+        *,
+        shuffle=None,
+        doc_id: int | None = None,
+        eod_id: int | None = None,
+        pad_id: int | None = None,
+        vocab_size: int | None = None,
+        pack: None = None,
+    ):
+        if pack is not None:
+            raise TypeError(
+                f"BlockDataset reads preblocked data and takes no pack (got pack={pack!r}): "
+                "CacheBlockDataset(paths, pack=..., ...) packs a jagged token cache on the fly"
+            )
+        paths = self._start(paths, shuffle, cache=False)
+        given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+        self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
+        self.ids = _preblocked_ids(self.sources, given)
+        check_structural_ids(
+            {n: self.ids[n] for n in STRUCTURAL_IDS},
+            self.ids["vocab_size"],
+            in_vocab=tokenizer_markers(self.sources, self.ids),
+        )
+        sizes = {s.block_size for s in self.sources}
+        if len(sizes) != 1:
+            raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")
+        self.seq_len = sizes.pop()
+        self.max_row_tokens, self.spans_per_row = self.seq_len, 1
+        self.real = np.concatenate([s.real_tokens() for s in self.sources])
+        check_int("vocab_size", self.ids["vocab_size"], low=1)
+        self.num_examples, self.source_start = _count_blocks([s.num_blocks for s in self.sources])
+
+    def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
+        """The block order for ``key``; the host half is the dataset itself."""
+        return self._device(key, self.source_start, self.real, dict.fromkeys(PIECE_TABLES)), self
+
+    def spans(self, plan: Plan) -> Spans:
+        """Each row's block: one span of ``seq_len`` tokens of its source."""
+        start = plan.detail.block.astype(np.int64)[:, None] * self.seq_len
+        return Spans(plan.source[:, None].astype(np.int32), start, np.full_like(start, self.seq_len))
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Each row is one block of its store (``doc``: the block); no token is read."""
+        out = super().provenance(plan)
+        out.doc[:] = np.where(out.length > 0, out.start // self.seq_len, -1)
+        out.doc_start[:] = 0
+        return out
+
+
+class PackedBlocks(NamedTuple):
+    """A ``CacheBlockDataset``'s caches packed for a key: the device half's piece tables
+    (``PIECE_TABLES``, int32), and for the host each entry's document and cache, the caches'
+    document offsets, each block's real tokens, the layouts and where each cache's blocks start."""
+
+    pieces: dict[str, np.ndarray]
+    entry_doc: np.ndarray
+    entry_source: np.ndarray
+    doc_offsets: list[np.ndarray]
+    real: np.ndarray
+    layouts: list[Layout]
+    num_examples: int
+    source_start: np.ndarray
+    spans_per_row: int  # the most pieces a block holds
+
+
+class CacheBlockDataset(_Blocks):
+    """The blocks of ``BlockDataset``, packed on the fly from jagged Levanter token caches (see
+    the module docstring): the blocks ``preblock(..., key=BlockDataset.pack_key(key))`` writes.
+
+    Args:
+        paths: one token cache or several.
+        pack: how the caches' documents are packed (``PackSpec``), the writer's.
+        doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary (required: a token
+            cache has no preblock header).
+        shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
+        field: the cache field.
+
+    ``num_examples``, ``spans_per_row`` and ``layouts`` depend on the packing, whose key derives
+    from the pipeline's: they are known on the host half ``make(key)`` returns (``packed``).
+
+    Raises:
+        ValueError: mixed formats, preblocked data, missing or inconsistent ids.
+    """
+
+    pack: PackSpec
+    packed: PackedBlocks | None  # ``None`` until made for a key
+
+    def __init__(
+        self,
+        paths: str | Sequence[str],
+        *,
+        pack: PackSpec,
+        doc_id: int,
+        eod_id: int,
+        pad_id: int,
+        vocab_size: int,
+        shuffle=None,
+        field: str = "input_ids",
+    ):
+        paths = self._start(paths, shuffle, cache=True)
+        given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+        missing = [name for name, v in given.items() if v is None]
+        if missing:
+            raise ValueError(f"CacheBlockDataset needs {missing} (a token cache has no preblock header)")
+        self.ids = {name: check_token_id(name, v) for name, v in given.items()}
+        check_structural_ids({n: self.ids[n] for n in STRUCTURAL_IDS}, self.ids["vocab_size"])
+        if not isinstance(pack, PackSpec):
+            raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
+        if not isinstance(field, str):
+            raise TypeError(f"field must be a str (got field={field!r})")
+        check_int("vocab_size", self.ids["vocab_size"], low=1)
+        self.pack = pack
+        self.sources = tuple(TokenCache.open(p, field) for p in paths)
+        self.seq_len = self.max_row_tokens = pack.block_size
+        self.packed = None
+
+    def _packed(self, name: str) -> PackedBlocks:
+        if self.packed is None:
+            raise AttributeError(
+                f"a jagged cache's blocks depend on the packing key, which derives from the "
+                f"pipeline's key: {name} is known on the dataset CacheBlockDataset.make(key) returns "
+                f"(dataset.make(key)[1].{name})"
+            )
+        return self.packed
+
+    @property
+    def num_examples(self) -> int:
+        return self._packed("num_examples").num_examples
+
+    @property
+    def spans_per_row(self) -> int:
+        return self._packed("spans_per_row").spans_per_row
+
+    @property
+    def layouts(self) -> list[Layout]:
+        return self._packed("layouts").layouts
+
+    def packed_for(self, key: PRNGKeyArray) -> CacheBlockDataset:
+        """The host half for the pipeline's ``key``: a new value whose caches are packed with
+        ``pack_key(key)`` (itself once packed)."""
+        if self.packed is not None:
+            return self
+        return replace(self, packed=_pack_caches(self.sources, self.pack, self.pack_key(key)))
+
+    def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, CacheBlockDataset]:
+        """Both halves for ``key``: the caches packed for it (``packed_for``), the block order and
+        the packing's piece tables."""
+        if self.packed is None:
+            return self.packed_for(key).make(key)
+        packed = self.packed
+        pieces = {k: jnp.asarray(v) for k, v in packed.pieces.items()}
+        return self._device(key, packed.source_start, packed.real, pieces), self
+
+    def spans(self, plan: Plan) -> Spans:
+        """Each row's document pieces: the tokens of each piece in its cache (unused slots: none)."""
+        packed, d = self.packed, plan.detail
+        entry = d.entry
+        source = packed.entry_source[entry]
+        doc = packed.entry_doc[entry]
+        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
+        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
+        offsets = np.zeros(entry.shape, np.int64)
+        for i, doc_offsets in enumerate(packed.doc_offsets):
+            mine = source == i
+            offsets[mine] = doc_offsets[doc[mine]]
+        start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
+        return Spans(source.astype(np.int32), start, length)
+
+    def provenance(self, plan: Plan) -> RowSources:
+        """Each piece of a cache document, where it lands in the row (after its ``[DOC]`` marker
+        when it is the document's first); no token is read."""
+        spans = self.spans(plan)
+        d = plan.detail
+        out = from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
+        used = spans.length > 0
+        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        out.doc[:] = np.where(used, self.packed.entry_doc[d.entry], -1)
+        out.doc_start[:] = np.where(used, token_lo, 0)
+        out.row_offset[:] = np.where(used, d.row_start + token_lo + 1 - d.slot_start, 0)
+        return out
+
+
+def _count_blocks(blocks: list[int]) -> tuple[int, np.ndarray]:
+    """``(num_examples, source_start)`` of sources of ``blocks`` blocks each."""
+    total = sum(blocks)
+    if not 1 <= total <= 2**32 - 1:
+        raise ValueError(f"{total} blocks: need 1 <= blocks <= 2**32 - 1")
+    return total, np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
+
+
+def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
+    """The caches' documents packed with ``key`` by the writer's ``plan_layout``, as tables."""
+    layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
+    S = pack.block_size
+    packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
+    entry_doc, entry_source, doc_offsets = [], [], []
+    block_base = entry_base = 0
+    for i, (cache, layout) in enumerate(zip(caches, layouts, strict=True)):
+        order = layout.by_position()
+        lo, hi = layout.block_docs(order)
+        packed.append(layout.block_order + block_base)
+        first.append(lo + entry_base)
+        count.append(hi - lo)
+        start_block.append(layout.starts[order] // S + block_base)
+        start_offset.append(layout.starts[order] % S)
+        size.append(layout.sizes[order])
+        real.append(layout.real_tokens())
+        entry_doc.append(order)
+        entry_source.append(np.full(order.shape, i, np.int32))
+        doc_offsets.append(cache.doc_offsets())
+        block_base += layout.num_blocks
+        entry_base += layout.num_docs
+    if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
+        raise ValueError(
+            f"{block_base} blocks of {entry_base} documents: packing on the fly indexes them in "
+            "int32; write a store (meshbatch.preblock) or split the caches"
+        )
+    cat = lambda parts: np.concatenate(parts).astype(np.int32)  # noqa: E731
+    tables = (packed, first, count, start_block, start_offset, size)
+    pieces = dict(zip(PIECE_TABLES, map(cat, tables), strict=True))
+    num_examples, source_start = _count_blocks([lay.num_blocks for lay in layouts])
+    return PackedBlocks(
+        pieces=pieces,
+        entry_doc=np.concatenate(entry_doc),
+        entry_source=np.concatenate(entry_source),
+        doc_offsets=doc_offsets,
+        real=np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)]),
+        layouts=layouts,
+        num_examples=num_examples,
+        source_start=source_start,
+        spans_per_row=max(1, int(pieces["count"].max())),
+    )
 
 
 def _preblocked_ids(sources, given: dict) -> dict[str, int]:

@@ -105,7 +105,7 @@ class SpliceDataset:
     def __init__(self, docs: Sequence[np.ndarray], *, key=None, **spec):
         self.dataset = SpliceLMDataset(docs, **spec)
         self.spec = self.dataset.spec
-        self.device = self.dataset.device(schedule_key(self.spec, key))
+        self.device, _ = self.dataset.make(schedule_key(self.spec, key))
         self.schedule, self.pool = self.device.schedule, self.device.pool
         self.frame_args = dict(self.dataset.frame_args, cyclic=self.dataset.cyclic)
 

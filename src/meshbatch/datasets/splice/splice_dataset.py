@@ -12,7 +12,7 @@ Two ways to hold the documents, same batches either way:
     row -> (doc=1, t=3, s=4, copy_len=4): span (offsets[42] + 3, 4)
     tokens = [P P P P d42[3] d42[4] d42[5] d42[6]], loss_mask = [0 0 0 0 1 1 1 0]
 
-``device(key)`` makes ``SpliceDevice`` (the schedule for the key, the pool, the frame
+``make(key)`` makes ``SpliceDevice`` (the schedule for the key, the pool, the frame
 configuration); rows per epoch are counted from the document lengths alone (``epoch_rows``), so
 the dataset knows its length before it sees a key.
 """
@@ -20,6 +20,7 @@ the dataset knows its length before it sees a key.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -28,7 +29,7 @@ import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import check_bool
-from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans
+from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, check_cache
 from meshbatch.datasets.provenance import RowSources, source_name
 from meshbatch.kernels import Batch, DocumentPool, SpliceSchedule, lookup_rows, pool_frames, splice_frames
 
@@ -110,6 +111,14 @@ class SpliceDevice(DeviceDataset):
         return plan.detail.copy_len.astype(jnp.int32)
 
 
+class _CacheDocuments(NamedTuple):
+    """``from_cache``'s selection, what ``SpliceLMDataset.__init__`` takes in place of arrays."""
+
+    cache: object
+    indices: np.ndarray  # int64: the selected rows
+    pool: bool
+
+
 class SpliceLMDataset(Dataset):
     """A splice dataset (``splice-document-dataset.md``) for ``Pipeline``.
 
@@ -124,19 +133,81 @@ class SpliceLMDataset(Dataset):
         num_examples: rows per epoch (``len`` of the schedule).
         doc_lengths: int64 lengths of the selected documents (``doc_idx`` indexes them).
         pool: the device pool of the documents, or ``None`` in fetch mode.
+        doc_source, doc_rows, doc_starts: provenance: the selected documents are rows
+            ``doc_rows`` of ``doc_source`` (``None``: the arrays given), starting at token
+            ``doc_starts`` of its flat token space (of the arrays' concatenation).
     """
 
+    spec: SpliceSpec
+    frame_args: dict
+    pool: DocumentPool | None
+    doc_lengths: np.ndarray
+    doc_source: object
+    doc_rows: np.ndarray
+    doc_starts: np.ndarray
+    source: object
+    seq_len: int
+    max_row_tokens: int
+    cyclic: bool
+    num_examples: int
+    spans_per_row: int = 1
+
     def __init__(self, docs: Sequence[np.ndarray], **spec):
-        if not isinstance(docs, Sequence | np.ndarray) or isinstance(docs, str | bytes):
+        if isinstance(docs, _CacheDocuments):
+            selection = docs
+        elif not isinstance(docs, Sequence | np.ndarray) or isinstance(docs, str | bytes):
             raise TypeError(f"docs must be a sequence of token arrays (got docs={docs!r}); or use from_cache")
-        if len(docs) == 0:
+        elif len(docs) == 0:
             raise ValueError(f"give at least one document (got docs={docs!r}); or use from_cache")
-        self._init(docs=docs, source=None, doc_offsets=None, **spec)
+        else:
+            selection = None
+        if "key" in spec:
+            raise TypeError(
+                "a splice dataset takes no key: the pipeline's key drives its shuffles and jitter "
+                "(Pipeline(..., key=...)); SpliceDataset and splice_schedule take key= directly"
+            )
+        self.spec = SpliceSpec(**spec)
+        self.frame_args = self.spec.frame_args  # refuses pad_token_id=None
+        self.source = None
+        if selection is not None:  # rows ``indices`` of the cache
+            cache, indices = selection.cache, selection.indices
+            offsets = cache.doc_offsets()
+            self.doc_source, self.doc_rows, self.doc_starts = cache, indices, offsets[indices]
+            if selection.pool:
+                docs = cache.read_rows(indices)
+            else:
+                docs, self.source = None, cache
+                lengths = offsets[indices + 1] - offsets[indices]
+                self.doc_lengths = check_lengths(np.asarray(lengths, np.int64))
+        if docs is None:
+            self.pool = None
+        else:
+            self.pool = document_pool(docs, margin=self.spec.seq_len)
+            self.doc_lengths = check_lengths([len(d) for d in docs])
+        if selection is None:  # provenance of arrays: their concatenation, document d at its start
+            self.doc_source, self.doc_rows = None, np.arange(len(self.doc_lengths), dtype=np.int64)
+            self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
+        self.sources = () if self.source is None else (self.source,)
+        self.seq_len = self.max_row_tokens = self.content_margin = self.spec.seq_len
+        self.cyclic = self.spec.cyclic
+        if self.fetches and self.cyclic:
+            raise ValueError(
+                "content_start_mode='cyclic_roll' reads across the document end; it needs the "
+                "documents on device (pool=True)"
+            )
+        self.num_examples = epoch_rows(self.doc_lengths, self.spec)  # the same for every key
 
     @classmethod
     def from_cache(cls, cache, indices, *, pool: bool | None = None, **spec) -> SpliceLMDataset:
-        """Documents ``indices`` of ``cache``; ``pool=None`` pools selections of at most
-        ``POOL_MAX_TOKENS`` tokens and fetches larger ones."""
+        """Documents ``indices`` of ``cache`` (an opened ``TokenCache``); ``pool=None`` pools
+        selections of at most ``POOL_MAX_TOKENS`` tokens and fetches larger ones.
+
+        Raises:
+            TypeError: ``cache`` is not an opened cache (a path: open it with ``TokenCache.open``),
+                or the indices are not integers.
+            ValueError: no indices, or one out of the cache's range.
+        """
+        check_cache("cache", cache, ("num_rows", "doc_offsets", "read_rows"), "an opened TokenCache")
         if pool is not None:
             check_bool("pool", pool)
         indices = np.asarray(indices).reshape(-1)
@@ -150,63 +221,27 @@ class SpliceLMDataset(Dataset):
             raise ValueError(
                 f"document index {int(bad[0])} out of range for a cache of {cache.num_rows} rows"
             )
-        offsets = cache.doc_offsets()
-        lengths = offsets[indices + 1] - offsets[indices]
         if pool is None:
-            pool = int(lengths.sum()) <= POOL_MAX_TOKENS
-        self = cls.__new__(cls)
-        if pool:
-            self._init(docs=cache.read_rows(indices), source=None, doc_offsets=None, **spec)
-        else:
-            self._init(docs=None, source=cache, doc_offsets=(offsets[indices], lengths), **spec)
-        # provenance: the selected documents are rows ``indices`` of ``cache``
-        self.doc_source, self.doc_rows, self._doc_starts = cache, indices, offsets[indices]
-        return self
-
-    def _init(self, *, docs, source, doc_offsets, **spec):
-        if "key" in spec:
-            raise TypeError(
-                "a splice dataset takes no key: the pipeline's key drives its shuffles and jitter "
-                "(Pipeline(..., key=...)); SpliceDataset and splice_schedule take key= directly"
-            )
-        self.spec = SpliceSpec(**spec)
-        self.frame_args = self.spec.frame_args  # refuses pad_token_id=None
-        if docs is not None:
-            self.pool = document_pool(docs, margin=self.spec.seq_len)
-            self.doc_lengths = check_lengths([len(d) for d in docs])
-            # provenance of documents given as arrays: their concatenation, document d at its start
-            self.doc_source, self.doc_rows = None, np.arange(len(self.doc_lengths), dtype=np.int64)
-            self._doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
-        else:
-            self.pool = None
-            self._doc_starts, lengths = (np.asarray(a, dtype=np.int64) for a in doc_offsets)
-            self.doc_lengths = check_lengths(lengths)
-        self.source = source
-        self.sources = () if source is None else (source,)
-        self.seq_len = self.max_row_tokens = self.content_margin = self.spec.seq_len
-        self.cyclic = self.spec.cyclic
-        if self.fetches and self.cyclic:
-            raise ValueError(
-                "content_start_mode='cyclic_roll' reads across the document end; it needs the "
-                "documents on device (pool=True)"
-            )
-        self.num_examples = epoch_rows(self.doc_lengths, self.spec)  # the same for every key
+            offsets = cache.doc_offsets()
+            pool = int((offsets[indices + 1] - offsets[indices]).sum()) <= POOL_MAX_TOKENS
+        return cls(_CacheDocuments(cache, indices, pool), **spec)
 
     # -- the dataset protocol -------------------------------------------------------------------
 
-    def device(self, key: PRNGKeyArray | None) -> SpliceDevice:
-        """The schedule for ``key`` (``None`` when the spec draws nothing), the pool, the frames."""
+    def make(self, key: PRNGKeyArray | None) -> tuple[SpliceDevice, SpliceLMDataset]:
+        """The schedule for ``key`` (``None`` when the spec draws nothing), the pool, the frames;
+        the host half is the dataset itself."""
         args = self.frame_args
         frame = FrameBuild(
             args["seq_len"], args["pad_token_id"], args["eos_token_id"], args["segment_mode"],
             self.cyclic, self.content_margin,
         )  # fmt: skip
-        return SpliceDevice(build_schedule(self.doc_lengths, self.spec, key), self.pool, frame)
+        return SpliceDevice(build_schedule(self.doc_lengths, self.spec, key), self.pool, frame), self
 
     def spans(self, plan: Plan) -> Spans:
         """Global token spans of the rows' copies (fetch mode)."""
         detail = plan.detail
-        starts = self._doc_starts[detail.doc.astype(np.int64)] + detail.t
+        starts = self.doc_starts[detail.doc.astype(np.int64)] + detail.t
         lengths = detail.copy_len.astype(np.int64)
         return Spans(np.zeros((starts.shape[0], 1), np.int32), starts[:, None], lengths[:, None])
 
@@ -228,7 +263,7 @@ class SpliceLMDataset(Dataset):
             out.source[used, j] = name
             out.doc[used, j] = self.doc_rows[doc[used]]
             out.doc_start[:, j] = np.where(used, begin, 0)
-            out.start[:, j] = np.where(used, self._doc_starts[doc] + begin, 0)
+            out.start[:, j] = np.where(used, self.doc_starts[doc] + begin, 0)
             out.length[:, j] = np.where(used, length, 0)
             out.row_offset[:, j] = np.where(used, at, 0)
         return out
