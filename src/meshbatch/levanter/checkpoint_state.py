@@ -11,8 +11,9 @@ checkpoint's own directory (process 0; it is deleted with the checkpoint), and o
     meshbatch_data_state.json = {"version": 1, "step": 101, "datasets": [{"spec": "web", ...}, ...]}
     resume at trainer step 101 -> pipeline.load_state_dict(that file) -> plans step 101 only
 
-A checkpoint without the file (saved without meshbatch's data state) is said so in one WARNING
-line, then the plans are replayed from step 0 with the planner's progress lines.
+A checkpoint without the file (saved without meshbatch's data state) is said so in an INFO line;
+the plans are then replayed from step 0, which the pipeline says in its one WARNING line, with the
+planner's progress lines.
 
 Every checkpoint also records the train set's data order (``order.py``) and its content
 fingerprint (``Pipeline.content_fingerprint()``) as ``meshbatch_data_order.json``, any dataset,
@@ -155,13 +156,14 @@ def find_state(checkpoint_path: str, step: int) -> tuple[str, dict] | None:
 
 
 def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
-    """Load ``pipeline``'s state at ``step`` from the checkpoint; ``False`` (and one WARNING line)
-    when it holds none: the pipeline then replays its plans from step 0. Stateless: ``True``."""
+    """Load ``pipeline``'s state at ``step`` from the checkpoint; ``False`` when it holds none
+    (an INFO line naming what is missing): the pipeline then replays its plans from step 0, and
+    says so in its one WARNING line when the stream starts. Stateless: ``True``."""
     if step == 0 or pipeline.dataset.init_state() is None:
         return True
     found = None if checkpoint_path is None else find_state(checkpoint_path, step)
     if found is None:
-        logger.warning(
+        logger.info(
             "no %s for step %d under %s (a checkpoint saved without meshbatch's data state): "
             "replaying the %s's plans of steps 0..%d to rebuild its state",
             STATE_FILE, step, checkpoint_path, type(pipeline.dataset).__name__, step - 1,
