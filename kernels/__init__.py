@@ -1,24 +1,21 @@
 """Device-side kernels of meshbatch: pure, jitted JAX; no I/O, no tensorstore, no levanter.
 
-Installed as ``meshbatch.kernels``. This module only re-exports; the host side (``src/meshbatch``)
-imports kernels from here and nowhere else.
+Installed as ``meshbatch.kernels``. This module only re-exports the public kernels; what the host
+side (``src/meshbatch``) needs beyond them (its tables, enums and helpers) is in
+``meshbatch.kernels.internal``, and the host imports kernels from these two and nowhere else.
 """
 
+from . import internal as internal
 from .batch import Batch as Batch
 from .causal_lm import causal_lm_batch as causal_lm_batch
 from .causal_lm import gather_windows as gather_windows
 from .keys import typed_key as typed_key
 from .mixtures.interleave import Counts as Counts
 from .mixtures.interleave import Selection as Selection
-from .mixtures.interleave import named_salts as named_salts
 from .mixtures.interleave import source_salts as source_salts
 from .mixtures.interleave import tie_hash as tie_hash
 from .mixtures.interleave_tree import select_tournament as select_tournament
-from .mixtures.stable_mixture import WRAPPED as WRAPPED
-from .mixtures.stable_mixture import MixtureSchedule as MixtureSchedule
-from .mixtures.stable_mixture import mixture_locate as mixture_locate
 from .packed.pack_rows import PACK_RULES as PACK_RULES
-from .packed.pack_rows import PackTables as PackTables
 from .packed.pack_rows import first_fit_rows as first_fit_rows
 from .packed.pack_rows import greedy_rows as greedy_rows
 from .packed.pack_rows import pack_tables as pack_tables
@@ -26,37 +23,17 @@ from .packed.packed_rows import LOSS_RULES as LOSS_RULES
 from .packed.packed_rows import LossRule as LossRule
 from .packed.packed_rows import PackedRows as PackedRows
 from .packed.packed_rows import packed_rows as packed_rows
-from .preblocked.block_batch import assemble_rows as assemble_rows
 from .preblocked.block_batch import block_batch as block_batch
 from .preblocked.mlm_mask import mlm_mask as mlm_mask
-from .preblocked.mlm_mask import row_keys as row_keys
-from .preblocked.packing import MARKERS as MARKERS
-from .preblocked.packing import PACKING_RULES as PACKING_RULES
-from .preblocked.packing import PackingRule as PackingRule
 from .preblocked.packing import Placement as Placement
 from .preblocked.packing import pack_plan as pack_plan
-from .preblocked.structure import ANOMALY_KINDS as ANOMALY_KINDS
-from .preblocked.structure import LITERAL_KINDS as LITERAL_KINDS
 from .preblocked.structure import Findings as Findings
 from .preblocked.structure import validate_blocks as validate_blocks
-from .shuffles.era_block import BlockShuffle as BlockShuffle
-from .shuffles.era_block import EraShuffle as EraShuffle
 from .shuffles.permutation import COMPATS as COMPATS
 from .shuffles.permutation import INVALID as INVALID
 from .shuffles.permutation import KINDS as KINDS
-from .shuffles.permutation import Compat as Compat
-from .shuffles.permutation import Kind as Kind
 from .shuffles.permutation import Permutation as Permutation
-from .splice.coverage_balanced import BalancedPlacement as BalancedPlacement
-from .splice.coverage_balanced import JitterMode as JitterMode
-from .splice.frames import DocumentPool as DocumentPool
-from .splice.frames import SegmentMode as SegmentMode
 from .splice.frames import cyclic_read_split as cyclic_read_split
 from .splice.frames import pool_frames as pool_frames
 from .splice.frames import splice_frames as splice_frames
-from .splice.pairs import UNBOUNDED as UNBOUNDED
-from .splice.pairs import PairPlacement as PairPlacement
-from .splice.pairs import pair_count as pair_count
-from .splice.splice_rows import LanePermutation as LanePermutation
-from .splice.splice_rows import SpliceSchedule as SpliceSchedule
 from .splice.splice_rows import lookup_rows as lookup_rows

@@ -12,7 +12,7 @@ from preblock_reference import validate
 
 from meshbatch.cli import main
 from meshbatch.datasets.preblocked.block_validation import validate_array, validate_path
-from meshbatch.kernels import ANOMALY_KINDS as KINDS
+from meshbatch.kernels.internal import ANOMALY_KINDS as KINDS
 
 D, E, P, V = 257, 258, 259, 257  # [DOC], [EOD], pad, vocabulary size
 IDS = dict(doc_id=D, eod_id=E, pad_id=P, vocab_size=V)

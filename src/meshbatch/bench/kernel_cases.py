@@ -185,7 +185,7 @@ def splice_frames_case(shapes: Shapes) -> Case:
 def stable_mixture_case(shapes: Shapes) -> Case:
     """The stable mixture's lookup: each global row's (source, index, source epoch)."""
     from meshbatch.datasets.mixtures import mixture_schedule
-    from meshbatch.kernels import mixture_locate
+    from meshbatch.kernels.internal import mixture_locate
 
     names = [f"s{i}" for i in range(shapes.sources)]
     lengths = {name: shapes.examples // shapes.sources + i for i, name in enumerate(names)}
@@ -288,7 +288,8 @@ def block_build_case(shapes: Shapes) -> Case:
 
 def mlm_case(shapes: Shapes) -> Case:
     """MLM masking of one step's rows, each row keyed by its stream position."""
-    from meshbatch.kernels import mlm_mask, row_keys
+    from meshbatch.kernels import mlm_mask
+    from meshbatch.kernels.internal import row_keys
 
     def inputs(step: int, seed: int):
         rng = np.random.default_rng(step)

@@ -43,7 +43,8 @@ from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from meshbatch.datasets.provenance import RowSources, content_fingerprint
-from meshbatch.kernels import WRAPPED, Batch
+from meshbatch.kernels import Batch
+from meshbatch.kernels.internal import WRAPPED
 
 
 def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGKeyArray]]:

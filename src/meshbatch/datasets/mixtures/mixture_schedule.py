@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshbatch.arguments import as_key, check_choice, check_int
-from meshbatch.kernels import MixtureSchedule
+from meshbatch.kernels.internal import MixtureSchedule
 
 from .weights import Weights, block_counts, check_lengths, check_stages
 

@@ -26,7 +26,7 @@ from jaxtyping import PRNGKeyArray
 from meshbatch.arguments import as_key
 from meshbatch.batch_schedule import BatchSchedule
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import MixtureSchedule, mixture_locate
+from meshbatch.kernels.internal import MixtureSchedule, mixture_locate
 
 from .composite import Composite, CompositeDevice
 from .mixture_schedule import StopStrategy, mixture_rows

@@ -35,7 +35,8 @@ from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
 from meshbatch.arguments import check_choice, check_int
 from meshbatch.datasets.protocol import Dataset, Plan, Rows
-from meshbatch.kernels import Counts, named_salts, select_tournament
+from meshbatch.kernels import Counts, select_tournament
+from meshbatch.kernels.internal import named_salts
 
 from .composite import Composite, CompositeDevice
 

@@ -42,7 +42,8 @@ from meshbatch.arguments import as_key, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from meshbatch.datasets.provenance import RowSources, from_spans
-from meshbatch.kernels import Batch, assemble_rows, block_batch, gather_windows
+from meshbatch.kernels import Batch, block_batch, gather_windows
+from meshbatch.kernels.internal import assemble_rows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_sources import open_blocks

@@ -26,7 +26,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from meshbatch.arguments import check_bool, check_int, check_token_id
-from meshbatch.kernels import ANOMALY_KINDS, LITERAL_KINDS, validate_blocks
+from meshbatch.kernels import validate_blocks
+from meshbatch.kernels.internal import ANOMALY_KINDS, LITERAL_KINDS
 
 from .block_sources import BlockSource, open_blocks
 from .block_store import STRUCTURAL_IDS, check_path, check_structural_ids, tokenizer_markers

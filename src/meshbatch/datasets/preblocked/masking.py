@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_float, check_int, check_token_id
-from meshbatch.kernels import Batch, mlm_mask, row_keys
+from meshbatch.kernels import Batch, mlm_mask
+from meshbatch.kernels.internal import row_keys
 
 MODES = ("dynamic", "static")
 

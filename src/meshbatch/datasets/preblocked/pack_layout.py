@@ -29,7 +29,8 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_choice, check_int
-from meshbatch.kernels import MARKERS, PACKING_RULES, PackingRule, pack_plan
+from meshbatch.kernels import pack_plan
+from meshbatch.kernels.internal import MARKERS, PACKING_RULES, PackingRule
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from meshbatch.arguments import check_int
-from meshbatch.kernels import BalancedPlacement, SpliceSchedule, lookup_rows, pair_count
+from meshbatch.kernels import lookup_rows
+from meshbatch.kernels.internal import BalancedPlacement, SpliceSchedule, pair_count
 
 from .tables import spread
 

@@ -31,7 +31,8 @@ from jaxtyping import Array, Int, PRNGKeyArray
 from meshbatch.arguments import check_bool
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, check_cache
 from meshbatch.datasets.provenance import RowSources, source_name
-from meshbatch.kernels import Batch, DocumentPool, SpliceSchedule, lookup_rows, pool_frames, splice_frames
+from meshbatch.kernels import Batch, lookup_rows, pool_frames, splice_frames
+from meshbatch.kernels.internal import DocumentPool, SpliceSchedule
 
 from .splice_schedule import build_schedule, epoch_rows
 from .splice_spec import SpliceSpec, check_lengths

@@ -21,7 +21,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key
-from meshbatch.kernels import LanePermutation, SpliceSchedule
+from meshbatch.kernels.internal import LanePermutation, SpliceSchedule
 from meshbatch.shuffles.shuffle_spec import permutation
 
 from .splice_spec import MAX_ROWS, SpliceSpec, check_lengths

@@ -24,7 +24,7 @@ from meshbatch.arguments import (
     check_optional_int,
     check_token_id,
 )
-from meshbatch.kernels import JitterMode, SegmentMode
+from meshbatch.kernels.internal import JitterMode, SegmentMode
 
 Mode = Literal["splice", "slide"]
 ContentStartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "coverage_balanced"]

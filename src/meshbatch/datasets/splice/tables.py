@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from meshbatch.kernels import UNBOUNDED, BalancedPlacement, DocumentPool, PairPlacement, pair_count
+from meshbatch.kernels.internal import UNBOUNDED, BalancedPlacement, DocumentPool, PairPlacement, pair_count
 
 U32 = jnp.uint32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
