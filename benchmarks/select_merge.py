@@ -2,7 +2,7 @@
 
 The library's kernel is ``meshbatch.kernels.select_tournament``; this merge is the same picks
 for a backend that wants parallel work, kept beside the benchmark that times it against the
-tournament (``bench_mixture.py``) and checked equal to it by ``tests/test_interleave_merge.py``.
+tournament (``bench_mixture.py``) and checked equal to it by ``tests/kernels/test_interleave_merge.py``.
 
 Source ``s``'s ``j``-th next row is picked when ``s`` stands at count ``key[s, j] = c_s +
 (real tokens of its first j next rows)``: nondecreasing in ``j``. The scan picks, row after row,

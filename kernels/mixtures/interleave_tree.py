@@ -16,7 +16,7 @@ b < a < c at 0 and a < c at 6) on leaves ``a b c pad`` (a padding leaf never win
     5    b      5 -> 10    a (6) over b;     a over c, tied at 6, by hash        a
     6    a      6 -> 9     a (9) over b;     c (6) over a (9)                    c
 
-The picks b a c c a b a c are the rule's (``tests/test_interleave_tree.py``). Only the row's
+The picks b a c c a b a c are the rule's (``tests/kernels/test_interleave_tree.py``). Only the row's
 source's path changes: its siblings are read before any node on it is written, and the winner
 climbs in registers.
 

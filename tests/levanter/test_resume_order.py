@@ -203,7 +203,7 @@ def test_a_shuffled_mixture_switches_both_ways_and_says_what_ran(root):
         summary
     )
     # the mixture's refusal (mixture_compat: exact) without a sixth run: its checkpoint's record
-    # against the record such a run makes (tests/test_levanter_order.py checks the message)
+    # against the record such a run makes (tests/levanter/test_levanter_order.py checks the message)
     saved = root / "ckpt" / "mixture-ours" / "run" / f"step-{CHECKPOINT}" / "meshbatch_data_order.json"
     recorded = json.loads(saved.read_text())["order"]
     assert recorded["mixture_compat"] == "levanter" and recorded["components"] == ["web", "code"]

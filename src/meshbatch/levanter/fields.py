@@ -5,7 +5,7 @@
 refused field set to anything but its default fails at parse time (``refuse``) naming the field
 and the reason; an honoured one keeps its meaning. ``refuse`` also fails for a field of the config
 that neither table decides (a meshbatch bug, caught by any test parsing that type), and
-``tests/test_levanter_fields.py`` checks both tables against the installed Levanter's classes and
+``tests/levanter/test_levanter_fields.py`` checks both tables against the installed Levanter's classes and
 meshbatch's, so no field, Levanter's or meshbatch's, is silently ignored. ``docs/levanter.md``
 mirrors both tables.
 

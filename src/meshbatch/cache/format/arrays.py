@@ -151,7 +151,7 @@ def created(spec: dict, future: ts.Future | None = None, path: str | None = None
     Such an open writes ``zarr.json`` *only if absent* after deleting the old array. On an object
     store a lost reply to that write (the store applied it; the client timed out or lost the
     connection) is retried by TensorStore and refused as ``ALREADY_EXISTS``, by its own first
-    attempt (google/tensorstore#290; ``tests/test_cache_store_builds.py`` loses the reply on
+    attempt (google/tensorstore#290; ``tests/cache/test_cache_store_builds.py`` loses the reply on
     purpose). The open deletes whatever is there anyway, so on ``gs://`` and ``s3://`` it is tried
     again, ``CREATE_ATTEMPTS`` times in all, each retry logged. A local file system has no lost
     replies: there ``ALREADY_EXISTS`` means another writer, and is raised at once.

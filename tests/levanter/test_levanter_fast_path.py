@@ -11,9 +11,9 @@ import pytest
 from corpora import random_docs, write_docs
 from levanter.data.loader import DataLoader
 from mp_harness import assemble, run_processes
-from test_quick_start import SEQ as QUICK_SEQ
-from test_quick_start import STEPS as QUICK_STEPS
-from test_quick_start import SlowWriter
+from slow_writer import SEQ as QUICK_SEQ
+from slow_writer import STEPS as QUICK_STEPS
+from slow_writer import SlowWriter
 
 from meshbatch import ShuffleSpec
 from meshbatch.cache import TokenCache

@@ -29,7 +29,7 @@ from meshbatch.cache.format.checks import CacheIntegrityError
 from meshbatch.cache.format.ledger import try_read_ledger
 from meshbatch.cache.format.stores import kvstore_spec
 
-WORKER = os.path.join(os.path.dirname(__file__), "store_build_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "store_build_worker.py")
 
 
 def url(scheme: str = "s3") -> str:
@@ -166,7 +166,7 @@ def test_a_held_lock_stays_live_over_leases_and_close_deletes_it(object_stores):
 def test_independent_runs_racing_for_one_s3_cache_build_it_once(object_stores, tmp_path):
     path = url()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(__file__)) + os.pathsep + env.get("PYTHONPATH", "")
     env[LEASE_ENV] = "5"  # longer than any pause of a loaded machine; the loser waits for the ledger
     out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     argv = [sys.executable, WORKER, path, str(tmp_path)]

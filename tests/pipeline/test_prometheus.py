@@ -15,7 +15,7 @@ from meshbatch import Pipeline, ShuffleSpec
 from meshbatch.cache import TokenCache
 from meshbatch.datasets import CausalLMDataset
 
-DOCS = pathlib.Path(__file__).parents[1] / "docs" / "observing.md"
+DOCS = pathlib.Path(__file__).parents[2] / "docs" / "observing.md"
 
 
 def scrape(url: str) -> dict:

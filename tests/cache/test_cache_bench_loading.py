@@ -9,7 +9,7 @@ import numpy as np
 
 from meshbatch.cache import TokenCache
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_loading.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "benchmarks", "bench_loading.py")
 
 
 def _bench():

@@ -26,7 +26,7 @@ from meshbatch.cache.builds.build_once import (
 from meshbatch.cache.format.ledger import Ledger, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig
 
-WORKER = os.path.join(os.path.dirname(__file__), "levanter_cache_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "levanter_cache_worker.py")
 DOCS = 1000
 
 

@@ -18,7 +18,7 @@ from meshbatch.cache import CacheWriter, TokenCache, validate_cache
 from meshbatch.cache.format.arrays import open_field
 from meshbatch.cache.format.files import remove_stale_lock_files
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kill_loop.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "benchmarks", "kill_loop.py")
 
 
 def _kill_loop():

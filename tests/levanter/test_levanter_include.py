@@ -14,7 +14,7 @@ from meshbatch import ShuffleSpec
 from meshbatch.levanter import CausalLMConfig, StableMixtureLMConfig
 from meshbatch.levanter.train_lm import TrainLmConfig
 
-BLOCKS = pathlib.Path(__file__).parent / "data" / "levanter"
+BLOCKS = pathlib.Path(__file__).parents[1] / "data" / "levanter"
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 Runs under pytest, or alone (no make)::
 
-    python tests/test_preblock_smoke.py || echo "Smoke test failed"
-    PREBLOCK_PATH=/data/blocks python tests/test_preblock_smoke.py   # your store or chunk*.npy dir
+    python tests/datasets/test_preblock_smoke.py || echo "Smoke test failed"
+    PREBLOCK_PATH=/data/blocks python tests/datasets/test_preblock_smoke.py   # your store or chunk*.npy dir
 
 Without ``PREBLOCK_PATH`` it packs CPython's pydoc topics (one document per paragraph, byte
 tokens) into a temporary store of 128-token blocks first. Throughput is printed, never asserted.
