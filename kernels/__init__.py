@@ -16,6 +16,7 @@ from .mixtures.interleave import source_salts as source_salts
 from .mixtures.interleave import tie_hash as tie_hash
 from .mixtures.interleave_tree import select_tournament as select_tournament
 from .packed.pack_rows import PACK_RULES as PACK_RULES
+from .packed.pack_rows import PackTables as PackTables
 from .packed.pack_rows import first_fit_rows as first_fit_rows
 from .packed.pack_rows import greedy_rows as greedy_rows
 from .packed.pack_rows import pack_tables as pack_tables
@@ -29,6 +30,8 @@ from .preblocked.packing import Placement as Placement
 from .preblocked.packing import pack_plan as pack_plan
 from .preblocked.structure import Findings as Findings
 from .preblocked.structure import validate_blocks as validate_blocks
+from .shuffles.era_block import BlockShuffle as BlockShuffle
+from .shuffles.era_block import EraShuffle as EraShuffle
 from .shuffles.permutation import COMPATS as COMPATS
 from .shuffles.permutation import INVALID as INVALID
 from .shuffles.permutation import KINDS as KINDS

@@ -31,13 +31,15 @@ def free_port() -> int:
 def run_workers(script: str, argvs: list[list[str]], *, timeout: float) -> list[str]:
     """Runs ``script`` once per argument list, all at once, to completion; returns their logs.
 
-    The workers see tests/ on ``PYTHONPATH`` and not the tests' ``XLA_FLAGS`` / ``JAX_PLATFORMS``
-    (each sets its own devices). A worker still running at ``timeout`` seconds, and then every
-    other, is killed (a test stops what it starts); a worker that exits non-zero fails the test
-    with its log's tail.
+    The workers see tests/ and its folders on ``PYTHONPATH`` and not the tests' ``XLA_FLAGS`` /
+    ``JAX_PLATFORMS`` (each sets its own devices). A worker still running at ``timeout`` seconds,
+    and then every other, is killed (a test stops what it starts); a worker that exits non-zero
+    fails the test with its log's tail.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = os.path.dirname(__file__) + os.pathsep + env.get("PYTHONPATH", "")
+    tests = os.path.dirname(os.path.abspath(__file__))  # the shared helpers, and each folder's tests
+    folders = [tests, *sorted(e.path for e in os.scandir(tests) if e.is_dir() and e.name[0] not in "_.")]
+    env["PYTHONPATH"] = os.pathsep.join([*folders, env.get("PYTHONPATH", "")])
     procs = [
         subprocess.Popen(
             [sys.executable, script, *argv],

@@ -46,7 +46,8 @@ _CHILD = textwrap.dedent(
 
 def test_killed_writer_never_reads_as_finished_and_resumes(tmp_path):
     path = str(tmp_path / "cache")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}
+    here = os.path.dirname(__file__)  # the child imports this module, and it the shared helpers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}
     child = subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, text=True, env=env)
     try:
         reported = int(child.stdout.readline())  # the child has committed at least this many rows

@@ -117,7 +117,7 @@ def test_stable_source_epoch_past_2_32_is_refused(compat):
     want_epoch = reads // np.asarray([lengths[n] for n in names], np.int64)[want_source]
     fits = want_epoch < 2**32
     assert fits.any() and (~fits).any() and (want_source[~fits] == 0).all()
-    np.testing.assert_array_equal(source, np.where(fits, want_source, meshbatch.kernels.WRAPPED))
+    np.testing.assert_array_equal(source, np.where(fits, want_source, meshbatch.kernels.internal.WRAPPED))
     np.testing.assert_array_equal(epoch, np.where(fits, want_epoch, meshbatch.kernels.INVALID))
     np.testing.assert_array_equal(index[fits], (reads % np.asarray([1, 10**6])[want_source])[fits])
     assert (index[~fits] == meshbatch.kernels.INVALID).all()
@@ -145,7 +145,7 @@ def test_mixture_row_past_a_source_epoch_names_the_cause(tmp_path):
     )
     plan, _ = device.plan(rows, None)
     source = np.asarray(plan.source)
-    assert (source == meshbatch.kernels.WRAPPED).any() and (source == 0).any()
+    assert (source == meshbatch.kernels.internal.WRAPPED).any() and (source == 0).any()
     bad = int(np.flatnonzero(source < 0)[0])
     with pytest.raises(OverflowError, match=f"row {bad} of the batch: its source would start its 2\\^32-th"):
         host.spans(plan)

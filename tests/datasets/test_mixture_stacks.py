@@ -133,8 +133,9 @@ def test_4_and_64_alike_children_compile_the_same_programs(caches, make):
     process (a test worker's in-memory caches already hold some shapes); and a plan program of the
     same size, but for the token-balanced selection's tree."""
     kind = "stable" if make is stable else "balanced"
-    tests = os.path.dirname(os.path.dirname(__file__))
-    env = dict(os.environ, PYTHONPATH=tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    here = os.path.dirname(__file__)  # the child imports this module, and it the shared helpers
+    path = [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     script = (
         "import json, sys, test_mixture_stacks as t; "
         f"print('RESULT', json.dumps(t.count_first_batches({kind!r}, sys.argv[1:])))"

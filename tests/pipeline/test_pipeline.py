@@ -291,7 +291,7 @@ def test_bad_dataset_arguments(cache_path):
 def documented_names() -> dict[str, set[str]]:
     """``module:name`` -> the docs whose Python code blocks import it from meshbatch (``from
     meshbatch[.x] import name``) or use it as ``meshbatch.name``."""
-    root = pathlib.Path(__file__).parent.parent
+    root = pathlib.Path(__file__).parents[2]
     used: dict[str, set[str]] = {}
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):

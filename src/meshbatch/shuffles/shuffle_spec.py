@@ -22,8 +22,8 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_optional_int
-from meshbatch.kernels import Permutation
-from meshbatch.kernels.internal import BlockShuffle, Compat, EraShuffle, Kind
+from meshbatch.kernels import BlockShuffle, EraShuffle, Permutation
+from meshbatch.kernels.internal import Compat, Kind
 
 MAX_LENGTH = 2**32 - 1
 Strategy = Literal["none", "full", "era", "block"]
