@@ -7,7 +7,10 @@ compilation cache (cold) and again with the cache the first run left (warm). A c
 * ``first_batch_s``: from making the ``Pipeline`` (or Levanter's ``MixtureDataset`` and
   ``DataLoader``) to batch 0 on the devices;
 * ``step_ms``: steady step time: ``--steps`` batches of a fresh stream (its buffers empty) from
-  step 4, divided by their number; the waits for each batch (p10, median, p90) beside it;
+  step ``--skip`` (default 4; the first stream made the steps before it), divided by their number.
+  A step of many block-shuffled sources decodes each source's chunks on their first touch, which
+  the first few dozen steps at 256 sources do (``--skip 64`` times the steps after them);
+  the waits for each batch (p10, median, p90) beside it;
 * ``cpu_ms``: process CPU time per steady step (every thread; on CPU devices the build's work is
   host work too).
 
@@ -16,6 +19,9 @@ Loaders, at each size (``--sources``), 256 rows of 1024 tokens (``--batch``, ``-
 * ``stable``: ``meshbatch.Mixture`` of ``CausalLMDataset(shuffle=ShuffleSpec("block"))`` children,
   equal weights;
 * ``balanced``: ``meshbatch.TokenBalancedMixture`` of the same children;
+* ``--block-cache BYTES``: meshbatch's caches are opened with one shared ``BlockCache`` of that
+  size (``docs/mixtures.md``: many block-shuffled sources), each chunk decoded once into host
+  memory and every later window of it copied from there; 0 (the default): none;
 * ``levanter``: Levanter's ``MixtureDataset`` of ``TokenSeqDataset(...).shuffle(key)`` children
   (Levanter 1.2.dev1644 has no block shuffle: a full Feistel permutation each) through its
   ``DataLoader``.
@@ -72,11 +78,11 @@ def child(args) -> dict:
     stream = batches(loader, 0)
     jax.block_until_ready(next(stream))
     first = time.perf_counter()
-    for _ in range(3):
+    for _ in range(args.skip - 1):
         jax.block_until_ready(next(stream))
     _close(stream)
-    # steady: a fresh stream from step 4 (its buffers empty), every batch waited for
-    stream = batches(loader, 4)
+    # steady: a fresh stream from step --skip (its buffers empty), every batch waited for
+    stream = batches(loader, args.skip)
     times, cpu, total = [], time.process_time(), time.perf_counter()
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -100,11 +106,12 @@ def child(args) -> dict:
 
 def _meshbatch(paths, names, args, mesh):
     from meshbatch import CausalLMDataset, Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
-    from meshbatch.cache import TokenCache
+    from meshbatch.cache import BlockCache, TokenCache
 
     spec = ShuffleSpec("block")
+    shared = BlockCache(args.block_cache) if args.block_cache else None
     kids = {
-        name: CausalLMDataset(TokenCache.open(path), args.seq_len, shuffle=spec)
+        name: CausalLMDataset(TokenCache.open(path, block_cache=shared), args.seq_len, shuffle=spec)
         for name, path in zip(names, paths, strict=True)
     }
     if args.kind == "stable":
@@ -181,6 +188,7 @@ def run_cell(kind: str, sources: int, args, compile_cache: str) -> dict:
     command = [
         sys.executable, __file__, "--child", kind, "--sources", str(sources), "--data", args.data,
         "--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+        "--block-cache", str(args.block_cache), "--skip", str(args.skip),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode:
@@ -198,14 +206,20 @@ def main():
     parser.add_argument("--sources", default="1,16,64,256")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--skip", type=int, default=4, help="steps made before the timed stream (>= 1)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--tokens", type=int, default=1 << 20, help="tokens per cache")
+    parser.add_argument(
+        "--block-cache", type=int, default=0, help="bytes of a BlockCache meshbatch caches share (0: none)"
+    )
     parser.add_argument("--data", default=None, help="where the caches are (made if missing)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--label", default="scale", help="the JSON key of this run")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.skip < 1:
+        parser.error(f"--skip must be >= 1 (got --skip {args.skip})")
     if args.child:
         args.kind, args.sources = args.child, int(args.sources)
         print(json.dumps(child(args)), flush=True)
