@@ -371,10 +371,24 @@ def _write_raw_chat(path, ids_rows, mask_rows):
     return str(path)
 
 
-def test_damaged_input_is_named(tmp_path):
+def test_damaged_input_is_named(tmp_path, monkeypatch):
     path = _write_raw_chat(tmp_path / "short_mask", [[1, 2, 3], [4, 5, 6, 7]], [[0, 1, 1], [0, 1, 1]])
     with pytest.raises(PackedDataError, match=r"chat cache .*short_mask: row 1 has 3 assistant_masks for 4"):
         PackedDataset(path, 8)
+    from meshbatch.datasets.packed import packed_sources
+
+    # the bad value is token 6 of the field; checked 3 tokens a read, it begins the third read
+    for name, value, chunk in (("mask_two", 2, None), ("mask_negative", -1, 3)):
+        if chunk is not None:
+            monkeypatch.setattr(packed_sources, "MASK_CHECK_TOKENS", chunk)
+        path = _write_raw_chat(
+            tmp_path / name, [[1, 2, 3], [4, 5], [6, 7, 8]], [[0, 1, 1], [0, 1], [0, value, 1]]
+        )
+        with pytest.raises(
+            PackedDataError,
+            match=rf"chat cache .*{name}: row 2 has assistant_masks value {value} at its token 1",
+        ):
+            PackedDataset(path, 8)
     path = _write_raw_chat(tmp_path / "empty", [[1, 2, 3], [], [4, 5]], [[0, 1, 1], [], [0, 1]])
     with pytest.raises(PackedDataError, match=r"chat cache .*empty: row 1 is an empty example"):
         PackedDataset(path, 8)
@@ -383,6 +397,14 @@ def test_damaged_input_is_named(tmp_path):
     )
     with pytest.raises(
         PackedDataError, match=r"supervised cache .*past: row 1 has sources_len=5, past its example of 3"
+    ):
+        PackedDataset(path, 8)
+    path = write_supervised_cache(
+        tmp_path / "negative", [(np.arange(4, dtype=np.int32), 2), (np.arange(3, dtype=np.int32), -1)]
+    )
+    with pytest.raises(
+        PackedDataError,
+        match=r"supervised cache .*negative: row 1 has sources_len=-1, a negative prompt length",
     ):
         PackedDataset(path, 8)
     path = write_supervised_cache(
