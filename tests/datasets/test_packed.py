@@ -220,9 +220,9 @@ GOLDEN_SUPERVISED = [  # (ids, sources_len)
     ([41, 42], 1),
     ([51, 52, 53, 54, 55, 56, 57, 58, 59, 60], 3),
 ]
-GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segment_ids, positions, cu_seqlens
+GOLDEN_ROWS = {  # (format, rule, options) -> rows of 8: tokens, loss_mask, segment_ids, positions, cu_seqlens
     # compat="levanter": greedy in cache order -> rows [0] [1 2] [3] [4]
-    ("chat", "levanter"): [
+    ("chat", "levanter", "packed"): [
         (
             [11, 12, 13, 14, 15, 0, 0, 0],
             [0, 1, 1, 1, 0, 0, 0, 0],
@@ -252,7 +252,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
-    ("supervised", "levanter"): [
+    ("supervised", "levanter", "packed"): [
         (
             [11, 12, 13, 14, 15, 0, 0, 0],
             [0, 0, 1, 1, 1, 0, 0, 0],
@@ -283,7 +283,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
         ),
     ],
     # the default rule, first fit over one window of the 5 examples in cache order -> rows [0 2] [1 3] [4]
-    ("chat", "meshbatch"): [
+    ("chat", "meshbatch", "packed"): [
         (
             [11, 12, 13, 14, 15, 31, 32, 33],
             [0, 1, 1, 1, 0, 1, 0, 0],
@@ -306,7 +306,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
-    ("supervised", "meshbatch"): [
+    ("supervised", "meshbatch", "packed"): [
         (
             [11, 12, 13, 14, 15, 31, 32, 33],
             [0, 1, 1, 1, 0, 0, 1, 0],
@@ -329,6 +329,265 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
+    # mask_prompt=False, compat: every position but the row's last, padding included (Levanter's causal mask)
+    ("chat", "levanter", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5, 5, 5, 5],
+        ),
+        (
+            [21, 22, 23, 24, 31, 32, 33, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 2, 2, 2, -1],
+            [0, 1, 2, 3, 0, 1, 2, 0],
+            [0, 4, 7, 7, 7],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2, 2, 2, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    ("supervised", "levanter", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5, 5, 5, 5],
+        ),
+        (
+            [21, 22, 23, 24, 31, 32, 33, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 2, 2, 2, -1],
+            [0, 1, 2, 3, 0, 1, 2, 0],
+            [0, 4, 7, 7, 7],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2, 2, 2, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    # mask_prompt=False, the default rule: every token but each example's last; padding 0
+    ("chat", "meshbatch", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 31, 32, 33],
+            [1, 1, 1, 1, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 2, 2, 2],
+            [0, 1, 2, 3, 4, 0, 1, 2],
+            [0, 5, 8, 8, 8],
+        ),
+        (
+            [21, 22, 23, 24, 41, 42, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 1, 1, 3, 3, -1, -1],
+            [0, 1, 2, 3, 0, 1, 0, 0],
+            [0, 4, 6, 6, 6],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    ("supervised", "meshbatch", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 31, 32, 33],
+            [1, 1, 1, 1, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 2, 2, 2],
+            [0, 1, 2, 3, 4, 0, 1, 2],
+            [0, 5, 8, 8, 8],
+        ),
+        (
+            [21, 22, 23, 24, 41, 42, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 1, 1, 3, 3, -1, -1],
+            [0, 1, 2, 3, 0, 1, 0, 0],
+            [0, 4, 6, 6, 6],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    # pack=False: one example a row in cache order, one member slot (cu_seqlens [0, end])
+    ("chat", "meshbatch", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [0, 0, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    # compat: chat masks shifted by one; alone in its row, an example's last token meets padding's 0
+    ("chat", "levanter", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [0, 0, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    ("supervised", "meshbatch", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    # compat: p >= sources_len, so each example's last token is trained to predict the padding
+    ("supervised", "levanter", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 0, 1, 1, 1, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [0, 0, 0, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
 }
 
 
@@ -343,14 +602,21 @@ def golden(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("fmt, rule", list(GOLDEN_ROWS))
-def test_golden_rows(golden, fmt, rule):
+GOLDEN_OPTIONS = {"packed": {}, "mask_prompt=False": dict(mask_prompt=False), "pack=False": dict(pack=False)}
+
+
+@pytest.mark.parametrize("fmt, rule, options", list(GOLDEN_ROWS))
+def test_golden_rows(golden, fmt, rule, options):
     """docs/packed.md's worked traces: 5 examples into rows of 8 tokens, at most 4 examples a row."""
-    kwargs = dict(compat="levanter") if rule == "levanter" else dict(shuffle_examples=False, window=5)
+    kwargs = dict(GOLDEN_OPTIONS[options])
+    if rule == "levanter":
+        kwargs["compat"] = "levanter"
+    elif kwargs.get("pack", True):  # first fit's options (refused with pack=False)
+        kwargs.update(shuffle_examples=False, window=5)
     dataset = PackedDataset(
         golden[fmt], 8, max_segments=4, shuffle=NO_SHUFFLE, attention_metadata=True, **kwargs
     )
-    want = GOLDEN_ROWS[fmt, rule]
+    want = GOLDEN_ROWS[fmt, rule, options]
     batch = Pipeline(dataset, mesh=mesh_of(1), batch_size=len(want), key=0).batch(0)
     for k, name in enumerate(LEAVES):
         np.testing.assert_array_equal(
