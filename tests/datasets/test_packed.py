@@ -161,24 +161,38 @@ def test_steps_never_recompile(corpus):
 
 
 def test_packed_equal_across_two_processes(corpus, tmp_path):
-    """2 processes x 4 devices: the same batches as the reference, each process reading its rows."""
+    """2 processes x 4 devices: the same batches as the reference, each process reading its rows;
+    packed rows under a full shuffle, across an epoch boundary, also equal one process's batches."""
     jobs = [
         ("test_packed:packed_pipeline", {"path": corpus[fmt][0], "policy": policy}, 3)
         for fmt, policy in (("chat", "levanter"), ("supervised", "first_fit"), ("chat", "padded"))
     ]
+    shuffled = {"path": corpus["chat"][0], "policy": "first_fit", "shuffle": "full"}
+    jobs.append(("test_packed:packed_pipeline", shuffled, 7))
     launched = run_jobs(tmp_path, processes=2, local_devices=4, mesh_shape="8", jobs=jobs)
     for (_, kwargs, steps), results in zip(jobs, launched, strict=True):
         fmt = "chat" if kwargs["path"] == corpus["chat"][0] else "supervised"
+        spec = ShuffleSpec(kwargs.get("shuffle", "none"))
+        single = packed_pipeline(mesh_of(1), **kwargs)[0] if "shuffle" in kwargs else None
         for step in range(steps):
-            want, _ = reference(corpus[fmt][1], fmt, kwargs["policy"], step)
+            want, num_packs = reference(corpus[fmt][1], fmt, kwargs["policy"], step, shuffle_spec=spec)
+            one = None if single is None else single.batch(step)
             for name in LEAVES:
                 got = assemble(results, step=step, leaf=name, like=want[name])
                 np.testing.assert_array_equal(got, want[name], err_msg=f"{kwargs} {step=} {name}")
+                if one is not None:
+                    np.testing.assert_array_equal(
+                        got, np.asarray(getattr(one, name)), err_msg=f"1 process: {kwargs} {step=} {name}"
+                    )
+        if single is not None:
+            assert steps * BATCH > num_packs, "the shuffled job's steps cross an epoch boundary"
         # each process read only its own rows: one span of input_ids per example of its half
         for p, result in enumerate(results):
             members = 0
             for step in range(steps):
-                cu = reference(corpus[fmt][1], fmt, kwargs["policy"], step)[0]["cu_seqlens"]
+                cu = reference(corpus[fmt][1], fmt, kwargs["policy"], step, shuffle_spec=spec)[0][
+                    "cu_seqlens"
+                ]
                 members += int((np.diff(cu, axis=1) > 0)[p * BATCH // 2 : (p + 1) * BATCH // 2].sum())
             assert int(result["report/spans"]) == members, (kwargs, p)
 
