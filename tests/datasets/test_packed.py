@@ -161,24 +161,38 @@ def test_steps_never_recompile(corpus):
 
 
 def test_packed_equal_across_two_processes(corpus, tmp_path):
-    """2 processes x 4 devices: the same batches as the reference, each process reading its rows."""
+    """2 processes x 4 devices: the same batches as the reference, each process reading its rows;
+    packed rows under a full shuffle, across an epoch boundary, also equal one process's batches."""
     jobs = [
         ("test_packed:packed_pipeline", {"path": corpus[fmt][0], "policy": policy}, 3)
         for fmt, policy in (("chat", "levanter"), ("supervised", "first_fit"), ("chat", "padded"))
     ]
+    shuffled = {"path": corpus["chat"][0], "policy": "first_fit", "shuffle": "full"}
+    jobs.append(("test_packed:packed_pipeline", shuffled, 7))
     launched = run_jobs(tmp_path, processes=2, local_devices=4, mesh_shape="8", jobs=jobs)
     for (_, kwargs, steps), results in zip(jobs, launched, strict=True):
         fmt = "chat" if kwargs["path"] == corpus["chat"][0] else "supervised"
+        spec = ShuffleSpec(kwargs.get("shuffle", "none"))
+        single = packed_pipeline(mesh_of(1), **kwargs)[0] if "shuffle" in kwargs else None
         for step in range(steps):
-            want, _ = reference(corpus[fmt][1], fmt, kwargs["policy"], step)
+            want, num_packs = reference(corpus[fmt][1], fmt, kwargs["policy"], step, shuffle_spec=spec)
+            one = None if single is None else single.batch(step)
             for name in LEAVES:
                 got = assemble(results, step=step, leaf=name, like=want[name])
                 np.testing.assert_array_equal(got, want[name], err_msg=f"{kwargs} {step=} {name}")
+                if one is not None:
+                    np.testing.assert_array_equal(
+                        got, np.asarray(getattr(one, name)), err_msg=f"1 process: {kwargs} {step=} {name}"
+                    )
+        if single is not None:
+            assert steps * BATCH > num_packs, "the shuffled job's steps cross an epoch boundary"
         # each process read only its own rows: one span of input_ids per example of its half
         for p, result in enumerate(results):
             members = 0
             for step in range(steps):
-                cu = reference(corpus[fmt][1], fmt, kwargs["policy"], step)[0]["cu_seqlens"]
+                cu = reference(corpus[fmt][1], fmt, kwargs["policy"], step, shuffle_spec=spec)[0][
+                    "cu_seqlens"
+                ]
                 members += int((np.diff(cu, axis=1) > 0)[p * BATCH // 2 : (p + 1) * BATCH // 2].sum())
             assert int(result["report/spans"]) == members, (kwargs, p)
 
@@ -220,9 +234,9 @@ GOLDEN_SUPERVISED = [  # (ids, sources_len)
     ([41, 42], 1),
     ([51, 52, 53, 54, 55, 56, 57, 58, 59, 60], 3),
 ]
-GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segment_ids, positions, cu_seqlens
+GOLDEN_ROWS = {  # (format, rule, options) -> rows of 8: tokens, loss_mask, segment_ids, positions, cu_seqlens
     # compat="levanter": greedy in cache order -> rows [0] [1 2] [3] [4]
-    ("chat", "levanter"): [
+    ("chat", "levanter", "packed"): [
         (
             [11, 12, 13, 14, 15, 0, 0, 0],
             [0, 1, 1, 1, 0, 0, 0, 0],
@@ -252,7 +266,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
-    ("supervised", "levanter"): [
+    ("supervised", "levanter", "packed"): [
         (
             [11, 12, 13, 14, 15, 0, 0, 0],
             [0, 0, 1, 1, 1, 0, 0, 0],
@@ -283,7 +297,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
         ),
     ],
     # the default rule, first fit over one window of the 5 examples in cache order -> rows [0 2] [1 3] [4]
-    ("chat", "meshbatch"): [
+    ("chat", "meshbatch", "packed"): [
         (
             [11, 12, 13, 14, 15, 31, 32, 33],
             [0, 1, 1, 1, 0, 1, 0, 0],
@@ -306,7 +320,7 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
-    ("supervised", "meshbatch"): [
+    ("supervised", "meshbatch", "packed"): [
         (
             [11, 12, 13, 14, 15, 31, 32, 33],
             [0, 1, 1, 1, 0, 0, 1, 0],
@@ -329,6 +343,265 @@ GOLDEN_ROWS = {  # (format, rule) -> rows of 8 tokens: tokens, loss_mask, segmen
             [0, 8, 8, 8, 8],
         ),
     ],
+    # mask_prompt=False, compat: every position but the row's last, padding included (Levanter's causal mask)
+    ("chat", "levanter", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5, 5, 5, 5],
+        ),
+        (
+            [21, 22, 23, 24, 31, 32, 33, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 2, 2, 2, -1],
+            [0, 1, 2, 3, 0, 1, 2, 0],
+            [0, 4, 7, 7, 7],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2, 2, 2, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    ("supervised", "levanter", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5, 5, 5, 5],
+        ),
+        (
+            [21, 22, 23, 24, 31, 32, 33, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 2, 2, 2, -1],
+            [0, 1, 2, 3, 0, 1, 2, 0],
+            [0, 4, 7, 7, 7],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2, 2, 2, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    # mask_prompt=False, the default rule: every token but each example's last; padding 0
+    ("chat", "meshbatch", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 31, 32, 33],
+            [1, 1, 1, 1, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 2, 2, 2],
+            [0, 1, 2, 3, 4, 0, 1, 2],
+            [0, 5, 8, 8, 8],
+        ),
+        (
+            [21, 22, 23, 24, 41, 42, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 1, 1, 3, 3, -1, -1],
+            [0, 1, 2, 3, 0, 1, 0, 0],
+            [0, 4, 6, 6, 6],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    ("supervised", "meshbatch", "mask_prompt=False"): [
+        (
+            [11, 12, 13, 14, 15, 31, 32, 33],
+            [1, 1, 1, 1, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 2, 2, 2],
+            [0, 1, 2, 3, 4, 0, 1, 2],
+            [0, 5, 8, 8, 8],
+        ),
+        (
+            [21, 22, 23, 24, 41, 42, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 1, 1, 3, 3, -1, -1],
+            [0, 1, 2, 3, 0, 1, 0, 0],
+            [0, 4, 6, 6, 6],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8, 8, 8, 8],
+        ),
+    ],
+    # pack=False: one example a row in cache order, one member slot (cu_seqlens [0, end])
+    ("chat", "meshbatch", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [0, 0, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    # compat: chat masks shifted by one; alone in its row, an example's last token meets padding's 0
+    ("chat", "levanter", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [51, 52, 53, 54, 55, 56, 57, 58],
+            [0, 0, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    ("supervised", "meshbatch", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [1, 1, 1, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
+    # compat: p >= sources_len, so each example's last token is trained to predict the padding
+    ("supervised", "levanter", "pack=False"): [
+        (
+            [11, 12, 13, 14, 15, 0, 0, 0],
+            [0, 0, 1, 1, 1, 0, 0, 0],
+            [0, 0, 0, 0, 0, -1, -1, -1],
+            [0, 1, 2, 3, 4, 0, 0, 0],
+            [0, 5],
+        ),
+        (
+            [21, 22, 23, 24, 0, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, -1, -1, -1, -1],
+            [0, 1, 2, 3, 0, 0, 0, 0],
+            [0, 4],
+        ),
+        (
+            [31, 32, 33, 0, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0, 0, 0],
+            [2, 2, 2, -1, -1, -1, -1, -1],
+            [0, 1, 2, 0, 0, 0, 0, 0],
+            [0, 3],
+        ),
+        (
+            [41, 42, 0, 0, 0, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [3, 3, -1, -1, -1, -1, -1, -1],
+            [0, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2],
+        ),
+        (
+            [53, 54, 55, 56, 57, 58, 59, 60],
+            [0, 0, 0, 1, 1, 1, 1, 0],
+            [4] * 8,
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [0, 8],
+        ),
+    ],
 }
 
 
@@ -343,14 +616,21 @@ def golden(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("fmt, rule", list(GOLDEN_ROWS))
-def test_golden_rows(golden, fmt, rule):
+GOLDEN_OPTIONS = {"packed": {}, "mask_prompt=False": dict(mask_prompt=False), "pack=False": dict(pack=False)}
+
+
+@pytest.mark.parametrize("fmt, rule, options", list(GOLDEN_ROWS))
+def test_golden_rows(golden, fmt, rule, options):
     """docs/packed.md's worked traces: 5 examples into rows of 8 tokens, at most 4 examples a row."""
-    kwargs = dict(compat="levanter") if rule == "levanter" else dict(shuffle_examples=False, window=5)
+    kwargs = dict(GOLDEN_OPTIONS[options])
+    if rule == "levanter":
+        kwargs["compat"] = "levanter"
+    elif kwargs.get("pack", True):  # first fit's options (refused with pack=False)
+        kwargs.update(shuffle_examples=False, window=5)
     dataset = PackedDataset(
         golden[fmt], 8, max_segments=4, shuffle=NO_SHUFFLE, attention_metadata=True, **kwargs
     )
-    want = GOLDEN_ROWS[fmt, rule]
+    want = GOLDEN_ROWS[fmt, rule, options]
     batch = Pipeline(dataset, mesh=mesh_of(1), batch_size=len(want), key=0).batch(0)
     for k, name in enumerate(LEAVES):
         np.testing.assert_array_equal(
@@ -371,10 +651,24 @@ def _write_raw_chat(path, ids_rows, mask_rows):
     return str(path)
 
 
-def test_damaged_input_is_named(tmp_path):
+def test_damaged_input_is_named(tmp_path, monkeypatch):
     path = _write_raw_chat(tmp_path / "short_mask", [[1, 2, 3], [4, 5, 6, 7]], [[0, 1, 1], [0, 1, 1]])
     with pytest.raises(PackedDataError, match=r"chat cache .*short_mask: row 1 has 3 assistant_masks for 4"):
         PackedDataset(path, 8)
+    from meshbatch.datasets.packed import packed_sources
+
+    # the bad value is token 6 of the field; checked 3 tokens a read, it begins the third read
+    for name, value, chunk in (("mask_two", 2, None), ("mask_negative", -1, 3)):
+        if chunk is not None:
+            monkeypatch.setattr(packed_sources, "MASK_CHECK_TOKENS", chunk)
+        path = _write_raw_chat(
+            tmp_path / name, [[1, 2, 3], [4, 5], [6, 7, 8]], [[0, 1, 1], [0, 1], [0, value, 1]]
+        )
+        with pytest.raises(
+            PackedDataError,
+            match=rf"chat cache .*{name}: row 2 has assistant_masks value {value} at its token 1",
+        ):
+            PackedDataset(path, 8)
     path = _write_raw_chat(tmp_path / "empty", [[1, 2, 3], [], [4, 5]], [[0, 1, 1], [], [0, 1]])
     with pytest.raises(PackedDataError, match=r"chat cache .*empty: row 1 is an empty example"):
         PackedDataset(path, 8)
@@ -383,6 +677,14 @@ def test_damaged_input_is_named(tmp_path):
     )
     with pytest.raises(
         PackedDataError, match=r"supervised cache .*past: row 1 has sources_len=5, past its example of 3"
+    ):
+        PackedDataset(path, 8)
+    path = write_supervised_cache(
+        tmp_path / "negative", [(np.arange(4, dtype=np.int32), 2), (np.arange(3, dtype=np.int32), -1)]
+    )
+    with pytest.raises(
+        PackedDataError,
+        match=r"supervised cache .*negative: row 1 has sources_len=-1, a negative prompt length",
     ):
         PackedDataset(path, 8)
     path = write_supervised_cache(

@@ -7,7 +7,8 @@ tokens at the start of the example. Example ``i`` is row ``i``; its length comes
 
 Damaged input is refused here by name (``PackedDataError``, naming the cache, the field and the
 row): an empty example, an ``assistant_masks`` row whose length differs from its ``input_ids``
-row, a ``sources_len`` row that is not one value, or a ``sources_len`` past its example.
+row or that holds a value other than 0 or 1, a ``sources_len`` row that is not one value, or a
+``sources_len`` that is negative or past its example.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("chat", "supervised")
 MASK_FIELD = {"chat": "assistant_masks", "supervised": "sources_len"}
+MASK_CHECK_TOKENS = 1 << 24  # assistant_masks values checked per read at open (64 MiB of int32)
 
 
 class PackedDataError(ValueError):
@@ -72,6 +74,24 @@ def _first(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad)[0])
 
 
+def _check_mask_values(masks: TokenCache, offsets: np.ndarray, path: str) -> None:
+    """Refuses an ``assistant_masks`` value other than 0 or 1, naming the row: reads the field once,
+    ``MASK_CHECK_TOKENS`` at a time, one vectorised comparison per chunk."""
+    total = int(offsets[-1])
+    for lo in range(0, total, MASK_CHECK_TOKENS):
+        hi = min(total, lo + MASK_CHECK_TOKENS)
+        values = np.asarray(masks.read_runs(np.array([lo], np.int64), np.array([hi - lo], np.int64)).buffer)
+        bad = np.flatnonzero((values != 0) & (values != 1))
+        if bad.size:
+            at = lo + int(bad[0])
+            row = int(np.searchsorted(offsets, at, side="right")) - 1
+            value = values[bad[0]].item()
+            raise PackedDataError(
+                f"chat cache {path}: row {row} has assistant_masks value {value} at its token "
+                f"{at - int(offsets[row])} (a mask holds 0 or 1)"
+            )
+
+
 def open_examples(path: str, format: str | None = None) -> Examples:
     """Opens and checks the chat or supervised cache at ``path`` (``format``: ``None`` detects it
     from the fields present).
@@ -117,6 +137,7 @@ def open_examples(path: str, format: str | None = None) -> Examples:
                 f"chat cache {path}: row {row} has {int(other_lengths[row])} assistant_masks for "
                 f"{int(lengths[row])} input_ids tokens (the mask must cover every token)"
             )
+        _check_mask_values(other, offsets, path)
         return Examples(format, tokens, other, offsets, lengths, None)
     bad = other_lengths != 1
     if bad.any():
@@ -127,7 +148,12 @@ def open_examples(path: str, format: str | None = None) -> Examples:
         )
     values = np.asarray(other.read_runs(np.zeros(1, np.int64), np.array([other.num_tokens])).buffer)
     values = values.astype(np.int64)
-    bad = (values < 0) | (values > lengths)
+    if (values < 0).any():
+        row = _first(values < 0)
+        raise PackedDataError(
+            f"supervised cache {path}: row {row} has sources_len={int(values[row])}, a negative prompt length"
+        )
+    bad = values > lengths
     if bad.any():
         row = _first(bad)
         raise PackedDataError(
