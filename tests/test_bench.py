@@ -45,16 +45,22 @@ FAMILIES = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def bench_run(tmp_path_factory):
     """``meshbatch bench --all --tiny`` in a fresh process: a worker that already compiled a
-    pipeline of these shapes (another test module) would trace nothing for its first step."""
+    pipeline of these shapes (another test module) would trace nothing for its first step.
+    Returns the JSON it wrote, its path and what it printed."""
     out = tmp_path_factory.mktemp("bench")
     command = [sys.executable, "-m", "meshbatch", "bench", "--all", "--tiny", "--repeats", "20"]
     command += ["--dispatch-calls", "10", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     (path,) = out.glob("bench-*.json")
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()), path, done.stdout
+
+
+@pytest.fixture(scope="module")
+def report(bench_run):
+    return bench_run[0]
 
 
 def test_bench_all_writes_every_family_with_split_times_distributions_recompiles_and_bytes(report):
@@ -72,7 +78,10 @@ def test_bench_all_writes_every_family_with_split_times_distributions_recompiles
         assert 0 < r["run"]["p10_s"] <= r["run"]["median_s"] <= r["run"]["p90_s"], r["name"]
         assert r["trace_s"] > 0 and r["lower_s"] > 0 and r["compile_s"] > 0, r["name"]
         assert r["dispatch"]["calls_per_s"] > 0, r["name"]
-        assert r["recompiles"] == 0 and set(r["recompiles_by_variant"]) >= {"key 1"}, r
+        # a new step and a new key: the same program (the pipeline step counts steps 1..repeats)
+        steps = "steps 1-20" if r["name"] == "pipeline_step" else "step 1"
+        assert r["recompiles"] == 0 and set(r["recompiles_by_variant"]) >= {steps, "key 1"}, r
+        assert r["recompiles_by_variant"][steps] == r["recompiles_by_variant"]["key 1"] == 0, r
         assert r["cost"]["bytes_accessed"] > 0 and r["memory"]["output_bytes"] > 0, r["name"]
         assert r["device_run"] is None
         if r["name"] != "pipeline_step":
@@ -80,6 +89,27 @@ def test_bench_all_writes_every_family_with_split_times_distributions_recompiles
     step = report["results"][-1]
     assert step["first_step_compiles"] >= 1 and step["bytes_read_per_step"] > 0
     assert step["config"]["devices"] == 8 and {"plan", "fetch", "build"} <= set(step["phases_median_s"])
+
+
+TABLE_HEAD = (
+    "| benchmark | trace ms | lower ms | compile ms | run p10 / median / p90 ms | dispatch /s | recompiles "
+    "| bytes accessed | memory (arg+out+temp) | of copy bw (accessed / output) |"
+)
+
+
+def test_bench_all_prints_the_table_of_what_it_wrote(bench_run):
+    report, path, stdout = bench_run
+    lines = stdout.splitlines()
+    assert TABLE_HEAD in lines and lines[lines.index(TABLE_HEAD) + 1] == "|" + "---|" * 10
+    rows = [line for line in lines if line.startswith("| ") and line != TABLE_HEAD]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == list(ALL)
+    for row, r in zip(rows, report["results"], strict=True):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 10 and cells[6] == str(r["recompiles"]), row
+        assert float(cells[1]) == pytest.approx(r["trace_s"] * 1e3, abs=1e-3), row
+    env = report["environment"]
+    assert f"jax {env['jax']}, jaxlib {env['jaxlib']}" in stdout and f"timing: {env['timing']}" in stdout
+    assert lines[-1] == f"wrote {path}"
 
 
 class Stepped(eqx.Module):

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from corpora import random_docs, write_docs
 from meshes import mesh_of
+from packed_corpus import chat_examples, supervised_examples, write_chat_cache, write_supervised_cache
 
-from meshbatch import Mixture, Pipeline, ShuffleSpec, TokenBalancedMixture
+from meshbatch import Mixture, PackedDataset, Pipeline, ShuffleSpec, TokenBalancedMixture
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import CausalLMDataset, SpliceLMDataset
 from meshbatch.datasets.preblocked import PackSpec, preblock
@@ -28,6 +29,7 @@ IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)
 SPLICE = dict(seq_len=SEQ, pad_token_id=PAD, eos_token_id=EOS)
 SPLICE_FILL = {PAD, EOS}  # what a splice frame holds outside its copy
 BLOCK_FILL = {IDS["doc_id"], IDS["eod_id"], IDS["pad_id"]}
+PACKED_PAD = 0  # a packed row's padding token (its examples' tokens are 3..999)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,17 @@ def store(tmp_path_factory):
     return path
 
 
-def datasets(cache_path, second_cache, store):
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A generated chat and supervised cache (examples of 2..40 tokens: many longer than SEQ)."""
+    root = tmp_path_factory.mktemp("provenance_packed")
+    return {
+        "chat": write_chat_cache(root / "chat", chat_examples(3, 80, max_len=40)),
+        "supervised": write_supervised_cache(root / "supervised", supervised_examples(4, 80, max_len=40)),
+    }
+
+
+def datasets(cache_path, second_cache, store, packed):
     """kind -> (dataset, {component: tokens a row may hold outside its spans})."""
     a, b = TokenCache.open(cache_path), TokenCache.open(second_cache)
     causal_a = CausalLMDataset(a, SEQ, shuffle=ShuffleSpec("full"), eos_id=EOS)
@@ -78,6 +90,18 @@ def datasets(cache_path, second_cache, store):
             ),
             {"": BLOCK_FILL},
         ),
+        # the default policy: a keyed shuffle of the examples, first fit, a full shuffle of the
+        # packed rows; long chat examples keep their first SEQ tokens, supervised ones their last
+        "packed": (
+            PackedDataset(packed["chat"], SEQ, window=16, attention_metadata=True),
+            {"": {PACKED_PAD}},
+        ),
+        "packed_supervised": (
+            PackedDataset(
+                packed["supervised"], SEQ, max_segments=3, shuffle=ShuffleSpec("era", era_length=4)
+            ),
+            {"": {PACKED_PAD}},
+        ),
     }
 
 
@@ -90,13 +114,18 @@ KINDS = (
     "token_balanced",
     "preblocked",
     "packed_on_the_fly",
+    "packed",
+    "packed_supervised",
 )
 
 
-def read_span(sources: dict, name: str, start: int, length: int) -> np.ndarray:
-    """Tokens ``[start, start + length)`` of the source named ``name``, read from it directly."""
+def read_span(sources: dict, name: str, start: int, length: int, field: str = "input_ids") -> np.ndarray:
+    """Tokens ``[start, start + length)`` of the source named ``name``, read from it directly
+    (``field``: another field of the same cache, as a packed chat cache's ``assistant_masks``)."""
     source = sources[name]
     if isinstance(source, TokenCache):
+        if field != source.field:  # the same ranges of another field of the cache, opened once
+            source = sources.setdefault((name, field), TokenCache.open(source.path, field))
         return np.asarray(source.read_spans([start], [length])[0])
     size = source.block_size  # a preblocked store: whole blocks
     assert start % size == 0 and length == size
@@ -112,13 +141,60 @@ def check_doc(sources: dict, name: str, doc: int, doc_start: int, start: int) ->
     assert offsets[doc] + doc_start == start and 0 <= doc_start < offsets[doc + 1] - offsets[doc]
 
 
+def sources_by_name(host) -> dict:
+    """The sources provenance names, by name: a cache's tokens (a packed chat cache's
+    ``assistant_masks`` field shares its path: provenance names its ``input_ids``)."""
+    sources = {}
+    for s in host.sources:
+        if getattr(s, "field", "input_ids") == "input_ids":
+            sources.setdefault(source_name(s), s)
+    return sources
+
+
+def check_packed_leaves(sources: dict, host: PackedDataset, prov, batch, step: int) -> None:
+    """A packed row's other leaves from its provenance: each span's ``doc`` is its segment id, its
+    positions count from 0, its loss mask is the named range's supervision (the same range of
+    ``assistant_masks``, or ``sources_len`` of the named row counted from the example's first
+    token: ``doc_start`` tokens were sliced off); padding is segment -1, loss 0, position 0."""
+    segments, loss = np.asarray(batch.segment_ids), np.asarray(batch.loss_mask)
+    positions = None if batch.positions is None else np.asarray(batch.positions)
+    for row in range(segments.shape[0]):
+        want_seg = np.full(segments.shape[1], -1)
+        want_loss = np.zeros(segments.shape[1], np.int32)
+        want_pos = np.zeros(segments.shape[1], np.int32)
+        for j in range(prov.rows.slots):
+            length = int(prov.rows.length[row, j])
+            if length == 0:
+                continue
+            name, start, at = (
+                prov.rows.source[row, j],
+                int(prov.rows.start[row, j]),
+                int(prov.rows.row_offset[row, j]),
+            )
+            doc, cut = int(prov.rows.doc[row, j]), int(prov.rows.doc_start[row, j])
+            want_seg[at : at + length] = doc
+            want_pos[at : at + length] = np.arange(length)
+            if host.format == "chat":
+                supervised = read_span(sources, name, start, length, "assistant_masks")[1:] == 1
+            else:  # the completion: tokens from sources_len of the whole example on
+                supervised = cut + np.arange(1, length) >= host.examples.sources_len[doc]
+            want_loss[at : at + length - 1] = supervised  # no loss on an example's last token
+        np.testing.assert_array_equal(segments[row], want_seg, err_msg=f"step {step} row {row} segment_ids")
+        np.testing.assert_array_equal(loss[row], want_loss, err_msg=f"step {step} row {row} loss_mask")
+        if positions is not None:
+            np.testing.assert_array_equal(
+                positions[row], want_pos, err_msg=f"step {step} row {row} positions"
+            )
+
+
 def rebuild_and_compare(pipeline: Pipeline, step: int, fills: dict, state=None) -> int:
     """Checks every row of ``step`` against its provenance; returns the spans compared."""
     before = read_counters(pipeline._host)
     prov = pipeline.provenance(step, state=state)
     assert read_counters(pipeline._host) == before  # provenance reads no token
-    batch = np.asarray(pipeline.batch(step).tokens)
-    sources = {source_name(s): s for s in pipeline._host.sources}
+    full = pipeline.batch(step)
+    batch = np.asarray(full.tokens)
+    sources = sources_by_name(pipeline._host)
     for s in _doc_sources(pipeline._host):
         sources.setdefault(source_name(s), s)
     offset = pipeline.schedule.offset(step)
@@ -148,6 +224,8 @@ def rebuild_and_compare(pipeline: Pipeline, step: int, fills: dict, state=None) 
         component = prov.rows.component[row]
         allowed = fills[component]
         assert set(batch[row, ~covered].tolist()) <= allowed, (step, row, component, batch[row, ~covered])
+    if isinstance(pipeline._host, PackedDataset):
+        check_packed_leaves(sources, pipeline._host, prov, full, step)
     return spans
 
 
@@ -161,8 +239,8 @@ def _doc_sources(dataset):
 
 @pytest.mark.parametrize("devices", [1, 8])
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_row_is_rebuilt_from_its_provenance(kind, devices, cache_path, second_cache, store):
-    dataset, fills = datasets(cache_path, second_cache, store)[kind]
+def test_every_row_is_rebuilt_from_its_provenance(kind, devices, cache_path, second_cache, store, packed):
+    dataset, fills = datasets(cache_path, second_cache, store, packed)[kind]
     pipeline = Pipeline(dataset, mesh=mesh_of(devices), batch_size=BATCH, key=7, warmup=False)
     spans = 0
     if kind != "token_balanced":
@@ -188,8 +266,8 @@ def test_every_row_is_rebuilt_from_its_provenance(kind, devices, cache_path, sec
     assert spans >= len(STEPS) * BATCH
 
 
-def test_records_name_component_source_document_and_range(cache_path, second_cache, store):
-    dataset, _ = datasets(cache_path, second_cache, store)["stable_mixture"]
+def test_records_name_component_source_document_and_range(cache_path, second_cache, store, packed):
+    dataset, _ = datasets(cache_path, second_cache, store, packed)["stable_mixture"]
     pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=BATCH, key=7, warmup=False)
     records = pipeline.provenance(BIG).records()
     assert len(records) == BATCH and records[0]["stream_index"] == BIG * BATCH
@@ -199,10 +277,12 @@ def test_records_name_component_source_document_and_range(cache_path, second_cac
     json.dumps(records)
 
 
-def test_the_content_fingerprint_follows_caches_and_weights(cache_path, second_cache, store, tmp_path):
-    kinds = datasets(cache_path, second_cache, store)
+def test_the_content_fingerprint_follows_caches_and_weights(
+    cache_path, second_cache, store, packed, tmp_path
+):
+    kinds = datasets(cache_path, second_cache, store, packed)
     mixture = kinds["stable_mixture"][0]
-    again = datasets(cache_path, second_cache, store)["stable_mixture"][0]
+    again = datasets(cache_path, second_cache, store, packed)["stable_mixture"][0]
     assert content_fingerprint(mixture) == content_fingerprint(again) == mixture.content_fingerprint()
     causal_a, causal_b, pool = mixture.children
     reweighted = Mixture(
@@ -224,9 +304,9 @@ def test_the_content_fingerprint_follows_caches_and_weights(cache_path, second_c
 
 
 def test_provenance_refuses_a_state_for_a_stateless_dataset_and_steps_past_the_end(
-    cache_path, second_cache, store
+    cache_path, second_cache, store, packed
 ):
-    dataset, _ = datasets(cache_path, second_cache, store)["causal"]
+    dataset, _ = datasets(cache_path, second_cache, store, packed)["causal"]
     pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=BATCH, key=7, warmup=False, max_epochs=1)
     with pytest.raises(ValueError, match="stateless"):
         pipeline.provenance(0, state={"version": 1, "step": 0})
@@ -264,16 +344,16 @@ def test_the_cli_prints_each_rows_provenance_and_the_fingerprint(cache_path, tmp
 
 
 @pytest.mark.parametrize("kind", ["stable_mixture", "packed_on_the_fly"])
-def test_a_pipeline_logs_its_content_fingerprint(kind, cache_path, second_cache, store, caplog):
-    dataset, _ = datasets(cache_path, second_cache, store)[kind]
+def test_a_pipeline_logs_its_content_fingerprint(kind, cache_path, second_cache, store, packed, caplog):
+    dataset, _ = datasets(cache_path, second_cache, store, packed)[kind]
     with caplog.at_level("INFO", logger="meshbatch.pipeline.pipeline"):
         pipeline = Pipeline(dataset, mesh=mesh_of(1), batch_size=BATCH, key=7, warmup=False)
     assert f"content fingerprint {pipeline.content_fingerprint()}" in caplog.text
     assert "Logging error" not in caplog.text
 
 
-def test_a_padded_final_steps_zero_rows_have_no_provenance(cache_path, second_cache, store):
-    dataset, _ = datasets(cache_path, second_cache, store)["causal"]
+def test_a_padded_final_steps_zero_rows_have_no_provenance(cache_path, second_cache, store, packed):
+    dataset, _ = datasets(cache_path, second_cache, store, packed)["causal"]
     pipeline = Pipeline(
         dataset, mesh=mesh_of(8), batch_size=BATCH, key=7, warmup=False, max_epochs=1, pad_final_batch=True
     )
