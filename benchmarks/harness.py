@@ -7,12 +7,11 @@ import json
 import os
 import pathlib
 import platform
-import time
 from collections.abc import Callable
 
 import jax
 
-from meshbatch.bench import distribution
+from meshbatch.bench import call_times, distribution
 
 
 def banner(title: str) -> dict:
@@ -30,36 +29,24 @@ def banner(title: str) -> dict:
 
 
 def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` (``meshbatch.bench.distribution``); ``fn`` must block until
-    its result is ready."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return distribution(times)["median_s"]
+    """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` (``meshbatch.bench``'s
+    ``call_times`` and ``distribution``: each call waited for)."""
+    return distribution(call_times(fn, repeats=repeats, warmup=warmup))["median_s"]
 
 
 def rotating_times(
     fns: dict[str, Callable[[], object]], *, rounds: int, repeats: int, warmup: int = 1
 ) -> dict[str, list[float]]:
-    """Wall times of each ``fn()`` over ``rounds`` rotations of ``repeats`` back-to-back runs.
+    """Wall times of each ``fn()`` over ``rounds`` rotations of ``repeats`` back-to-back runs
+    (``meshbatch.bench.call_times``: each call waited for).
 
     Each implementation runs back to back (its steady state: warm caches, reused buffers), and
-    the rotation spreads a noisy neighbour's slow spells over all of them. Each ``fn`` must block
-    until its result is ready.
+    the rotation spreads a noisy neighbour's slow spells over all of them.
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            for _ in range(warmup):
-                fn()
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
+            times[name] += call_times(fn, repeats=repeats, warmup=warmup)
     return times
 
 

@@ -4,13 +4,14 @@ the CI gates."""
 import json
 import subprocess
 import sys
+import time
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
 
-from meshbatch.bench import ALL, TINY, count_compiles, measure
+from meshbatch.bench import ALL, TINY, call_times, count_compiles, measure
 from meshbatch.bench.gates import assert_no_recompiles, assert_no_regression
 from meshbatch.bench.report import checkout_root, write_report
 from meshbatch.cli import main
@@ -235,3 +236,21 @@ def test_the_cli_gates_against_a_baseline(report, tmp_path, capsys):
     assert "regression against" in capsys.readouterr().err
     assert main([*args, "--baseline", str(tmp_path / "same.json"), "--tolerance", "1000"]) == 0
     assert "no regression" in capsys.readouterr().out
+
+
+def test_call_times_waits_for_every_call_and_names_a_bad_count():
+    waited = []
+
+    class Ready:  # what jax.block_until_ready calls on a result leaf
+        def block_until_ready(self):
+            time.sleep(0.002)
+            waited.append(1)
+            return self
+
+    times = call_times(Ready, repeats=3, warmup=2)
+    assert len(times) == 3 and len(waited) == 5  # warm-up calls are waited for too, not timed
+    assert min(times) >= 0.002  # each timed call includes its wait
+    with pytest.raises(ValueError, match="repeats=0"):
+        call_times(Ready, repeats=0)
+    with pytest.raises(ValueError, match="warmup=-1"):
+        call_times(Ready, repeats=1, warmup=-1)

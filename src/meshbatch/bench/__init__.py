@@ -16,6 +16,7 @@ from .kernel_cases import TINY as TINY
 from .kernel_cases import Case as Case
 from .kernel_cases import Shapes as Shapes
 from .measure import Measurement as Measurement
+from .measure import call_times as call_times
 from .measure import copy_bandwidth as copy_bandwidth
 from .measure import distribution as distribution
 from .measure import measure as measure

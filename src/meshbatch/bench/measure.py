@@ -153,6 +153,28 @@ def copy_bandwidth(nbytes: int | None = None, *, repeats: int = MIN_REPEATS) -> 
     return bandwidth
 
 
+def call_times(fn: Callable[[], object], *, repeats: int, warmup: int = 0) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn()``, each waited for (``jax.block_until_ready`` on
+    its result, so a jitted call's dispatch and run are both in it), after ``warmup`` untimed calls.
+    Host code times the same way (its result is returned ready).
+
+    Raises:
+        ValueError: ``repeats`` below 1 or ``warmup`` below 0, naming the value.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be at least 1")
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup} must be at least 0")
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def measure(
     fn: Callable,
     args: tuple,
@@ -195,13 +217,8 @@ def measure(
     compiled = lowered.compile()
     compiled_at = time.perf_counter()
 
-    jax.block_until_ready(compiled(*args))  # the first run (allocations, autotuning) is not timed
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    run = distribution(times) | {"timing": "wall"}
+    # the first run (allocations, autotuning) is not timed
+    run = distribution(call_times(lambda: compiled(*args), repeats=repeats, warmup=1)) | {"timing": "wall"}
 
     device_run = None
     if device_time if device_time is not None else accelerator():
