@@ -176,7 +176,17 @@ def test_openwebtext_block_trains_with_type_and_equals_levanter(root):
         assert m["data/meshbatch/default/tokens"] == 32 * m["data/meshbatch/default/rows"]
         assert 0 < m["data/meshbatch/reads_per_example"] <= 1
         _check_pipeline_stats(m, step)
-    theirs, _ = _train(root, "openwebtext_source.yaml", "", "owt-levanter", 32, "gpt2", 1000)
+    theirs, their_log = _train(root, "openwebtext_source.yaml", "", "owt-levanter", 32, "gpt2", 1000)
+    # Levanter's own block through meshbatch's entry point: Levanter's DataLoader runs, and the
+    # start line (said once the trainer starts) and the tracker's summary name it and why
+    assert (
+        'meshbatch: data type=UrlSingleDatasetLMConfig order=cache order {"shuffle": false} '
+        "loader=Levanter's DataLoader (Levanter's own config (no meshbatch type: under data:)) "
+        "cache_builder=Levanter's caches={}"
+    ) in their_log, their_log[-6000:]
+    summary = theirs["summary"]
+    assert (summary["meshbatch/loader"], summary["meshbatch/fast_path"]) == ("Levanter's DataLoader", False)
+    assert summary["meshbatch/loader_why"] == "Levanter's own config (no meshbatch type: under data:)"
     losses, want = _losses(ours), _losses(theirs)
     assert sorted(losses) == list(range(32)) and sorted(want) == list(range(32)), (
         sorted(losses),

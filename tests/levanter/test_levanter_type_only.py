@@ -2,7 +2,8 @@
 Levanter's batches (Levanter's orders are the drop-in's default): a flat URL block unshuffled,
 shuffled (both permutation types) and era-shuffled, with ``epoch: 2`` across the epoch boundary;
 a flat Hugging Face ``id:`` block (a local directory ``datasets`` reads: nothing downloaded); a
-shuffled mixture with a validation-only component at weight 0, its validation sets too.
+mixture with a validation-only component at weight 0, era-shuffled and unshuffled, its validation
+sets too.
 
 Levanter's batches come from its own config's ``train_set`` (``get_batch``, as its
 ``DataLoader`` calls it); meshbatch's through ``PipelineLoader`` (the fast path) and
@@ -43,7 +44,6 @@ configs:
   code: {{train_urls: ["{root}/code.jsonl"]}}
 train_weights: {{web: 0.7, heldout: 0.0, code: 0.3}}
 mixture_block_size: 8
-shuffle: 3
 """
 
 
@@ -132,13 +132,14 @@ def test_a_flat_hf_block_with_type_gives_levanters_batches(root):
     assert_levanters(theirs, ours, "hf")
 
 
-def test_a_mixture_with_a_validation_only_component_gives_levanters_batches(root):
+@pytest.mark.parametrize("shuffle", ["shuffle: 3\n", "shuffle: false\n"])
+def test_a_mixture_with_a_validation_only_component_gives_levanters_batches(root, shuffle):
     """``heldout`` has validation data only, at weight 0: not built for train (as Levanter), yet
-    an eval set, as ``web``'s; the train batches (era-shuffled components) and the validation
-    sets equal Levanter's."""
-    theirs, ours = pair(root, MIXTURE, "stable_mixture", levanter_class=LMMixtureDatasetConfig)
+    an eval set, as ``web``'s; the train batches (era-shuffled components, or unshuffled: Levanter's
+    mixture rows over each component in cache order) and the validation sets equal Levanter's."""
+    theirs, ours = pair(root, MIXTURE, "stable_mixture", shuffle, LMMixtureDatasetConfig)
     assert ours.mixture(SEQ, batch_size=BATCH).names == ["web", "code"]
-    assert_levanters(theirs, ours, "mixture")
+    assert_levanters(theirs, ours, f"mixture {shuffle!r}")
     want, got = theirs.validation_sets(Pos), ours.validation_sets(Pos)
     assert list(got) == list(want) == ["web", "heldout"]
     for name, dataset in got.items():

@@ -22,9 +22,11 @@ run (``metrics_every`` at its default, 10). The caches are built by the first (m
 in process; Levanter's own runs find them.
 """
 
+import ast
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +153,10 @@ def switch_both_ways(root, name: str, block: str, kind: str, *, include: bool = 
         switched, switched_log = run(root, f"{name}-to-ours", OURS, f"type: {kind}\n" + block)
     after = losses(switched)
     assert sorted(after) == list(range(CHECKPOINT + 1, STEPS)), sorted(after)
+    # the resumed run finds the caches the first run built: its start line says so per source
+    line = next(line for line in switched_log.splitlines() if f"meshbatch: data type={kind} order=" in line)
+    caches = ast.literal_eval(re.search(r" caches=(\{.*?\})(?: content_fingerprint=|$)", line).group(1))
+    assert caches and all(state.startswith("found (") for state in caches.values()), line
     assert after == {s: want[s] for s in after}
     assert "written by Levanter's own loader): resuming in Levanter's order" in switched_log
     resume_from(root, f"{name}-ours", f"{name}-to-theirs")

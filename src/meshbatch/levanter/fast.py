@@ -43,6 +43,7 @@ from .async_datasets import MeshbatchDataset
 
 logger = logging.getLogger(__name__)
 _noted: weakref.ref | None = None  # the train set a meshbatch config made last (note_train_set)
+_start = None  # a Levanter config's start line, said by the next initial_state (note_start)
 
 
 def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExample:
@@ -143,6 +144,7 @@ def fast_path():
     """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
     default) is a ``PipelineLoader``; the training loader's (``batch`` not given, as ``train_lm``
     asks) state goes into each checkpoint (``checkpoint_state``)."""
+    global _start
     original, original_initial_state = Trainer.data_loader, Trainer.initial_state
 
     def make_loader(self, dataset, batch=None) -> PipelineLoader:
@@ -156,8 +158,11 @@ def fast_path():
         )
 
     def initial_state(self, *args, **kwargs):
-        global _noted
+        global _noted, _start
         dataset, _noted = (None if _noted is None else _noted()), None
+        say, _start = _start, None
+        if say is not None:  # Levanter's log and tracker are set up by now
+            say()
         if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
             early = _Early(dataset, lambda: make_loader(self, dataset), resume=self.checkpoint_path)
             self._meshbatch_early = early
@@ -190,6 +195,7 @@ def fast_path():
             yield
     finally:
         Trainer.data_loader, Trainer.initial_state = original, original_initial_state
+        _start = None  # not said: no trainer started
 
 
 def note_train_set(dataset: MeshbatchDataset) -> None:
@@ -197,6 +203,14 @@ def note_train_set(dataset: MeshbatchDataset) -> None:
     ``Trainer.initial_state`` makes its loader (and starts its stream) beside the model's init."""
     global _noted
     _noted = weakref.ref(dataset)
+
+
+def note_start(say) -> None:
+    """A Levanter config's start line (``say()``, no arguments), said within ``fast_path()`` by the
+    next ``Trainer.initial_state``: ``train_lm`` reads the config before Levanter sets up its log
+    and tracker, which would drop a line said then."""
+    global _start
+    _start = say
 
 
 class _Early:
@@ -227,4 +241,4 @@ class _Early:
         return self._loader
 
 
-__all__ = ["PipelineLoader", "batched_lm_example", "fast_path"]
+__all__ = ["PipelineLoader", "batched_lm_example", "fast_path", "note_start"]

@@ -19,7 +19,7 @@ from levanter.data.text import LMMixtureDatasetConfig, SingleDatasetLMConfig
 from levanter.main import train_lm as _train_lm
 
 from .config import MeshbatchLMConfig
-from .fast import fast_path
+from .fast import fast_path, note_start
 from .hints import register
 from .splice_config import SpliceMultiDocumentLMConfig
 
@@ -49,9 +49,10 @@ def main(config: TrainLmConfig) -> None:
 
 
 def levanter_data(config: TrainLmConfig) -> None:
-    """A Levanter config (no meshbatch ``type:``): its start line, and its order (the one
-    Levanter's own ``train_set`` gives, keyed as ``train_lm`` keys it) recorded with each
-    checkpoint and checked on resume, as a meshbatch config's."""
+    """A Levanter config (no meshbatch ``type:``): its order (the one Levanter's own ``train_set``
+    gives, keyed as ``train_lm`` keys it) recorded with each checkpoint and checked on resume, as
+    a meshbatch config's, and its start line, said when the trainer starts (``note_start``: once
+    Levanter's log and tracker are set up)."""
     import jax
 
     from . import observe, order
@@ -63,9 +64,9 @@ def levanter_data(config: TrainLmConfig) -> None:
     if record is None:
         return
     order.note(record)
-    observe.start(type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
-                  why="Levanter's own config (no meshbatch type: under data:)", builder="Levanter's",
-                  caches={})  # fmt: skip
+    note_start(lambda: observe.start(type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
+                                     why="Levanter's own config (no meshbatch type: under data:)",
+                                     builder="Levanter's", caches={}))  # fmt: skip
 
 
 if __name__ == "__main__":
