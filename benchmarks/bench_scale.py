@@ -6,8 +6,8 @@ compilation cache (cold) and again with the cache the first run left (warm). A c
 * ``open_s``: opening the caches and making the datasets;
 * ``first_batch_s``: from making the ``Pipeline`` (or Levanter's ``MixtureDataset`` and
   ``DataLoader``) to batch 0 on the devices;
-* ``step_ms``: steady step time: ``--steps`` batches of a fresh stream (its buffers empty) from
-  step ``--skip`` (default 4; the first stream made the steps before it), divided by their number.
+* ``step_ms``: steady step time: the stream's ``--steps`` batches after its first ``--skip``
+  (default 4), each taken as soon as the last is in hand, divided by their number.
   A step of many block-shuffled sources decodes each source's chunks on their first touch, which
   the first few dozen steps at 256 sources do (``--skip 64`` times the steps after them);
   the waits for each batch (p10, median, p90) beside it;
@@ -80,9 +80,10 @@ def child(args) -> dict:
     first = time.perf_counter()
     for _ in range(args.skip - 1):
         jax.block_until_ready(next(stream))
-    _close(stream)
-    # steady: a fresh stream from step --skip (its buffers empty), every batch waited for
-    stream = batches(loader, args.skip)
+    # steady: the same stream's next --steps batches, each waited for as soon as the last is in
+    # hand (a loader's buffers never get ahead of such a consumer: the time is its production's).
+    # One stream, not a fresh one: Levanter's MixtureDataset caches blocks as tasks of its first
+    # iterator's event loop, which a second iterator cannot await (async-lru >= 2.1).
     times, cpu, total = [], time.process_time(), time.perf_counter()
     for _ in range(args.steps):
         start = time.perf_counter()
