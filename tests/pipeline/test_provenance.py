@@ -162,15 +162,7 @@ def check_packed_leaves(sources: dict, host: PackedDataset, prov, batch, step: i
         want_seg = np.full(segments.shape[1], -1)
         want_loss = np.zeros(segments.shape[1], np.int32)
         want_pos = np.zeros(segments.shape[1], np.int32)
-        for j in range(prov.rows.slots):
-            length = int(prov.rows.length[row, j])
-            if length == 0:
-                continue
-            name, start, at = (
-                prov.rows.source[row, j],
-                int(prov.rows.start[row, j]),
-                int(prov.rows.row_offset[row, j]),
-            )
+        for j, name, start, length, at in row_spans(prov, row):
             doc, cut = int(prov.rows.doc[row, j]), int(prov.rows.doc_start[row, j])
             want_seg[at : at + length] = doc
             want_pos[at : at + length] = np.arange(length)
@@ -185,6 +177,15 @@ def check_packed_leaves(sources: dict, host: PackedDataset, prov, batch, step: i
             np.testing.assert_array_equal(
                 positions[row], want_pos, err_msg=f"step {step} row {row} positions"
             )
+
+
+def row_spans(prov, row: int):
+    """``(slot, source name, start, length, place in the row)`` of each non-empty span of ``row``."""
+    rows = prov.rows
+    for j in range(rows.slots):
+        length = int(rows.length[row, j])
+        if length:
+            yield j, rows.source[row, j], int(rows.start[row, j]), length, int(rows.row_offset[row, j])
 
 
 def rebuild_and_compare(pipeline: Pipeline, step: int, fills: dict, state=None) -> int:
@@ -203,15 +204,7 @@ def rebuild_and_compare(pipeline: Pipeline, step: int, fills: dict, state=None) 
     spans = 0
     for row in range(n):
         covered = np.zeros(batch.shape[1], bool)
-        for j in range(prov.rows.slots):
-            length = int(prov.rows.length[row, j])
-            if length == 0:
-                continue
-            name, start, at = (
-                prov.rows.source[row, j],
-                int(prov.rows.start[row, j]),
-                int(prov.rows.row_offset[row, j]),
-            )
+        for j, name, start, length, at in row_spans(prov, row):
             np.testing.assert_array_equal(
                 batch[row, at : at + length],
                 read_span(sources, name, start, length),
