@@ -5,6 +5,7 @@ import importlib
 import pathlib
 import re
 import sys
+import textwrap
 import time
 
 import chex
@@ -295,7 +296,8 @@ def documented_names() -> dict[str, set[str]]:
     used: dict[str, set[str]] = {}
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
-            for node in ast.walk(ast.parse(block, filename=str(doc))):
+            # a block inside a list item is indented with it
+            for node in ast.walk(ast.parse(textwrap.dedent(block), filename=str(doc))):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "meshbatch":
                     names = [f"{node.module}:{alias.name}" for alias in node.names]
                 elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "meshbatch":
