@@ -78,6 +78,8 @@ def _check_mask_values(masks: TokenCache, offsets: np.ndarray, path: str) -> Non
     """Refuses an ``assistant_masks`` value other than 0 or 1, naming the row: reads the field once,
     ``MASK_CHECK_TOKENS`` at a time, one vectorised comparison per chunk."""
     total = int(offsets[-1])
+    if total > MASK_CHECK_TOKENS:  # a long read at open: say what it is
+        logger.info("checking the %d assistant_masks values of chat cache %s (0 or 1 each)", total, path)
     for lo in range(0, total, MASK_CHECK_TOKENS):
         hi = min(total, lo + MASK_CHECK_TOKENS)
         values = np.asarray(masks.read_runs(np.array([lo], np.int64), np.array([hi - lo], np.int64)).buffer)
