@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
+from meshbatch.cache.format.arrays import FieldArrays, open_field
 from meshbatch.cache.format.checks import (
     CacheIntegrityError,
     check_data_end,
@@ -51,7 +51,7 @@ from meshbatch.cache.format.ledger import (
     shard_root,
     shard_table,
 )
-from meshbatch.cache.integrity.checksums import Checksums, check_sidecar
+from meshbatch.cache.integrity.checksums import check_sidecar
 from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets
 from meshbatch.cache.read.reads import Segment
 
@@ -258,7 +258,7 @@ def load_part(
     end, grew = int(offsets[-1]), rows > loaded.shape[0] - 1
     sums = None
     if end > loaded[-1] or finished or verify:
-        sums = _check_part(
+        sums = check_part(
             arrays, end, rows=rows, finished=finished, recorded=recorded, where=where,
             sidecar_required=sidecar_required, context=context,
         )  # fmt: skip
@@ -276,14 +276,16 @@ def _read_offsets(
     arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
 ) -> np.ndarray:
     """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read."""
-    count, end = _read_ends(arrays, loaded, rows, finished=finished, recorded=recorded, where=where)
+    count, end = read_ends(arrays, loaded, rows, finished=finished, recorded=recorded, where=where)
     if end is None:
         return count
-    tail = _result(arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where)
+    tail = read_result(
+        arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where
+    )
     return np.concatenate([count, tail])
 
 
-def _read_ends(
+def read_ends(
     arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
 ) -> tuple[np.ndarray, int | None]:
     """``offsets[0]`` (checked against ``rows``) and, when ``rows > loaded``, ``offsets[rows]`` (checked
@@ -293,62 +295,25 @@ def _read_ends(
     with ts.Batch() as batch:
         count = arrays.offsets[0:1].read(batch=batch)
         last = arrays.offsets[rows : rows + 1].read(batch=batch) if rows > loaded else None
-    check_row_count(int(_result(count, "offsets[0]", where)[0]), rows=rows, finished=finished, where=where)
+    check_row_count(
+        int(read_result(count, "offsets[0]", where)[0]), rows=rows, finished=finished, where=where
+    )
     if last is None:
-        return _result(count, "offsets[0]", where), None
-    end = int(_result(last, f"offsets[{rows}], the end of the last row the ledger commits", where)[0])
+        return read_result(count, "offsets[0]", where), None
+    end = int(read_result(last, f"offsets[{rows}], the end of the last row the ledger commits", where)[0])
     if recorded is not None and end != recorded:
         raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
-    return _result(count, "offsets[0]", where), end
+    return read_result(count, "offsets[0]", where), end
 
 
-def open_part_lazily(
-    root: str,
-    field: str,
-    *,
-    rows: int,
-    recorded: int | None,
-    context: ts.Context,
-    verify: bool = True,
-    sidecar_required: bool = False,
-) -> tuple[FieldArrays, int, Checksums | None, ChunkVerifier | None]:
-    """Opens a finished part and runs every check of ``load_part`` that reads no bulk offsets.
-
-    Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk holding
-    the last token and what lies past it, and the checksum sidecar; with ``verify``, the last data
-    chunk is summed. The offsets themselves are read (and checked: monotone, within the data,
-    against the sidecar) where they are asked for (``lazy.LazyPart.offsets``).
-
-    Returns:
-        The arrays, the part's token count (its last offset), its checked sidecar (or ``None``)
-        and the data chunks' verifier (``None`` without a sidecar or with ``verify=False``).
-
-    Raises:
-        CacheIntegrityError: see the module docstring.
-    """
-    offsets_context = uncached(context)  # its offsets chunks are read a few at a time, never kept
-    arrays = open_field(root, field, context=context, offsets_context=offsets_context)
-    where = posixpath.join(arrays.root, "offsets")
-    _, end = _read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
-    sums = _check_part(
-        arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
-        sidecar_required=sidecar_required, context=context,
-    )  # fmt: skip
-    if not verify or sums is None:
-        return arrays, end, sums, None
-    verifier = ChunkVerifier(sums, end, where=arrays.data_path)
-    check_last_chunk(verifier, arrays.data, end, cache=root)
-    return arrays, end, sums, verifier
-
-
-def _result(future: ts.Future, what: str, where: str) -> np.ndarray:
+def read_result(future: ts.Future, what: str, where: str) -> np.ndarray:
     try:
         return future.result()
     except ValueError as e:  # TensorStore: a missing chunk (never filled) or one that does not decode
         raise CacheIntegrityError(f"{where}: cannot read {what}: {e}") from e
 
 
-def _check_part(arrays, end: int, *, rows, finished, recorded, where, sidecar_required, context):
+def check_part(arrays, end: int, *, rows, finished, recorded, where, sidecar_required, context):
     """A part's data checked against the end of its offsets (``end``) and its ledger's counts
     (the extent too once it is finished), and its checksum sidecar's sums (``None`` without one):
     the checks an eager load and a lazy open share."""

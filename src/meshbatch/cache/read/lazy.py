@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import FieldArrays
+from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
 from meshbatch.cache.format.checks import CacheIntegrityError, check_dtype
 from meshbatch.cache.format.ledger import (
     LEDGER_FILE_NAME,
@@ -40,8 +40,8 @@ from meshbatch.cache.format.ledger import (
     shard_table,
 )
 from meshbatch.cache.integrity.checksums import Checksums
-from meshbatch.cache.integrity.verify import ChunkVerifier, verify_offsets_chunk
-from meshbatch.cache.read.contents import _result, open_part_lazily
+from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets_chunk
+from meshbatch.cache.read.contents import check_part, read_ends, read_result
 from meshbatch.cache.read.reads import Segment
 from meshbatch.cache.read.watch import ShardFiles, read_shard_ledgers
 
@@ -71,14 +71,14 @@ class LazyPart:
         cache: str,
     ):
         self.name, self.rows, self.tokens, self.token_start = name, rows, tokens, token_start
-        self.dtype = np.dtype(arrays.data.dtype.numpy_dtype)
+        self.dtype, self.data_path = np.dtype(arrays.data.dtype.numpy_dtype), arrays.data_path
         self._offsets = arrays.offsets
         self._sums = sums if verifier is not None else None  # offsets are summed where reads are
         self._where = posixpath.join(arrays.root, "offsets")
         self._verified: set[int] = set()
         self._lock = threading.Lock()
         self.segment = (
-            Segment(arrays.data_path, token_start, tokens, arrays.data, cache, verifier, part=name)
+            Segment(self.data_path, token_start, tokens, arrays.data, cache, verifier, part=name)
             if tokens
             else None
         )
@@ -129,7 +129,7 @@ class LazyPart:
             order = np.argsort(index, kind="stable")
             ordered = index[order]
             for k, (lo, hi), future in zip(full, bounds, chunk_reads, strict=True):
-                values = np.array(_result(future, f"offsets[{lo} : {hi}]", self._where), dtype=np.int64)
+                values = np.array(read_result(future, f"offsets[{lo} : {hi}]", self._where), dtype=np.int64)
                 if self._sums is not None:
                     verify_offsets_chunk(values, k, self._sums, where=self._where)
                     with self._lock:
@@ -141,7 +141,7 @@ class LazyPart:
                 out[order[a:b]] = values[ordered[a:b] - lo]
             if single_read is not None:
                 what = f"offsets at {single.size} rows"
-                values = np.array(_result(single_read, what, self._where), dtype=np.int64)
+                values = np.array(read_result(single_read, what, self._where), dtype=np.int64)
                 values[single == 0] = 0
                 beyond = np.flatnonzero((values < 0) | (values > self.tokens))
                 if beyond.size:
@@ -181,26 +181,32 @@ def open_part(
     verify: bool,
     sidecar_required: bool,
 ) -> LazyPart:
-    """Opens and checks the part at ``path`` (``open_part_lazily``); ``name`` is its shard name."""
+    """Opens the finished part at ``path`` (``name``: its shard name) and runs every check of
+    ``contents.load_part`` that reads no bulk offsets.
+
+    Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk holding
+    the last token and what lies past it, and the checksum sidecar; with ``verify``, the last data
+    chunk is summed. The offsets themselves are read (and checked: monotone, within the data,
+    against the sidecar) where they are asked for (``LazyPart.start_offsets``).
+
+    Raises:
+        CacheIntegrityError: see ``contents.py``'s module docstring.
+    """
     root = shard_root(path, name) if name else path
-    arrays, tokens, sums, verifier = open_part_lazily(
-        root,
-        field,
-        rows=rows,
-        recorded=recorded,
-        context=context,
-        verify=verify,
-        sidecar_required=sidecar_required,
-    )
+    # its offsets chunks are read a few at a time, never kept
+    arrays = open_field(root, field, context=context, offsets_context=uncached(context))
+    where = posixpath.join(arrays.root, "offsets")
+    _, end = read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
+    sums = check_part(
+        arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
+        sidecar_required=sidecar_required, context=context,
+    )  # fmt: skip
+    verifier = None
+    if verify and sums is not None:
+        verifier = ChunkVerifier(sums, end, where=arrays.data_path)
+        check_last_chunk(verifier, arrays.data, end, cache=root)
     return LazyPart(
-        name,
-        arrays,
-        rows=rows,
-        tokens=tokens,
-        token_start=token_start,
-        sums=sums,
-        verifier=verifier,
-        cache=path,
+        name, arrays, rows=rows, tokens=end, token_start=token_start, sums=sums, verifier=verifier, cache=path
     )
 
 
@@ -298,14 +304,11 @@ class LazyContents:
         else:
             opened = [one(i) for i in missing]
         for part in opened:
-            where = posixpath.join(
-                shard_root(self.path, part.name) if part.name else self.path, self.field, "data"
-            )
-            check_dtype(part.dtype, self._expected, where=where)
+            check_dtype(part.dtype, self._expected, where=part.data_path)
             with self._lock:
                 if self.dtype is None:
                     self.dtype = part.dtype
-            check_dtype(part.dtype, self.dtype, where=where)  # every shard agrees with the first
+            check_dtype(part.dtype, self.dtype, where=part.data_path)  # every shard agrees with the first
         with self._lock:
             for i, part in zip(missing, opened, strict=True):
                 self._open.setdefault(i, part)
