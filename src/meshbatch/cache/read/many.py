@@ -23,7 +23,7 @@ block cache (and, with one, in dtype) share one plan.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +32,7 @@ from meshbatch.cache.format.checks import as_index_array, check_out_buffer
 from meshbatch.cache.read.coalesce import Coalesced, as_spans, sorted_runs
 from meshbatch.cache.read.contents import Contents
 from meshbatch.cache.read.reader import TokenCache, check_fits
-from meshbatch.cache.read.reads import PendingRead, Segment, plan_pieces, widens_exactly
+from meshbatch.cache.read.reads import PendingRead, Segment, check_all, pieces, plan_pieces, widens_exactly
 
 
 @dataclass(frozen=True)
@@ -202,9 +202,16 @@ def _plan_group(
     in_group = np.zeros(len(chosen), dtype=bool)
     in_group[members] = True
     runs = np.flatnonzero(in_group[spans.run_slot])
-    pieces = _pieces(segments, np.array(segment_starts, np.int64), runs, spans, at)
+    run_starts = spans.run_starts[runs]
+    planned = pieces(
+        segments,
+        np.array(segment_starts, np.int64),
+        run_starts,
+        run_starts + spans.run_lengths[runs],
+        at + spans.run_offsets[runs],
+    )
     cache = chosen[members[0]]
-    targets, extra, finish, _ = plan_pieces(pieces, out, block_cache=cache.block_cache)
+    targets, extra, finish, _ = plan_pieces(planned, out, block_cache=cache.block_cache)
 
     owner = {id(seg): j for seg, j in zip(segments, segment_slots, strict=True)}
     reads = dict.fromkeys(members, 0)
@@ -238,54 +245,10 @@ def _plan_group(
         at + int(spans.run_offsets[first[members[-1] + 1]]),
         targets + extra,
         finish,
-        _check_all(checks) if checks else None,
+        check_all(checks) if checks else None,
         publish=getattr(finish, "publish", None),
         abort=getattr(finish, "abort", None),
     )
-
-
-def _pieces(segments: list[Segment], segment_starts: np.ndarray, runs: np.ndarray, spans: _Spans, at: int):
-    """``reads._pieces`` of ``runs`` over their caches' segments placed at ``segment_starts``
-    (virtual), vectorised: ``(position in out, segment, local start, local end)``."""
-    if runs.size == 0:
-        return []
-    starts = spans.run_starts[runs]
-    ends = starts + spans.run_lengths[runs]
-    dest = at + spans.run_offsets[runs]
-    first = np.searchsorted(segment_starts, starts, side="right") - 1
-    last = np.searchsorted(segment_starts, ends - 1, side="right") - 1
-    count = last - first + 1  # pieces of each run: one per segment it touches
-    if (count > 1).any():
-        placed = np.cumsum(count) - count
-        index = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(placed, count)
-        starts, ends, dest = np.repeat(starts, count), np.repeat(ends, count), np.repeat(dest, count)
-        lo = np.maximum(starts, segment_starts[index])
-        ends_at = segment_starts + np.array([seg.tokens for seg in segments], np.int64)
-        hi = np.minimum(ends, ends_at[index])
-        dest = dest + (lo - starts)
-    else:
-        index, lo, hi = first, starts, ends
-    seg_lo = lo - segment_starts[index]
-    seg_hi = hi - segment_starts[index]
-    return [
-        (d, segments[i], a, b)
-        for d, i, a, b in zip(dest.tolist(), index.tolist(), seg_lo.tolist(), seg_hi.tolist(), strict=True)
-    ]
-
-
-def _check_all(checks: list[Callable[[], Callable[[], None]]]) -> Callable[[], Callable[[], None]]:
-    """One check of every cache of a plan: all started before any is completed (``run_reads``)."""
-
-    def start() -> Callable[[], None]:
-        pending = [check() for check in checks]
-
-        def complete() -> None:
-            for done in pending:
-                done()
-
-        return complete
-
-    return start
 
 
 def _plan_alone(

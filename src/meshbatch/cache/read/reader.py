@@ -50,7 +50,14 @@ from meshbatch.cache.read.coalesce import (
 from meshbatch.cache.read.contents import Contents, load_contents
 from meshbatch.cache.read.lazy import LazyContents
 from meshbatch.cache.read.lru import BlockCache
-from meshbatch.cache.read.reads import PendingRead, convert_after, plan_runs, run_reads, widens_exactly
+from meshbatch.cache.read.reads import (
+    PendingRead,
+    convert_after,
+    pieces,
+    plan_pieces,
+    run_reads,
+    widens_exactly,
+)
 from meshbatch.cache.read.watch import LedgerWatch, ShardFiles, shard_ledgers
 
 logger = logging.getLogger(__name__)
@@ -353,13 +360,10 @@ class TokenCache:
     def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
         run_ends = runs.run_starts + np.diff(runs.run_offsets)
         segments = self._view.segments_for(runs.run_starts, run_ends)
-        targets, finish, nbytes = plan_runs(
-            segments,
-            runs.run_starts,
-            runs.run_offsets,
-            dest,
-            block_cache=self.block_cache,
-        )
+        segment_starts = np.array([s.token_start for s in segments], dtype=np.int64)
+        planned = pieces(segments, segment_starts, runs.run_starts, run_ends, runs.run_offsets[:-1])
+        targets, checks, finish, nbytes = plan_pieces(planned, dest, block_cache=self.block_cache)
+        targets = targets + checks  # a new list: a block cache's ``finish`` keeps the first
         self.counters.add(
             spans_requested=spans,
             unique_spans=runs.unique_spans,

@@ -7,7 +7,7 @@ boundary is read as one piece per segment::
     segments: part-0 holds tokens [0, 7), part-1 holds [7, 16)
     run (5, 4) = tokens [5, 9) -> part-0 data[5:7] and part-1 data[0:2]: 2 reads, buffer[0:2], [2:4]
 
-Reads are planned first (``plan_runs``: which slice of which array goes where) and issued later by
+Reads are planned first (``plan_pieces``: which slice of which array goes where) and issued later by
 ``run_reads``, so the reads of several requests (several caches, several devices' rows) share one
 ``ts.Batch`` with ``batch=`` on every read (a bare ``with ts.Batch():`` batches nothing). TensorStore
 decodes each read straight into its place in the output buffer.
@@ -104,41 +104,20 @@ class PendingRead:
     abort: Callable[[BaseException], None] | None = None
 
 
-def plan_runs(
-    segments: list[Segment],
-    run_starts: np.ndarray,
-    run_offsets: np.ndarray,
-    dest: np.ndarray,
-    *,
-    block_cache: BlockCache | None = None,
-) -> tuple[list[Target], Callable[[], None] | None, int]:
-    """Plans reading runs ``[run_starts[r], run_starts[r] + run_offsets[r+1] - run_offsets[r])``.
-
-    Args:
-        segments: non-empty segments in token order, covering every run.
-        run_starts: int64 ``[R]`` global first token of each run.
-        run_offsets: int64 ``[R + 1]`` position of each run in ``dest``.
-        dest: the buffer the runs are read into (``run_offsets[-1]`` elements); TensorStore
-            decodes straight into it, converting to its dtype.
-        block_cache: read whole blocks through this LRU instead of exact ranges.
-
-    Returns:
-        ``(targets, finish, bytes_read)``: run ``run_reads`` over the targets, then ``finish``.
-        Whole-chunk reads that verify chunks read for the first time come after the data
-        reads in ``targets`` and are not counted in ``bytes_read``.
-    """
-    targets, checks, finish, nbytes = plan_pieces(
-        list(_pieces(segments, run_starts, run_offsets)), dest, block_cache=block_cache
-    )
-    return targets + checks, finish, nbytes
-
-
 def plan_pieces(
     pieces: list[tuple[int, Segment, int, int]], dest: np.ndarray, *, block_cache: BlockCache | None = None
 ) -> tuple[list[Target], list[Target], Callable[[], None] | None, int]:
     """Plans reading ``pieces`` (``(position in dest, segment, local start, local end)``, as
-    ``_pieces`` yields them) into ``dest``: ``(data reads, verification reads, finish, bytes_read)``
-    (``plan_runs``; the pieces may come from the segments of several caches alike in dtype)."""
+    ``pieces`` makes them) into ``dest``; ``run_reads`` issues the reads, then ``finish``.
+
+    The pieces may come from the segments of several caches alike in dtype. TensorStore decodes
+    straight into ``dest``, converting to its dtype; with ``block_cache``, whole blocks are read
+    through that LRU instead of exact ranges.
+
+    Returns:
+        ``(data reads, verification reads, finish, bytes_read)``: whole-chunk reads that verify
+        chunks read for the first time are not counted in ``bytes_read``.
+    """
     if not pieces:
         return [], [], None, 0
     if block_cache is None:
@@ -255,14 +234,14 @@ def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | No
         CacheIntegrityError: a read failed: a chunk is missing or does not decode.
         StoreUnavailableError: the store did not answer within its retries and the read timeout.
     """
-    checks = list(dict.fromkeys(read.check for read in reads if read.check is not None))
+    check = check_all(list(dict.fromkeys(read.check for read in reads if read.check is not None)))
     try:
         try:
             _read_into([target for read in reads for target in read.targets])
         except CacheIntegrityError:
-            _run_checks(checks)  # a replaced cache explains a failed read better than the read error does
+            check()()  # a replaced cache explains a failed read better than the read error does
             raise
-        _run_checks(checks)
+        check()()
         for read in reads:  # every block read for others is handed over before anyone waits for one
             if read.publish is not None:
                 read.publish()
@@ -278,9 +257,20 @@ def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | No
         raise
 
 
-def _run_checks(checks: list[Callable[[], Callable[[], None]]]) -> None:
-    for complete in [start() for start in checks]:  # all started before any is awaited
-        complete()
+def check_all(checks: list[Callable[[], Callable[[], None]]]) -> Callable[[], Callable[[], None]]:
+    """One check of the caches ``checks`` check (``PendingRead.check``): all started before any is
+    completed."""
+
+    def start() -> Callable[[], None]:
+        pending = [check() for check in checks]
+
+        def complete() -> None:
+            for done in pending:
+                done()
+
+        return complete
+
+    return start
 
 
 def widens_exactly(found: np.dtype, target: np.dtype) -> bool:
@@ -299,17 +289,37 @@ def checked_cast(values: np.ndarray, dtype: np.dtype, *, where: str) -> np.ndarr
     return values.astype(dtype, copy=False)
 
 
-def _pieces(segments: list[Segment], run_starts: np.ndarray, run_offsets: np.ndarray):
-    """Yields ``(buffer position, segment, local start, local end)`` for each run split at segments."""
-    seg_starts = np.array([s.token_start for s in segments], dtype=np.int64)
-    for r, start in enumerate(run_starts.tolist()):
-        dest, end = int(run_offsets[r]), start + int(run_offsets[r + 1] - run_offsets[r])
-        i = int(np.searchsorted(seg_starts, start, side="right")) - 1
-        while start < end:
-            seg = segments[i]
-            hi = min(end, seg.token_start + seg.tokens)
-            yield dest, seg, start - seg.token_start, hi - seg.token_start
-            dest, start, i = dest + hi - start, hi, i + 1
+def pieces(
+    segments: list[Segment],
+    segment_starts: np.ndarray,
+    run_starts: np.ndarray,
+    run_ends: np.ndarray,
+    dest: np.ndarray,
+) -> list[tuple[int, Segment, int, int]]:
+    """Each run ``[run_starts[r], run_ends[r])``, read to ``dest[r]`` on, split where it crosses the
+    segments placed at ``segment_starts`` (ascending): ``(position, segment, local start, local end)``
+    in run order, vectorised."""
+    if run_starts.size == 0:
+        return []
+    first = np.searchsorted(segment_starts, run_starts, side="right") - 1
+    last = np.searchsorted(segment_starts, run_ends - 1, side="right") - 1
+    count = last - first + 1  # pieces of each run: one per segment it touches
+    if (count > 1).any():
+        placed = np.cumsum(count) - count
+        index = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(placed, count)
+        starts, ends, dest = np.repeat(run_starts, count), np.repeat(run_ends, count), np.repeat(dest, count)
+        lo = np.maximum(starts, segment_starts[index])
+        ends_at = segment_starts + np.array([seg.tokens for seg in segments], np.int64)
+        hi = np.minimum(ends, ends_at[index])
+        dest = dest + (lo - starts)
+    else:
+        index, lo, hi = first, run_starts, run_ends
+    seg_lo = lo - segment_starts[index]
+    seg_hi = hi - segment_starts[index]
+    return [
+        (d, segments[i], a, b)
+        for d, i, a, b in zip(dest.tolist(), index.tolist(), seg_lo.tolist(), seg_hi.tolist(), strict=True)
+    ]
 
 
 def _read_into(targets: list[Target]) -> None:
