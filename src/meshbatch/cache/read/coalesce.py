@@ -95,39 +95,68 @@ def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
     n = starts.shape[0]
     if n <= SMALL_SPANS:
         return _coalesce_few(starts.tolist(), lengths.tolist())
-    nonempty = np.flatnonzero(lengths > 0)
-    span_starts = np.zeros(n, dtype=np.int64)
-    if nonempty.size == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return Coalesced(empty, empty, np.zeros(1, dtype=np.int64), span_starts, 0)
+    runs = coalesce_sources(starts, lengths, np.zeros(n, np.int64), 1)
+    return Coalesced(
+        runs.run_starts, runs.run_lengths, runs.run_offsets, runs.span_starts, int(runs.unique[0])
+    )
 
+
+@dataclass(frozen=True)
+class SourceRuns:
+    """Spans of ``k`` sources coalesced together (``Coalesced``, with each run's and each source's
+    counts); spans of two sources never share a run (``many.py`` places them a token apart)."""
+
+    run_starts: np.ndarray  # int64 [R] first token of each run
+    run_lengths: np.ndarray  # int64 [R]
+    run_offsets: np.ndarray  # int64 [R + 1] from 0
+    span_starts: np.ndarray  # int64 [n] from 0 (empty spans: 0)
+    run_slot: np.ndarray  # int64 [R] each run's source
+    first_run: np.ndarray  # int64 [k + 1] each source's first run (runs of source j: first_run[j:j+2])
+    unique: np.ndarray  # int64 [k] distinct non-empty spans of each source
+    requested: np.ndarray  # int64 [k] spans of each source
+
+
+def coalesce_sources(starts: np.ndarray, lengths: np.ndarray, slot: np.ndarray, k: int) -> SourceRuns:
+    """``coalesce_spans`` of spans whose source is ``slot`` (ints in ``[0, k)``), vectorised.
+
+    Spans sorted by (start, end) begin a new run where one starts strictly after everything before
+    it ends.
+    """
+    n = starts.shape[0]
+    span_starts = np.zeros(n, dtype=np.int64)
+    nonempty = np.flatnonzero(lengths > 0)
     s, e = starts[nonempty], starts[nonempty] + lengths[nonempty]
     order = np.lexsort((e, s))
-    s_sorted, e_sorted = s[order], e[order]
-    run_id, _, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
+    s_sorted, e_sorted, slot_sorted = s[order], e[order], slot[nonempty][order]
+    if s_sorted.size:
+        reach = np.maximum.accumulate(e_sorted)
+        new_run = np.empty(s_sorted.shape, dtype=bool)
+        new_run[0] = True
+        new_run[1:] = s_sorted[1:] > reach[:-1]
+        run_id = np.cumsum(new_run) - 1
+        first = np.flatnonzero(new_run)
+        last = np.append(first[1:] - 1, s_sorted.size - 1)
+        run_starts = s_sorted[first]
+        run_lengths = reach[last] - run_starts
+        distinct = np.empty(s_sorted.shape, dtype=bool)
+        distinct[0] = True
+        distinct[1:] = (s_sorted[1:] != s_sorted[:-1]) | (e_sorted[1:] != e_sorted[:-1])
+        run_slot = slot_sorted[first]
+        unique = np.bincount(slot_sorted[distinct], minlength=k)
+    else:
+        run_starts = run_lengths = run_slot = np.zeros(0, np.int64)
+        unique = np.zeros(k, np.int64)
     run_offsets = np.zeros(run_starts.size + 1, dtype=np.int64)
     np.cumsum(run_lengths, out=run_offsets[1:])
-
-    located = np.empty_like(s_sorted)
-    located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
-    span_starts[nonempty] = located
-    distinct = np.count_nonzero((np.diff(s_sorted) != 0) | (np.diff(e_sorted) != 0)) + 1
-    return Coalesced(run_starts, run_lengths, run_offsets, span_starts, int(distinct))
-
-
-def sorted_runs(s_sorted: np.ndarray, e_sorted: np.ndarray):
-    """The runs of non-empty spans ``[s_sorted[i], e_sorted[i])`` sorted by (start, end):
-    ``(run_id, first, run_starts, run_lengths)``, each span's run, each run's first span, and
-    the runs. A new run begins where a span starts strictly after everything before it ends."""
-    reach = np.maximum.accumulate(e_sorted)
-    new_run = np.empty(s_sorted.shape, dtype=bool)
-    new_run[0] = True
-    new_run[1:] = s_sorted[1:] > reach[:-1]
-    run_id = np.cumsum(new_run) - 1
-    first = np.flatnonzero(new_run)
-    last = np.append(first[1:] - 1, s_sorted.size - 1)
-    run_starts = s_sorted[first]
-    return run_id, first, run_starts, reach[last] - run_starts
+    if s_sorted.size:
+        located = np.empty_like(s_sorted)
+        located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
+        span_starts[nonempty] = located
+    first_run = np.searchsorted(run_slot, np.arange(k + 1))
+    requested = np.bincount(slot, minlength=k)
+    return SourceRuns(
+        run_starts, run_lengths, run_offsets, span_starts, run_slot, first_run, unique, requested
+    )
 
 
 SMALL_SPANS = 32  # up to this many spans, plain Python beats a dozen numpy calls on tiny arrays

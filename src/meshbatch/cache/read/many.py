@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshbatch.cache.format.checks import as_index_array, check_out_buffer
-from meshbatch.cache.read.coalesce import Coalesced, as_spans, sorted_runs
+from meshbatch.cache.read.coalesce import Coalesced, SourceRuns, as_spans, coalesce_sources
 from meshbatch.cache.read.contents import Contents
 from meshbatch.cache.read.reader import TokenCache, check_fits
 from meshbatch.cache.read.reads import PendingRead, Segment, check_all, pieces, plan_pieces, widens_exactly
@@ -99,7 +99,7 @@ def prepare_reads(
         raise AssertionError("a span past its cache's end that the cache's own read did not refuse")
     bases = np.zeros(len(chosen), np.int64)
     np.cumsum(num_tokens[:-1] + 1, out=bases[1:])
-    spans = _coalesce(starts + bases[slot], lengths, slot, len(chosen))
+    spans = coalesce_sources(starts + bases[slot], lengths, slot, len(chosen))
     total = int(spans.run_offsets[-1])
     if at + total > out.shape[0]:
         _raise_first(caches, source, starts, lengths, out, at)
@@ -126,55 +126,10 @@ def prepare_reads(
     return ManyRead(reads, span_starts, at + total)
 
 
-@dataclass(frozen=True)
-class _Spans:
-    """The spans of all touched caches coalesced in the virtual token space (``Coalesced``, with
-    each run's and each cache's counts)."""
-
-    run_starts: np.ndarray  # int64 [R] virtual first token of each run
-    run_lengths: np.ndarray  # int64 [R]
-    run_offsets: np.ndarray  # int64 [R + 1] from 0
-    span_starts: np.ndarray  # int64 [n] from 0 (empty spans: 0)
-    run_slot: np.ndarray  # int64 [R] each run's cache (its place among the touched caches)
-    first_run: np.ndarray  # int64 [k + 1] each cache's first run (runs of cache j: first_run[j:j+2])
-    unique: np.ndarray  # int64 [k] distinct non-empty spans of each cache
-    requested: np.ndarray  # int64 [k] spans of each cache
-
-
-def _coalesce(starts: np.ndarray, lengths: np.ndarray, slot: np.ndarray, k: int) -> _Spans:
-    """``coalesce_spans`` of the virtual spans, with each cache's counts (caches never share a run:
-    their bases leave a token between them)."""
-    n = starts.shape[0]
-    span_starts = np.zeros(n, dtype=np.int64)
-    nonempty = np.flatnonzero(lengths > 0)
-    s, e = starts[nonempty], starts[nonempty] + lengths[nonempty]
-    order = np.lexsort((e, s))
-    s_sorted, e_sorted, slot_sorted = s[order], e[order], slot[nonempty][order]
-    if s_sorted.size:
-        run_id, first, run_starts, run_lengths = sorted_runs(s_sorted, e_sorted)
-        distinct = np.empty(s_sorted.shape, dtype=bool)
-        distinct[0] = True
-        distinct[1:] = (s_sorted[1:] != s_sorted[:-1]) | (e_sorted[1:] != e_sorted[:-1])
-        run_slot = slot_sorted[first]
-        unique = np.bincount(slot_sorted[distinct], minlength=k)
-    else:
-        run_starts = run_lengths = run_slot = np.zeros(0, np.int64)
-        unique = np.zeros(k, np.int64)
-    run_offsets = np.zeros(run_starts.size + 1, dtype=np.int64)
-    np.cumsum(run_lengths, out=run_offsets[1:])
-    if s_sorted.size:
-        located = np.empty_like(s_sorted)
-        located[order] = run_offsets[run_id] + (s_sorted - run_starts[run_id])
-        span_starts[nonempty] = located
-    first_run = np.searchsorted(run_slot, np.arange(k + 1))
-    requested = np.bincount(slot, minlength=k)
-    return _Spans(run_starts, run_lengths, run_offsets, span_starts, run_slot, first_run, unique, requested)
-
-
 def _plan_group(
     chosen: list[TokenCache],
     members: list[int],
-    spans: _Spans,
+    spans: SourceRuns,
     bases: np.ndarray,
     slot: np.ndarray,
     span_starts: np.ndarray,
@@ -254,7 +209,7 @@ def _plan_group(
 def _plan_alone(
     cache: TokenCache,
     j: int,
-    spans: _Spans,
+    spans: SourceRuns,
     bases: np.ndarray,
     slot: np.ndarray,
     span_starts: np.ndarray,
