@@ -62,11 +62,18 @@ def check_offsets(raw: np.ndarray, *, rows: int, finished: bool, where: str) -> 
     check_row_count(int(raw[0]), rows=rows, finished=finished, where=where)
     offsets = np.array(raw, dtype=np.int64)
     offsets[0] = 0
+    check_monotone(offsets, where=where)
+    return offsets
+
+
+def check_monotone(offsets: np.ndarray, *, where: str, first: int = 0) -> None:
+    """Raises unless ``offsets`` (of rows ``first``, ``first + 1``, ...) never decrease."""
     bad = np.flatnonzero(offsets[1:] < offsets[:-1])
     if bad.size:
         i = int(bad[0])
-        raise CacheIntegrityError(f"{where} not monotone: row {i} spans [{offsets[i]}, {offsets[i + 1]})")
-    return offsets
+        raise CacheIntegrityError(
+            f"{where} not monotone: row {first + i} spans [{offsets[i]}, {offsets[i + 1]})"
+        )
 
 
 def check_dtype(found: np.dtype, expected: np.dtype | None, *, where: str) -> None:

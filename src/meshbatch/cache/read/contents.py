@@ -91,10 +91,7 @@ class Contents:
         if len(self.segments) == 1:
             return list(self.segments)
         starts = np.array([s.token_start for s in self.segments], dtype=np.int64)
-        first = np.searchsorted(starts, run_starts, side="right") - 1
-        last = np.searchsorted(starts, run_ends - 1, side="right") - 1
-        touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last, strict=True)]))
-        return [self.segments[i] for i in touched.tolist()]
+        return [self.segments[i] for i in touched(starts, run_starts, run_ends)]
 
     def row_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global token start and end of each of ``rows``."""
@@ -102,6 +99,14 @@ class Contents:
 
     def all_offsets(self) -> np.ndarray:
         return self.offsets
+
+
+def touched(starts: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray) -> list[int]:
+    """The parts beginning at ``starts`` (ascending, non-empty) that tokens ``[run_starts[r],
+    run_ends[r])`` touch, by index, ascending."""
+    first = np.searchsorted(starts, run_starts, side="right") - 1
+    last = np.searchsorted(starts, run_ends - 1, side="right") - 1
+    return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last, strict=True)])).tolist()
 
 
 def load_contents(
@@ -137,10 +142,10 @@ def load_contents(
     )
 
 
-def _dtype(
-    data: ts.TensorStore, expected: np.dtype | None, loaded: np.dtype | None, *, where: str
+def checked_dtype(
+    found: np.dtype, expected: np.dtype | None, loaded: np.dtype | None, *, where: str
 ) -> np.dtype:
-    found = np.dtype(data.dtype.numpy_dtype)
+    """``found`` (a part's data dtype), checked against the ``expected`` one and the one loaded."""
     check_dtype(found, expected, where=where)
     check_dtype(found, loaded, where=where)  # every shard must agree with the first
     return found
@@ -164,7 +169,9 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
         verified=before.verified() if before is not None else frozenset(),
         sidecar_required=ledger.meshbatch_checksums,
     )
-    dtype = _dtype(arrays.data, expected, old.dtype, where=arrays.data_path)
+    dtype = checked_dtype(
+        np.dtype(arrays.data.dtype.numpy_dtype), expected, old.dtype, where=arrays.data_path
+    )
     segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path, verifier)
     return Contents(ledger, offsets, (segment,), dtype, ("",), arrays)
 
@@ -201,7 +208,7 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
     start = int(old.offsets[-1])
     for entry, (data, shard_offsets, verifier) in zip(entries[loaded:], loaded_parts, strict=True):
         where = posixpath.join(path, entry.name, field, "data")
-        dtype = _dtype(data, expected, dtype, where=where)
+        dtype = checked_dtype(np.dtype(data.dtype.numpy_dtype), expected, dtype, where=where)
         offsets.append(shard_offsets[1:] + start)
         if entry.tokens:
             segments.append(Segment(where, start, entry.tokens, data, path, verifier, part=entry.name))
@@ -251,11 +258,15 @@ def load_part(
     arrays = arrays or open_field(root, field, context=context)
     loaded = np.zeros(1, dtype=np.int64) if loaded is None else loaded
     where = posixpath.join(arrays.root, "offsets")
-    raw = _read_offsets(arrays, loaded.shape[0] - 1, rows, finished=finished, recorded=recorded, where=where)
+    before = loaded.shape[0] - 1
+    raw, last = read_ends(arrays, before, rows, finished=finished, recorded=recorded, where=where)
+    if last is not None:  # rows grew: the new offsets, read once the ends are checked
+        new = arrays.offsets[before + 1 : rows + 1].read()
+        raw = np.concatenate([raw, read_result(new, f"offsets[{before + 1} : {rows + 1}]", where)])
     offsets = check_offsets(
         np.concatenate([raw[:1], loaded[1:], raw[1:]]), rows=rows, finished=finished, where=where
     )
-    end, grew = int(offsets[-1]), rows > loaded.shape[0] - 1
+    end, grew = int(offsets[-1]), rows > before
     sums = None
     if end > loaded[-1] or finished or verify:
         sums = check_part(
@@ -270,19 +281,6 @@ def load_part(
     if end > loaded[-1] or finished:
         check_last_chunk(verifier, arrays.data, end, cache=root)
     return arrays, offsets, verifier
-
-
-def _read_offsets(
-    arrays: FieldArrays, loaded: int, rows: int, *, finished: bool, recorded: int | None, where: str
-) -> np.ndarray:
-    """``offsets[0]`` followed by ``offsets[loaded + 1 : rows + 1]``, checked before the bulk read."""
-    count, end = read_ends(arrays, loaded, rows, finished=finished, recorded=recorded, where=where)
-    if end is None:
-        return count
-    tail = read_result(
-        arrays.offsets[loaded + 1 : rows + 1].read(), f"offsets[{loaded + 1} : {rows + 1}]", where
-    )
-    return np.concatenate([count, tail])
 
 
 def read_ends(

@@ -30,7 +30,7 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
-from meshbatch.cache.format.checks import CacheIntegrityError, check_dtype
+from meshbatch.cache.format.checks import CacheIntegrityError, check_monotone
 from meshbatch.cache.format.ledger import (
     LEDGER_FILE_NAME,
     SHARDED,
@@ -41,7 +41,7 @@ from meshbatch.cache.format.ledger import (
 )
 from meshbatch.cache.integrity.checksums import Checksums
 from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets_chunk
-from meshbatch.cache.read.contents import check_part, read_ends, read_result
+from meshbatch.cache.read.contents import check_part, checked_dtype, read_ends, read_result, touched
 from meshbatch.cache.read.reads import Segment
 from meshbatch.cache.read.watch import ShardFiles, read_shard_ledgers
 
@@ -83,20 +83,11 @@ class LazyPart:
             else None
         )
 
-    def offsets(self, index: np.ndarray, *, whole: bool = False) -> np.ndarray:
-        """The part's offsets (starting at 0, local to the part) at ``index`` (ints in ``[0, rows]``).
-
-        Raises:
-            CacheIntegrityError: see ``start_offsets``.
-        """
-        with ts.Batch() as batch:
-            finish = self.start_offsets(index, batch=batch, whole=whole)
-        return finish()
-
     def start_offsets(
         self, index: np.ndarray, *, batch: ts.Batch, whole: bool = False
     ) -> Callable[[], np.ndarray]:
-        """Plans reading ``offsets`` in ``batch``; the returned function waits, checks and answers.
+        """Plans reading the part's offsets (starting at 0, local to the part) at ``index`` (ints in
+        ``[0, rows]``) in ``batch``; the returned function waits, checks and answers.
 
         A chunk the sidecar sums and this reader has not verified yet is read whole (sidecar
         chunks), summed and checked monotone and within the part's tokens; every other offset is
@@ -153,11 +144,7 @@ class LazyPart:
         return finish
 
     def _check(self, values: np.ndarray, lo: int) -> None:
-        bad = np.flatnonzero(values[1:] < values[:-1])
-        if bad.size:
-            i = lo + int(bad[0])
-            a, b = int(values[i - lo]), int(values[i - lo + 1])
-            raise CacheIntegrityError(f"{self._where} not monotone: row {i} spans [{a}, {b})")
+        check_monotone(values, where=self._where, first=lo)
         beyond = np.flatnonzero((values < 0) | (values > self.tokens))
         if beyond.size:
             self._outside(lo + int(beyond[0]), int(values[beyond[0]]))
@@ -167,47 +154,6 @@ class LazyPart:
             f"{self._where}: offsets[{i}] = {value} lies outside the part's {self.tokens} tokens "
             "(its last offset)"
         )
-
-
-def open_part(
-    path: str,
-    field: str,
-    name: str,
-    *,
-    rows: int,
-    recorded: int | None,
-    token_start: int,
-    context: ts.Context,
-    verify: bool,
-    sidecar_required: bool,
-) -> LazyPart:
-    """Opens the finished part at ``path`` (``name``: its shard name) and runs every check of
-    ``contents.load_part`` that reads no bulk offsets.
-
-    Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk holding
-    the last token and what lies past it, and the checksum sidecar; with ``verify``, the last data
-    chunk is summed. The offsets themselves are read (and checked: monotone, within the data,
-    against the sidecar) where they are asked for (``LazyPart.start_offsets``).
-
-    Raises:
-        CacheIntegrityError: see ``contents.py``'s module docstring.
-    """
-    root = shard_root(path, name) if name else path
-    # its offsets chunks are read a few at a time, never kept
-    arrays = open_field(root, field, context=context, offsets_context=uncached(context))
-    where = posixpath.join(arrays.root, "offsets")
-    _, end = read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
-    sums = check_part(
-        arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
-        sidecar_required=sidecar_required, context=context,
-    )  # fmt: skip
-    verifier = None
-    if verify and sums is not None:
-        verifier = ChunkVerifier(sums, end, where=arrays.data_path)
-        check_last_chunk(verifier, arrays.data, end, cache=root)
-    return LazyPart(
-        name, arrays, rows=rows, tokens=end, token_start=token_start, sums=sums, verifier=verifier, cache=path
-    )
 
 
 class LazyContents:
@@ -241,12 +187,12 @@ class LazyContents:
         if ledger.layout == SHARDED:
             entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
             check_distinct_shards(path, [e.name for e in entries])
-            self.names = tuple(e.name for e in entries)
+            self.parts = tuple(e.name for e in entries)
             rows = np.array([e.rows for e in entries], dtype=np.int64)
             tokens = np.array([e.tokens for e in entries], dtype=np.int64)
             self._recorded = tokens
         else:
-            self.names = ("",)
+            self.parts = ("",)
             rows = np.array([ledger.total_num_rows], dtype=np.int64)
             recorded = ledger.field_counts.get(field)
             self._recorded = None if recorded is None else np.array([recorded], np.int64)
@@ -268,62 +214,75 @@ class LazyContents:
     def num_tokens(self) -> int:
         return int(self.token_starts[-1])
 
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return self.names
-
     def _open_parts(self, indices) -> list[LazyPart]:
         """The parts at ``indices``, opening (concurrently) and checking those not open yet."""
         with self._lock:
             missing = [i for i in dict.fromkeys(indices) if i not in self._open]
-        named = [self.names[i] for i in missing if self.names[i]]
+        named = [self.parts[i] for i in missing if self.parts[i]]
         ledgers = read_shard_ledgers(self.path, named, self._context)  # one round, before the arrays
         self._watch_shards(ledgers)
 
         def one(i: int) -> LazyPart:
-            recorded = None if self._recorded is None else int(self._recorded[i])
-            return open_part(
-                self.path,
-                self.field,
-                self.names[i],
-                rows=int(self.row_starts[i + 1] - self.row_starts[i]),
-                recorded=recorded,
-                token_start=int(self.token_starts[i]) if self.names[i] else 0,
-                context=self._context,
-                verify=self._verify,
-                sidecar_required=(
-                    ledgers[self.names[i]][1].meshbatch_checksums
-                    if self.names[i]
-                    else self.ledger.meshbatch_checksums
-                ),
-            )
+            ledger = ledgers[self.parts[i]][1] if self.parts[i] else self.ledger  # the part's own
+            return self._open_part(i, sidecar_required=ledger.meshbatch_checksums)
 
         if len(missing) > 1:
             with ThreadPoolExecutor(max_workers=min(OPEN_THREADS, len(missing))) as pool:
                 opened = list(pool.map(one, missing))
         else:
             opened = [one(i) for i in missing]
-        for part in opened:
-            check_dtype(part.dtype, self._expected, where=part.data_path)
-            with self._lock:
-                if self.dtype is None:
-                    self.dtype = part.dtype
-            check_dtype(part.dtype, self.dtype, where=part.data_path)  # every shard agrees with the first
         with self._lock:
+            for part in opened:  # every part agrees with the first (and ``expected``) before any is kept
+                self.dtype = checked_dtype(part.dtype, self._expected, self.dtype, where=part.data_path)
             for i, part in zip(missing, opened, strict=True):
                 self._open.setdefault(i, part)
             return [self._open[i] for i in indices]
+
+    def _open_part(self, i: int, *, sidecar_required: bool) -> LazyPart:
+        """Opens part ``i`` and runs every check of ``contents.load_part`` that reads no bulk offsets.
+
+        Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk
+        holding the last token and what lies past it, and the checksum sidecar; with verification,
+        the last data chunk is summed. The offsets themselves are read (and checked: monotone,
+        within the data, against the sidecar) where they are asked for (``LazyPart.start_offsets``).
+
+        Raises:
+            CacheIntegrityError: see ``contents.py``'s module docstring.
+        """
+        name, rows = self.parts[i], int(self.row_starts[i + 1] - self.row_starts[i])
+        recorded = None if self._recorded is None else int(self._recorded[i])
+        root = shard_root(self.path, name) if name else self.path
+        # its offsets chunks are read a few at a time, never kept
+        arrays = open_field(root, self.field, context=self._context, offsets_context=uncached(self._context))
+        where = posixpath.join(arrays.root, "offsets")
+        _, end = read_ends(arrays, -1, rows, finished=True, recorded=recorded, where=where)
+        sums = check_part(
+            arrays, end, rows=rows, finished=True, recorded=recorded, where=where,
+            sidecar_required=sidecar_required, context=self._context,
+        )  # fmt: skip
+        verifier = None
+        if self._verify and sums is not None:
+            verifier = ChunkVerifier(sums, end, where=arrays.data_path)
+            check_last_chunk(verifier, arrays.data, end, cache=root)
+        token_start = int(self.token_starts[i]) if name else 0  # consolidated: opened before token_starts
+        return LazyPart(
+            name,
+            arrays,
+            rows=rows,
+            tokens=end,
+            token_start=token_start,
+            sums=sums,
+            verifier=verifier,
+            cache=self.path,
+        )
 
     def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:
         """The segments of every part that tokens ``[run_starts[r], run_ends[r])`` touch, in token
         order, opening the parts not open yet."""
         if run_starts.size == 0 or self._filled.size == 0:
             return []
-        filled_starts = self.token_starts[self._filled]
-        first = np.searchsorted(filled_starts, run_starts, side="right") - 1
-        last = np.searchsorted(filled_starts, run_ends - 1, side="right") - 1
-        touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last, strict=True)]))
-        parts = self._open_parts([int(i) for i in self._filled[touched]])
+        indices = touched(self.token_starts[self._filled], run_starts, run_ends)
+        parts = self._open_parts(self._filled[indices].tolist())
         return [part.segment for part in parts]
 
     def row_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +309,7 @@ class LazyContents:
             i = int(bad[0])
             p = int(part[i])
             raise CacheIntegrityError(
-                f"{posixpath.join(self.path, self.names[p], self.field, 'offsets')} not monotone: row "
+                f"{posixpath.join(self.path, self.parts[p], self.field, 'offsets')} not monotone: row "
                 f"{int(rows[i] - self.row_starts[p])} spans [{int(starts[i] - self.token_starts[p])}, "
                 f"{int(ends[i] - self.token_starts[p])})"
             )
@@ -361,7 +320,7 @@ class LazyContents:
         with self._lock:
             if self._all_offsets is not None:
                 return self._all_offsets
-        parts = self._open_parts(list(range(len(self.names))))
+        parts = self._open_parts(list(range(len(self.parts))))
         with ts.Batch() as batch:
             pending = [
                 (i, part.start_offsets(np.arange(1, part.rows + 1), batch=batch, whole=True))

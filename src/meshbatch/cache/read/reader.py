@@ -52,7 +52,7 @@ from meshbatch.cache.read.lazy import LazyContents
 from meshbatch.cache.read.lru import BlockCache
 from meshbatch.cache.read.reads import (
     PendingRead,
-    convert_after,
+    checked_cast,
     pieces,
     plan_pieces,
     run_reads,
@@ -350,8 +350,17 @@ class TokenCache:
         view = out[at : at + total]
         if widens_exactly(self.dtype, out.dtype):
             return self._plan(runs, spans, view, at)
-        aside = np.empty(total, dtype=self.dtype)
-        return convert_after(self._plan(runs, spans, aside, at), aside, view, where=self.path)
+        aside = np.empty(total, dtype=self.dtype)  # read aside, then checked to fit ``out``
+        read = self._plan(runs, spans, aside, at)
+        finish = read.finish
+
+        def convert() -> None:
+            if finish is not None:
+                finish()
+            view[:] = checked_cast(aside, view.dtype, where=self.path)
+
+        read.finish = convert
+        return read
 
     def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
         check_span_bounds(starts, lengths, self.num_tokens, where=f"cache {self.path}")
