@@ -9,8 +9,7 @@ Two kinds of check live here. *Cache checks* look at what is on disk; a failure 
 
 *Argument checks* refuse what a caller passes at the host boundary (``TypeError`` for a wrong type,
 ``ValueError`` for a wrong value), naming the parameter: ``starts must be integers (got dtype
-float64)``. Reading itself (``reads.py``) raises ``CacheIntegrityError`` for a chunk that is missing or
-does not decode, and ``CacheChangedError`` when the cache was replaced under an open reader.
+float64)``. What reading raises is ``reads.py``'s.
 """
 
 from __future__ import annotations

@@ -66,22 +66,6 @@ def as_spans(starts, lengths) -> tuple[np.ndarray, np.ndarray]:
     return starts_arr, lengths_arr
 
 
-def check_span_bounds(starts: np.ndarray, lengths: np.ndarray, num_tokens: int, *, where: str) -> None:
-    """Raise ``IndexError`` for a span that reaches past ``num_tokens`` (checked spans: int64, >= 0)."""
-    # starts and lengths are each checked first, so their sum cannot overflow int64
-    for name, values in (("start", starts), ("length", lengths)):
-        if values.size and values.max() > num_tokens:
-            i = int(np.argmax(values))
-            raise IndexError(f"span {i} has {name}={values[i]} > num_tokens={num_tokens} of {where}")
-    ends = starts + lengths
-    if ends.size and ends.max() > num_tokens:
-        i = int(np.argmax(ends))
-        raise IndexError(
-            f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
-            f"> num_tokens={num_tokens} of {where}"
-        )
-
-
 def coalesce_spans(starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
     """Merges spans into sorted, disjoint runs; overlapping and adjacent spans share a run.
 
@@ -277,10 +261,4 @@ class ReadCounters:
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (a consistent snapshot)."""
         with self._lock:
-            return {
-                "spans_requested": self.spans_requested,
-                "unique_spans": self.unique_spans,
-                "runs": self.runs,
-                "reads_issued": self.reads_issued,
-                "bytes_read": self.bytes_read,
-            }
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_lock"}

@@ -62,7 +62,6 @@ class LazyPart:
         self,
         name: str,
         arrays: FieldArrays,
-        *,
         rows: int,
         tokens: int,
         token_start: int,
@@ -265,16 +264,7 @@ class LazyContents:
             verifier = ChunkVerifier(sums, end, where=arrays.data_path)
             check_last_chunk(verifier, arrays.data, end, cache=root)
         token_start = int(self.token_starts[i]) if name else 0  # consolidated: opened before token_starts
-        return LazyPart(
-            name,
-            arrays,
-            rows=rows,
-            tokens=end,
-            token_start=token_start,
-            sums=sums,
-            verifier=verifier,
-            cache=self.path,
-        )
+        return LazyPart(name, arrays, rows, end, token_start, sums, verifier, self.path)
 
     def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:
         """The segments of every part that tokens ``[run_starts[r], run_ends[r])`` touch, in token

@@ -121,8 +121,18 @@ def prepare_reads(
     reads = [
         _plan_group(chosen, members, spans, bases, slot, span_starts, out, at) for members in groups.values()
     ]
-    for j in alone:
-        reads.append(_plan_alone(chosen[j], j, spans, bases, slot, span_starts, out, at))
+    for j in alone:  # planned as its own ``prepare_read`` plans them, from the shared coalesce
+        a, b = int(spans.first_run[j]), int(spans.first_run[j + 1])
+        offsets = spans.run_offsets[a : b + 1]
+        begin = int(offsets[0])
+        runs = Coalesced(
+            spans.run_starts[a:b] - bases[j],
+            spans.run_lengths[a:b],
+            offsets - begin,
+            span_starts[slot == j] - at - begin,
+            int(spans.unique[j]),
+        )
+        reads.append(chosen[j]._prepare_coalesced(runs, int(spans.requested[j]), out, at + begin))
     return ManyRead(reads, span_starts, at + total)
 
 
@@ -171,9 +181,7 @@ def _plan_group(
     owner = {id(seg): j for seg, j in zip(segments, segment_slots, strict=True)}
     reads = dict.fromkeys(members, 0)
     nbytes = dict.fromkeys(members, 0)
-    for target in targets:
-        reads[owner[id(target.segment)]] += 1
-    for target in extra:
+    for target in targets + extra:
         reads[owner[id(target.segment)]] += 1
     if cache.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
         tokens = np.diff(spans.run_offsets[spans.first_run]).tolist()
@@ -204,30 +212,6 @@ def _plan_group(
         publish=getattr(finish, "publish", None),
         abort=getattr(finish, "abort", None),
     )
-
-
-def _plan_alone(
-    cache: TokenCache,
-    j: int,
-    spans: SourceRuns,
-    bases: np.ndarray,
-    slot: np.ndarray,
-    span_starts: np.ndarray,
-    out: np.ndarray,
-    at: int,
-) -> PendingRead:
-    """``prepare_read`` of cache ``j``'s spans, from the shared coalesce."""
-    a, b = int(spans.first_run[j]), int(spans.first_run[j + 1])
-    offsets = spans.run_offsets[a : b + 1]
-    begin = int(offsets[0])
-    runs = Coalesced(
-        spans.run_starts[a:b] - bases[j],
-        spans.run_lengths[a:b],
-        offsets - begin,
-        span_starts[slot == j] - at - begin,
-        int(spans.unique[j]),
-    )
-    return cache._prepare_coalesced(runs, int(spans.requested[j]), out, at + begin)
 
 
 def _raise_first(caches, source, starts, lengths, out, at) -> None:

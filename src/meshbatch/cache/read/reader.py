@@ -44,7 +44,6 @@ from meshbatch.cache.read.coalesce import (
     RunRead,
     SpanRead,
     as_spans,
-    check_span_bounds,
     coalesce_spans,
 )
 from meshbatch.cache.read.contents import Contents, load_contents
@@ -114,12 +113,9 @@ class TokenCache:
                 the offsets and the last data chunk at open, each data chunk on its first read.
                 ``None``: on unless the environment sets ``MESHBATCH_VERIFY_READS=0``.
             eager: load every document offset and open and check every shard at open (True), or
-                open a finished cache from its ledger alone (False): each shard's ledger and arrays are
-                opened and checked on the first read that touches it, and offsets are read where
-                asked for (``row_spans``, ``read_rows``; ``doc_offsets`` reads them all on its first
-                call). Every check runs either way, and nothing is served from a shard before its
-                checks pass; lazily, a damaged shard's error comes at that first read instead of at
-                open. ``None``: eager for a cache still being written, and for a finished one of at
+                open a finished cache from its ledger alone (False; ``lazy.py``: every check runs
+                either way, a damaged shard's error coming at the first read that touches it).
+                ``None``: eager for a cache still being written, and for a finished one of at
                 most ``EAGER_MAX_SHARDS`` shards and ``EAGER_MAX_ROWS`` rows; lazy otherwise.
 
         Raises:
@@ -154,14 +150,13 @@ class TokenCache:
                 f"cache at {path} is not finished (ledger is_finished=false, {ledger.total_num_rows} rows "
                 "committed); pass require_finished=False to read committed rows while it is written"
             )
-        if eager is None:
-            shard_count = len(ledger.finished_shards) if ledger.layout == SHARDED else 1
-            small = shard_count <= EAGER_MAX_SHARDS and ledger.total_num_rows <= EAGER_MAX_ROWS
-            eager = small or not ledger.is_finished
-        else:
+        if eager is not None:
             check_bool("eager", eager)
         if not ledger.is_finished:
             eager = True  # rows still land: ``refresh`` loads them incrementally
+        elif eager is None:
+            shard_count = len(ledger.finished_shards) if ledger.layout == SHARDED else 1
+            eager = shard_count <= EAGER_MAX_SHARDS and ledger.total_num_rows <= EAGER_MAX_ROWS
         try:
             if eager:
                 shards = shard_ledgers(path, ledger, cache.field, cache._context)  # before the load: watch.py
@@ -363,7 +358,21 @@ class TokenCache:
         return read
 
     def _coalesce(self, starts: np.ndarray, lengths: np.ndarray) -> Coalesced:
-        check_span_bounds(starts, lengths, self.num_tokens, where=f"cache {self.path}")
+        """``coalesce_spans`` of spans checked (``as_spans``) and refused (``IndexError``) where they
+        reach past ``num_tokens``."""
+        num_tokens, where = self.num_tokens, f"cache {self.path}"
+        # starts and lengths are each checked first, so their sum cannot overflow int64
+        for name, values in (("start", starts), ("length", lengths)):
+            if values.size and values.max() > num_tokens:
+                i = int(np.argmax(values))
+                raise IndexError(f"span {i} has {name}={values[i]} > num_tokens={num_tokens} of {where}")
+        ends = starts + lengths
+        if ends.size and ends.max() > num_tokens:
+            i = int(np.argmax(ends))
+            raise IndexError(
+                f"span {i} (start={starts[i]}, length={lengths[i]}) ends at token {ends[i]} "
+                f"> num_tokens={num_tokens} of {where}"
+            )
         return coalesce_spans(starts, lengths)
 
     def _plan(self, runs: Coalesced, spans: int, dest: np.ndarray, at: int) -> PendingRead:
