@@ -5,7 +5,8 @@ gives: a consolidated cache's token count, a sharded cache's per-shard counts. S
 cache is opened from its ledgers alone (``TokenCache.open``'s ``eager``)::
 
     open        the cache's ledger (a sharded one's per-shard rows and tokens place every shard),
-                and the first part holding tokens (its dtype); no other shard is read
+                and the first part holding tokens (its dtype, checked against the one expected) or
+                a consolidated cache whole; no other shard is read
     first read  of tokens in a shard: its ledger read (watched from then on, ``watch.py``), its
                 arrays opened and checked (the checks of an eager open that read no bulk
                 offsets), then its tokens; several shards at once concurrently
@@ -156,12 +157,8 @@ class LazyPart:
 
 
 class LazyContents:
-    """A finished cache opened without its offsets: its parts in the global row and token space.
-
-    A consolidated cache is one part, opened at once; a sharded one has a part per shard, opened
-    on the first read that touches it. The first part holding tokens is opened at open too, so the
-    token dtype (and a ``dtype`` the caller expects) is known and checked from the start.
-    """
+    """A finished cache opened without its offsets: its parts (the cache, or its shards, each opened
+    as the module docstring says) in the global row and token space."""
 
     def __init__(
         self,
