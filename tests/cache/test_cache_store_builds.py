@@ -20,10 +20,10 @@ import tensorstore as ts
 from store_build_helpers import docs, slow_build
 
 from meshbatch.cache import CacheWriter, TokenCache
-from meshbatch.cache.builds import store_lock
-from meshbatch.cache.builds.build_once import WAIT_ENV, CacheWaitTimeout, build_once
+from meshbatch.cache.builds import CacheWaitTimeout, build_once, store_lock
 from meshbatch.cache.builds.store_build import LOCK_ENV, BuildLockLost
 from meshbatch.cache.builds.store_lock import LEASE_ENV, ConditionalWritesUnsupported, StoreLock
+from meshbatch.cache.builds.waiting import WAIT_ENV
 from meshbatch.cache.format.arrays import CREATE_ATTEMPTS
 from meshbatch.cache.format.checks import CacheIntegrityError
 from meshbatch.cache.format.ledger import try_read_ledger

@@ -13,8 +13,7 @@ from levanter.data.text import TextLmDatasetFormat, preprocessor_for_format
 from mp_harness import free_port, run_workers
 
 from meshbatch.cache import ByteTokenizer, CacheWriter, TokenCache
-from meshbatch.cache.builds.build_once import (
-    WAIT_ENV,
+from meshbatch.cache.builds import (
     CacheWaitTimeout,
     build_once,
     lock_path,
@@ -23,6 +22,7 @@ from meshbatch.cache.builds.build_once import (
     wait_for_finished,
     wait_seconds,
 )
+from meshbatch.cache.builds.waiting import WAIT_ENV
 from meshbatch.cache.format.ledger import Ledger, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import threading
 import uuid
 
@@ -56,15 +55,13 @@ from meshbatch.cache.builds import (
     take_lock,
 )
 from meshbatch.cache.builds import quick_start_running as quick_start_running
-from meshbatch.cache.format.files import remove_file
 from meshbatch.cache.format.ledger import (
     Ledger,
     ledger_metadata,
-    remove_ledger,
     try_read_ledger,
     write_ledger,
 )
-from meshbatch.cache.integrity.checksums import sidecar_path
+from meshbatch.cache.write.writer import remove_commit
 
 from .caches import check_metadata, source_format, write_rows
 
@@ -151,7 +148,7 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     failed: list[BaseException] = []
     try:
         clear_failure(path)
-        _remove_leftover(path, processor.output_exemplar)  # a killed build's; no reader opens it
+        remove_commit(path, processor.output_exemplar)  # a killed build's; no reader opens it
         announce(path, cache_id)
     except BaseException as error:  # the readers hear of it, and the lock goes
         release(path, lock, cache_id, error)
@@ -200,12 +197,6 @@ class _Stopped(Exception):
 
 
 STOP_WAIT_S = 60.0  # how long stopping waits for the batch being written
-
-
-def _remove_leftover(path: str, exemplar) -> None:
-    remove_ledger(path)
-    for field in exemplar:  # a checksum sidecar of an older meshbatch build no longer applies
-        remove_file(sidecar_path(posixpath.join(path, field)))
 
 
 def _reader(path: str, news, *, why: str) -> GrowingCache:

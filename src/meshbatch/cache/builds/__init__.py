@@ -9,10 +9,11 @@ missing cache; two builders writing one place tear it. Three verbs cover every c
   next build removes killed ones); at an object-store URL in place under a lease lock object
   (``store_lock``: TensorStore's conditional writes, renewed while building).
   ``quick_start_lock(path)``: a quick-start build, which grows the cache in place.
-* **publish**: how the others learn how it ended. A finished build publishes its ledger (the cache
-  itself); a failure goes through ``jax.distributed``'s key-value store (``report_failure``;
-  ``clear_failure`` before a new build); a quick-start build announces its ``cache_id`` and its end
-  (``announce``/``release``: a state file beside a local cache, or the key-value store).
+* **publish** (``build_news``): how the others learn how it ended. A finished build publishes its
+  ledger (the cache itself); a failure goes through ``jax.distributed``'s key-value store
+  (``report_failure``; ``clear_failure`` before a new build); a quick-start build announces its
+  ``cache_id`` and its end (``announce``/``release``: a state file beside a local cache, or the
+  key-value store).
 * **wait**: ``wait_for_finished(path)`` returns the finished ledger, raises ``CacheBuildFailed``
   with the builder's error as soon as it is published, or ``CacheWaitTimeout`` after
   ``MESHBATCH_CACHE_WAIT_S`` seconds (``waiting.poll_until``: one bounded polling loop for every
@@ -29,24 +30,24 @@ missing cache; two builders writing one place tear it. Three verbs cover every c
         wait_for_finished(path)
 """
 
+from .build_news import CacheBuildFailed as CacheBuildFailed
 from .build_news import LocalNews as LocalNews
 from .build_news import OwnNews as OwnNews
 from .build_news import RemoteNews as RemoteNews
 from .build_news import announce as announce
+from .build_news import builds_here as builds_here
+from .build_news import clear_failure as clear_failure
 from .build_news import describe as describe
+from .build_news import is_local as is_local
+from .build_news import lock_path as lock_path
+from .build_news import quick_start_lock as quick_start_lock
+from .build_news import quick_start_running as quick_start_running
 from .build_news import release as release
+from .build_news import report_failure as report_failure
+from .build_news import reported_failure as reported_failure
 from .build_news import take_lock as take_lock
+from .build_news import wait_for_finished as wait_for_finished
 from .build_once import build_once as build_once
-from .build_once import is_local as is_local
-from .build_once import lock_path as lock_path
-from .build_once import quick_start_lock as quick_start_lock
-from .build_once import quick_start_running as quick_start_running
-from .build_status import CacheBuildFailed as CacheBuildFailed
-from .build_status import builds_here as builds_here
-from .build_status import clear_failure as clear_failure
-from .build_status import report_failure as report_failure
-from .build_status import reported_failure as reported_failure
-from .build_status import wait_for_finished as wait_for_finished
 from .store_build import BuildLockLost as BuildLockLost
 from .store_lock import ConditionalWritesUnsupported as ConditionalWritesUnsupported
 from .waiting import CacheWaitTimeout as CacheWaitTimeout

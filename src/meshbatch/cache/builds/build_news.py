@@ -1,16 +1,28 @@
-"""What a quick-start build tells the processes and runs that read it: which build it is (the
-``cache_id`` its ledgers carry) and how it ended. A reader opens only that build's rows (never a
-killed build's leftover at the path, which the builder is about to delete) and raises the
-builder's error as soon as it is reported.
+"""How the processes and runs that wait for a build hear of it: which build it is, and how it ended.
+
+Between the processes of a ``jax.distributed`` run a build's failure goes through its key-value
+store (``meshbatch/cache_build_failed/<path>``): process 0 (or a lone process: ``builds_here``) builds,
+and every other process waits for the finished ledger (``wait_for_finished``, bounded by
+``MESHBATCH_CACHE_WAIT_S``) or raises ``CacheBuildFailed`` with process 0's error as soon as it is
+reported::
+
+    clear_failure("gs://b/c/train")           # process 0, before it builds
+    report_failure("gs://b/c/train", error)   # process 0, when its build raised
+    wait_for_finished("gs://b/c/train")       # the others: the finished ledger, or CacheBuildFailed
+
+A quick-start build, which grows the cache in place, also tells its readers which build it is
+(the ``cache_id`` its ledgers carry), so a reader opens only that build's rows (never a killed
+build's leftover at the path, which the builder is about to delete):
 
 * in a ``jax.distributed`` run process 0 sets ``meshbatch/quick_start_build/<path>`` in the
-  key-value store to its build's ``cache_id`` before the builder starts, and reports a failure,
-  or a stop, with ``build_once.report_failure`` (the others raise ``CacheBuildFailed``);
-* on a local path the run holding the build lock (``build_once.quick_start_lock``) writes
-  ``{"cache_id": ...}`` to ``.<split>.quick-start.state`` beside it, and adds ``"error"`` when it
-  ends unfinished. The state file's own ``flock`` keeps the pair (lock held, state) consistent: a
-  run takes the build lock and writes the state holding it exclusively, a reader looks at both
-  holding it shared, so it never pairs a new build's lock with a killed build's state.
+  key-value store to its build's ``cache_id`` before the builder starts (``announce``), and reports
+  a failure, or a stop, as above (the others raise ``CacheBuildFailed``);
+* on a local path only the run holding the path's build lock (``quick_start_lock``: an ``flock``
+  on ``.<split>.quick-start.lock``) builds; it writes ``{"cache_id": ...}`` to
+  ``.<split>.quick-start.state`` beside it, and adds ``"error"`` when it ends unfinished. The state
+  file's own ``flock`` keeps the pair (lock held, state) consistent: a run takes the build lock and
+  writes the state holding it exclusively, a reader looks at both holding it shared, so it never
+  pairs a new build's lock with a killed build's state.
 
     lock = take_lock("cache/owt/train", "3f9c...")  # None: another run builds it
     news = LocalNews("cache/owt/train")              # in that other run
@@ -27,11 +39,79 @@ import json
 import logging
 import os
 
-from meshbatch.cache.builds.build_once import lock_path, quick_start_lock, quick_start_running
-from meshbatch.cache.builds.build_status import kv_client, report_failure, reported_failure
-from meshbatch.cache.format.ledger import try_read_ledger
+from meshbatch.cache.builds.waiting import poll_until
+from meshbatch.cache.format.ledger import Ledger, try_read_ledger
 
 logger = logging.getLogger(__name__)
+
+
+class CacheBuildFailed(RuntimeError):
+    """The build of a cache this process waits for failed (its error, as its builder reported it)."""
+
+
+def builds_here() -> bool:
+    """Whether this process builds missing caches (process 0 of a ``jax.distributed`` run, or a
+    lone process)."""
+    import jax
+
+    return jax.process_count() == 1 or jax.process_index() == 0
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def lock_path(path: str) -> str:
+    """``path``'s quick-start lock file: a hidden sibling (``file://`` paths are local paths)."""
+    parent, name = os.path.split(os.path.abspath(path.removeprefix("file://")))
+    return os.path.join(parent, f".{name}.quick-start.lock")
+
+
+def quick_start_lock(path: str):
+    """The open lock file of ``path``'s quick-start build if this process got it, else ``None``
+    (another run is building it in place). The lock goes with the file (``close``) or the process."""
+    lock = lock_path(path)
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    f = open(lock, "a")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def quick_start_running(path: str) -> bool:
+    """Whether another run holds ``path``'s quick-start lock (it is growing the cache in place)."""
+    if not is_local(path) or not os.path.exists(lock_path(path)):
+        return False
+    held = quick_start_lock(path)
+    if held is None:
+        return True
+    held.close()
+    return False
+
+
+def kv_client():
+    """The ``jax.distributed`` key-value client, or None outside a distributed run."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _key(kind: str, path: str) -> str:
+    return f"meshbatch/{kind}/{path}"
+
+
+def _get(key: str) -> str | None:
+    """``key``'s value in the key-value store, or None (not set, or no distributed run)."""
+    client = kv_client()
+    if client is None:
+        return None
+    try:
+        return client.key_value_try_get(key)
+    except Exception:  # NOT_FOUND: not set (yet)
+        return None
 
 
 def describe(error: BaseException | str) -> str:
@@ -39,6 +119,65 @@ def describe(error: BaseException | str) -> str:
     if isinstance(error, str):
         return error
     return "; ".join([f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())])
+
+
+def report_failure(path: str, error: BaseException) -> None:
+    """Process 0: tells the processes waiting for ``path`` that its build failed, and why."""
+    client = kv_client()
+    if client is None:
+        return
+    try:
+        client.key_value_set(_key("cache_build_failed", path), describe(error)[:4000])
+    except Exception as why:  # e.g. already reported by an earlier attempt
+        logger.warning(
+            "meshbatch: could not report the failed build of %s to the other processes: %s", path, why
+        )
+
+
+def clear_failure(path: str) -> None:
+    """Process 0, starting a build: forgets a failure reported by an earlier attempt in this run."""
+    client = kv_client()
+    if client is not None:
+        try:
+            client.key_value_delete(_key("cache_build_failed", path))
+        except Exception:  # nothing to forget
+            pass
+
+
+def reported_failure(path: str) -> str | None:
+    """The failure process 0 reported for ``path``'s build, or None."""
+    return _get(_key("cache_build_failed", path))
+
+
+def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "process 0 builds it") -> Ledger:
+    """Polls ``path``'s ledger until it is finished (``poll_until``: backoff, a log line a
+    minute); returns it.
+
+    Raises:
+        CacheWaitTimeout: not finished after ``timeout`` seconds (default ``wait_seconds()``).
+        CacheBuildFailed: process 0 reported that its build failed.
+    """
+    seen: list[Ledger | None] = [None]
+
+    def done() -> Ledger | None:
+        seen[0] = try_read_ledger(path)
+        return seen[0] if seen[0] is not None and seen[0].is_finished else None
+
+    def status() -> str:
+        rows = "no ledger" if seen[0] is None else f"{seen[0].total_num_rows} rows committed, unfinished"
+        return f"is not finished ({rows})"
+
+    def failure() -> CacheBuildFailed | None:
+        reported = reported_failure(path)
+        if reported is None:
+            return None
+        return CacheBuildFailed(f"process 0 failed to build cache {path} this process waits for: {reported}")
+
+    hint = (
+        ". With several processes, cache_dir must be storage every process sees, and process 0 "
+        "must not have failed (see its log)"
+    )
+    return poll_until(done, path=path, status=status, why=why, failure=failure, timeout=timeout, hint=hint)
 
 
 def state_path(path: str) -> str:
@@ -64,7 +203,7 @@ def _write(f, state: dict) -> None:
 
 
 def take_lock(path: str, cache_id: str, acquire=quick_start_lock):
-    """``acquire(path)`` (the build lock: ``build_once.quick_start_lock``), called with the state
+    """``acquire(path)`` (the build lock: ``quick_start_lock``), called with the state
     file held: when this run gets the lock, the state names ``cache_id`` before any reader can see
     the lock held."""
     with _guard(path, fcntl.LOCK_EX) as f:
@@ -78,7 +217,7 @@ def announce(path: str, cache_id: str) -> None:
     """Process 0: tells the other processes of a ``jax.distributed`` run the build they read."""
     client = kv_client()
     if client is not None:
-        client.key_value_set(_key(path), cache_id, allow_overwrite=True)
+        client.key_value_set(_key("quick_start_build", path), cache_id, allow_overwrite=True)
 
 
 def release(path: str, lock, cache_id: str, error: BaseException | None) -> None:
@@ -98,10 +237,6 @@ def release(path: str, lock, cache_id: str, error: BaseException | None) -> None
     except OSError as why:
         lock.close()
         logger.warning("meshbatch: could not record the end of the build of %s: %s", path, why)
-
-
-def _key(path: str) -> str:
-    return f"meshbatch/quick_start_build/{path}"
 
 
 class OwnNews:
@@ -124,10 +259,7 @@ class RemoteNews:
         self.path = path
 
     def cache_id(self) -> str | None:
-        try:
-            return kv_client().key_value_try_get(_key(self.path))
-        except Exception:  # NOT_FOUND: not announced yet
-            return None
+        return _get(_key("quick_start_build", self.path))
 
     def failure(self) -> str | None:
         return reported_failure(self.path)

@@ -1,23 +1,16 @@
-"""One build per cache: which process builds it, and how a finished build becomes visible.
+"""One build per cache among independent runs (a ``jax.distributed`` run's process 0 is one of
+them: ``builds_here``; its other processes ``wait_for_finished``).
 
-Every process of a ``jax.distributed`` run asks for the same caches. Two builders writing one
-directory tear it (offsets from one, tokens from the other), so:
-
-* with ``jax.process_count() > 1`` only process 0 builds; the others poll the cache's ledger until
-  it is finished, logging a line every ``LOG_EVERY_S`` seconds, and raise ``CacheWaitTimeout`` after
-  ``MESHBATCH_CACHE_WAIT_S`` seconds (default 86400: one day), or ``CacheBuildFailed`` with process
-  0's error as soon as it reports one (through ``jax.distributed``'s key-value store).
-  ``cache_dir`` must then be storage every process sees (an object store, a shared file system);
-* on a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
-  place when it is finished, so an independent run never sees half a cache. Two runs racing both
-  build; the first rename wins and the loser deletes its copy and uses the winner's. A build holds
-  a lock beside its copy while it lives; the next build removes the copies of killed ones. An unfinished
-  leftover at the path (a cache whose ledger is unfinished, or a build killed before its ledger:
-  only field directories of ``offsets``/``data`` arrays) is moved aside and deleted, unless a
-  quick-start build holds the path's lock (``quick_start_lock``): then it is waited for. Anything
-  else there (not a cache) is refused by name, never deleted.
-  On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there),
-  one run at a time: ``store_build.build_in_place`` (a lease lock object beside the cache).
+On a local path a build writes a hidden sibling ``.<split>.building-<id>`` and renames it into
+place when it is finished, so an independent run never sees half a cache. Two runs racing both
+build; the first rename wins and the loser deletes its copy and uses the winner's. A build holds
+a lock beside its copy while it lives; the next build removes the copies of killed ones. An unfinished
+leftover at the path (a cache whose ledger is unfinished, or a build killed before its ledger:
+only field directories of ``offsets``/``data`` arrays) is moved aside and deleted, unless a
+quick-start build holds the path's lock (``quick_start_lock``): then it is waited for. Anything
+else there (not a cache) is refused by name, never deleted.
+On an object store (``gs://``, ``s3://``) the build writes in place (no atomic rename there),
+one run at a time: ``store_build.build_in_place`` (a lease lock object beside the cache).
 
     build_once("cache/owt/train", lambda target: write_cache(target))
     # process 0, or a lone run: writes cache/owt/.train.building-3f9c..., renames it to
@@ -36,57 +29,12 @@ import shutil
 import uuid
 from collections.abc import Callable
 
-from meshbatch.cache.builds.build_status import CacheBuildFailed as CacheBuildFailed
-from meshbatch.cache.builds.build_status import builds_here as builds_here
-from meshbatch.cache.builds.build_status import clear_failure as clear_failure
-from meshbatch.cache.builds.build_status import report_failure as report_failure
-from meshbatch.cache.builds.build_status import reported_failure as reported_failure
-from meshbatch.cache.builds.build_status import wait_for_finished as wait_for_finished
+from meshbatch.cache.builds.build_news import is_local, quick_start_running, wait_for_finished
 from meshbatch.cache.builds.store_build import build_in_place
-from meshbatch.cache.builds.waiting import DEFAULT_WAIT_S as DEFAULT_WAIT_S
-from meshbatch.cache.builds.waiting import LOG_EVERY_S as LOG_EVERY_S
-from meshbatch.cache.builds.waiting import WAIT_ENV as WAIT_ENV
-from meshbatch.cache.builds.waiting import CacheWaitTimeout as CacheWaitTimeout
-from meshbatch.cache.builds.waiting import wait_seconds as wait_seconds
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME, try_read_ledger
 from meshbatch.cache.integrity.checksums import SIDECAR_FILE_NAME
 
 logger = logging.getLogger(__name__)
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def lock_path(path: str) -> str:
-    """``path``'s quick-start lock file: a hidden sibling (``file://`` paths are local paths)."""
-    parent, name = os.path.split(os.path.abspath(path.removeprefix("file://")))
-    return os.path.join(parent, f".{name}.quick-start.lock")
-
-
-def quick_start_lock(path: str):
-    """The open lock file of ``path``'s quick-start build if this process got it, else ``None``
-    (another run is building it in place). The lock goes with the file (``close``) or the process."""
-    lock = lock_path(path)
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    f = open(lock, "a")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
-
-
-def quick_start_running(path: str) -> bool:
-    """Whether another run holds ``path``'s quick-start lock (it is growing the cache in place)."""
-    if not is_local(path) or not os.path.exists(lock_path(path)):
-        return False
-    held = quick_start_lock(path)
-    if held is None:
-        return True
-    held.close()
-    return False
 
 
 def build_once(path: str, build: Callable[[str], object]) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import tensorstore as ts
 
-from meshbatch.cache.builds.build_status import wait_for_finished
+from meshbatch.cache.builds.build_news import wait_for_finished
 from meshbatch.cache.builds.store_lock import StoreLock
 from meshbatch.cache.builds.waiting import CacheWaitTimeout, wait_seconds
 from meshbatch.cache.format.arrays import shared_context

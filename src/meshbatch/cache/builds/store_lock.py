@@ -50,6 +50,7 @@ import uuid
 
 import tensorstore as ts
 
+from meshbatch.cache.builds.waiting import env_seconds
 from meshbatch.cache.format.arrays import shared_context
 from meshbatch.cache.format.stores import kvstore_spec, split_url
 
@@ -63,18 +64,6 @@ _checked_lock = threading.Lock()
 
 class ConditionalWritesUnsupported(RuntimeError):
     """The object store ignored a conditional write, so the build lock cannot exclude anyone."""
-
-
-def lease_seconds() -> float:
-    """The lease of a build lock (``MESHBATCH_BUILD_LEASE_S``, default 60 s)."""
-    raw = os.environ.get(LEASE_ENV) or str(DEFAULT_LEASE_S)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{LEASE_ENV} must be a finite number of seconds > 0 (got {LEASE_ENV}={raw!r})")
-    return value
 
 
 def _no_value() -> bytes:
@@ -92,7 +81,7 @@ class StoreLock:
         parent, name = posixpath.split(key)
         self.path, self.key = path, f".{name}{LOCK_SUFFIX}"
         self.url = f"{scheme}://{bucket}/{posixpath.join(parent, self.key)}"
-        self.lease_s = lease_seconds() if lease_s is None else float(lease_s)
+        self.lease_s = env_seconds(LEASE_ENV, DEFAULT_LEASE_S) if lease_s is None else float(lease_s)
         self.owner = uuid.uuid4().hex
         spec = kvstore_spec(f"{scheme}://{bucket}/{parent}" if parent else f"{scheme}://{bucket}")
         self._store_id = json.dumps({k: v for k, v in spec.items() if k != "path"}, sort_keys=True)

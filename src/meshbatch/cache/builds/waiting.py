@@ -33,22 +33,27 @@ class CacheWaitTimeout(TimeoutError):
     """A wait for another writer's commits passed its bound (``MESHBATCH_CACHE_WAIT_S``)."""
 
 
-def wait_seconds() -> float:
-    """The bound on a wait for another writer (``MESHBATCH_CACHE_WAIT_S``, default one day).
+def env_seconds(name: str, default: float) -> float:
+    """The seconds the environment variable ``name`` gives (``default`` when it is unset or empty).
 
     Raises:
         ValueError: the variable is set to something other than a finite number of seconds > 0.
     """
-    raw = os.environ.get(WAIT_ENV)
+    raw = os.environ.get(name)
     if raw is None or raw == "":
-        return DEFAULT_WAIT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{WAIT_ENV} must be a finite number of seconds > 0 (got {WAIT_ENV}={raw!r})")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 (got {name}={raw!r})")
     return value
+
+
+def wait_seconds() -> float:
+    """The bound on a wait for another writer (``MESHBATCH_CACHE_WAIT_S``, default one day)."""
+    return env_seconds(WAIT_ENV, DEFAULT_WAIT_S)
 
 
 def poll_until(

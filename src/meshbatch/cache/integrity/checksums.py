@@ -47,6 +47,24 @@ def chunk_crc(values: np.ndarray) -> int:
     return _crc32(little.view(np.uint8))
 
 
+def checksum_mismatch(values: np.ndarray, recorded, k: int, *, lo: int, where: str, head=None) -> str | None:
+    """Why chunk ``k`` (``values``: its elements from ``lo``, as on disk) fails the CRC-32 its
+    writer recorded (``recorded[k]``), or None when it matches or nothing is recorded. ``head``:
+    the value element 0 is summed as (offsets chunk 0: the row count its writer summed, which
+    ``offsets[0]`` may be ahead of)."""
+    if recorded is None:
+        return None
+    if head is not None:
+        values = np.concatenate([np.array([head], np.int64), values[1:]])
+    found = chunk_crc(values)
+    if found == recorded[k]:
+        return None
+    return (
+        f"{where}: chunk {k} (elements [{lo}, {lo + values.shape[0]})) fails its checksum: the writer "
+        f"recorded crc32 {recorded[k]:#010x}, the chunk now sums to {found:#010x}"
+    )
+
+
 @dataclass(frozen=True)
 class Checksums:
     """The parsed sidecar of one field (see the module docstring)."""

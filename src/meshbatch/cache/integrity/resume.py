@@ -30,10 +30,10 @@ from meshbatch.cache.integrity.checksums import (
     OffsetsChecksums,
     RunningChecksums,
     check_sidecar,
+    checksum_mismatch,
     chunk_crc,
     sidecar_path,
 )
-from meshbatch.cache.integrity.verify import _mismatch as mismatch  # one wording for every checksum mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -138,16 +138,11 @@ def resume_checksums(
         """Chunk ``k`` read up to ``end`` elements in (its recorded extent), checked; cut at ``stop``."""
         lo = k * size
         values = read_range(array, lo, end, where=where, path=path)
-        if recorded is not None:
-            summed = values if head is None else np.concatenate([np.array([head], np.int64), values[1:]])
-            found = chunk_crc(summed)
-            if found != recorded[k]:
-                hi = lo + values.shape[0]
-                raise CacheIntegrityError(
-                    f"cannot resume {path}: "
-                    + mismatch(where, k, lo, hi, recorded[k], found)
-                    + " (rebuild it with if_exists='overwrite')"
-                )
+        wrong = checksum_mismatch(values, recorded, k, lo=lo, where=where, head=head)
+        if wrong is not None:
+            raise CacheIntegrityError(
+                f"cannot resume {path}: {wrong} (rebuild it with if_exists='overwrite')"
+            )
         return values[: stop - lo]
 
     def done(array, first: int, stop: int, recorded, *, where: str) -> list[int]:

@@ -14,8 +14,6 @@ Two depths (what each catches and costs is tabled in ``docs/cache.md``):
 
 Whatever is wrong, the report names it; nothing raises out of ``validate_cache``.
 
-``validate-cache --deep``: read every chunk of a cache, check it decodes and matches its checksum.
-
 A cache is one or more *parts* (the consolidated cache itself, or each shard of a sharded one).
 For each part, both arrays are read front to back in checksum-sized chunks, a window of reads in
 flight, with a progress bar over bytes::
@@ -45,7 +43,7 @@ from meshbatch.arguments import check_bool
 from meshbatch.cache.format.arrays import DEFAULT_CHUNK_SIZE, open_field
 from meshbatch.cache.format.checks import CacheIntegrityError, check_component, check_path
 from meshbatch.cache.format.ledger import CONSOLIDATED, LEDGER_FILE_NAME, shard_root, shard_table
-from meshbatch.cache.integrity.checksums import Checksums, check_sidecar, chunk_crc
+from meshbatch.cache.integrity.checksums import Checksums, check_sidecar, checksum_mismatch
 from meshbatch.cache.read.reader import TokenCache
 
 logger = logging.getLogger(__name__)
@@ -248,18 +246,13 @@ def _verify_array(
         lo, hi = k * size, min((k + 1) * size, n)
         try:
             values = future.result()
-            if k == 0 and head is not None and values.size:
-                values = values.copy()
-                values[0] = head
         except ValueError as e:
             raise CacheIntegrityError(
                 f"{where}: chunk {k} (elements [{lo}, {hi})) cannot be read: {e}"
             ) from e
-        if recorded is not None and chunk_crc(values) != recorded[k]:
-            raise CacheIntegrityError(
-                f"{where}: chunk {k} (elements [{lo}, {hi})) fails its checksum: the writer recorded "
-                f"crc32 {recorded[k]:#010x}, the chunk now sums to {chunk_crc(values):#010x}"
-            )
+        wrong = checksum_mismatch(values, recorded, k, lo=lo, where=where, head=head if k == 0 else None)
+        if wrong is not None:
+            raise CacheIntegrityError(wrong)
         bar.update(values.nbytes)
 
     for k in range(count):

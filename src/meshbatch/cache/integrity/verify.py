@@ -37,7 +37,7 @@ import threading
 import numpy as np
 
 from meshbatch.cache.format.checks import CacheIntegrityError
-from meshbatch.cache.integrity.checksums import Checksums, chunk_crc
+from meshbatch.cache.integrity.checksums import Checksums, checksum_mismatch
 
 VERIFY_ENV = "MESHBATCH_VERIFY_READS"
 
@@ -45,13 +45,6 @@ VERIFY_ENV = "MESHBATCH_VERIFY_READS"
 def verify_default() -> bool:
     """Whether reads are verified when ``verify`` is not given: ``MESHBATCH_VERIFY_READS`` (default on)."""
     return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def _mismatch(where: str, k: int, lo: int, hi: int, recorded: int, found: int) -> str:
-    return (
-        f"{where}: chunk {k} (elements [{lo}, {hi})) fails its checksum: the writer recorded crc32 "
-        f"{recorded:#010x}, the chunk now sums to {found:#010x}"
-    )
 
 
 class ChunkVerifier:
@@ -116,15 +109,13 @@ class ChunkVerifier:
         Raises:
             CacheIntegrityError: they differ (names the cache, the array, the chunk and its tokens).
         """
-        found = chunk_crc(values)
-        if found != self.recorded[k]:
-            lo, hi = self.bounds(k)
+        lo, hi = self.bounds(k)
+        wrong = checksum_mismatch(values, self.recorded, k, lo=lo, where=self.where)
+        if wrong is not None:
             tokens = (
                 "" if token_start is None else f" (global tokens [{token_start + lo}, {token_start + hi}))"
             )
-            raise CacheIntegrityError(
-                f"cache {cache}: " + _mismatch(self.where, k, lo, hi, self.recorded[k], found) + tokens
-            )
+            raise CacheIntegrityError(f"cache {cache}: {wrong}{tokens}")
         with self._lock:
             self._verified.add((k, values.shape[0]))
 
@@ -158,28 +149,22 @@ def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) 
         lo, hi = k * size, min((k + 1) * size, sums.rows + 1)
         if hi > n or hi <= lo:
             continue  # elements past the rows loaded (the sidecar is ahead): not final
-        values = raw[lo:hi]
-        if k == 0:
-            values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
-        found = chunk_crc(values)
-        if found != sums.offsets[k]:
-            raise CacheIntegrityError(_mismatch(where, k, lo, hi, sums.offsets[k], found))
+        verify_offsets_chunk(raw[lo:hi], k, sums, where=where)
 
 
 def verify_offsets_chunk(values: np.ndarray, k: int, sums: Checksums, *, where: str) -> None:
     """Checks offsets chunk ``k`` (``values``: its elements as on disk, the whole chunk the sidecar
-    sums) against the sidecar, as ``verify_offsets`` does: the offsets of a cache opened without
-    loading them are checked a chunk at a time, where they are read.
+    sums) against the sidecar, chunk 0 summed with ``sums.rows`` as element 0: ``verify_offsets``
+    checks loaded offsets this way, and a cache opened without loading them a chunk at a time,
+    where they are read.
 
     Raises:
         CacheIntegrityError: the chunk's CRC-32 differs from the recorded one.
     """
-    lo = k * sums.chunk_elements
-    if k == 0:
-        values = np.concatenate([np.array([sums.rows], np.int64), values[1:]])
-    found = chunk_crc(values)
-    if found != sums.offsets[k]:
-        raise CacheIntegrityError(_mismatch(where, k, lo, lo + values.shape[0], sums.offsets[k], found))
+    head = sums.rows if k == 0 else None
+    wrong = checksum_mismatch(values, sums.offsets, k, lo=k * sums.chunk_elements, where=where, head=head)
+    if wrong is not None:
+        raise CacheIntegrityError(wrong)
 
 
 def check_last_chunk(verifier: ChunkVerifier, data, end: int, *, cache: str) -> None:

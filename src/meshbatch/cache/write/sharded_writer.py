@@ -37,7 +37,13 @@ from meshbatch.cache.format.ledger import (
     write_ledger,
 )
 from meshbatch.cache.format.stores import check_inside
-from meshbatch.cache.write.writer import DEFAULT_FLUSH_TOKENS, CacheWriter, IfExists, check_metadata
+from meshbatch.cache.write.writer import (
+    DEFAULT_FLUSH_TOKENS,
+    CacheWriter,
+    IfExists,
+    check_metadata,
+    check_resume,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +83,6 @@ class ShardedCacheWriter:
                 raise ValueError(
                     f"cannot resume {root}: layout={existing.layout!r}, is_finished={existing.is_finished}"
                 )
-            if dict(existing.metadata) != self._metadata:
-                raise ValueError(
-                    f"cannot resume {root}: its ledger metadata {dict(existing.metadata)} "
-                    f"differs from {self._metadata}"
-                )
             self._check_resumable(existing)
             self._ledger = dataclasses.replace(existing, cache_id=existing.cache_id or uuid.uuid4().hex)
         else:
@@ -92,17 +93,15 @@ class ShardedCacheWriter:
         self._written: set[str] = set()  # shard names passed to write_shard by this writer
 
     def _check_resumable(self, ledger: Ledger) -> None:
-        """Refuses, before anything is written, a resume whose ``field`` or ``dtype`` differs from the
-        shards already finished (the cache it would finish could not be read): the ledger's fields, and
-        the dtype of the first finished shard (each resumed or adopted shard is checked again)."""
+        """Refuses, before anything is written, a resume whose metadata, ``field`` or ``dtype`` differs
+        from the shards already finished (the cache it would finish could not be read): the ledger's
+        metadata and fields, and the dtype of the first finished shard (each resumed or adopted shard
+        is checked again)."""
         fields = {
             *ledger.field_counts,
             *(f for counts in ledger.field_counts_by_shard.values() for f in counts),
         }
-        if fields and self.field not in fields:
-            raise ValueError(
-                f"cannot resume {self.root} with field={self.field!r}: it holds field(s) {sorted(fields)}"
-            )
+        check_resume(self.root, ledger, self._metadata, self.field, fields)
         if ledger.finished_shards:
             name = ledger.finished_shards[0]
             arrays = open_field(posixpath.join(self.root, name), self.field)

@@ -65,6 +65,25 @@ IfExists = Literal["error", "resume", "overwrite"]
 DEFAULT_FLUSH_TOKENS = 1 << 25  # 32Mi tokens per commit: each commit rewrites the open zarr shard file
 
 
+def remove_commit(path: str, fields) -> None:
+    """Removes the ledger at ``path``, then the checksum sidecar of each of ``fields``: before any
+    array is rewritten, so an old finished ledger never outlives its data, nor a sidecar its sums."""
+    remove_ledger(path)
+    for field in fields:
+        remove_file(sidecar_path(posixpath.join(path, field)))
+
+
+def check_resume(path: str, ledger: Ledger, metadata: dict, field: str, fields) -> None:
+    """Refuses to resume ``path`` under other ledger metadata, or with a ``field`` that is not
+    among the ``fields`` it holds (none recorded: any field)."""
+    if dict(ledger.metadata) != metadata:
+        raise ValueError(
+            f"cannot resume {path}: its ledger metadata {dict(ledger.metadata)} differs from {metadata}"
+        )
+    if fields and field not in fields:
+        raise ValueError(f"cannot resume {path} with field={field!r}: it holds field(s) {sorted(fields)}")
+
+
 def check_metadata(value) -> Mapping[str, Any] | None:
     """``metadata``: None or a mapping that JSON can hold exactly (it goes into the ledger).
 
@@ -135,8 +154,7 @@ class CacheWriter:
             return
         if (existing is not None or directory_exists(self._field_root)) and if_exists == "error":
             raise FileExistsError(f"a cache already exists at {path}; pass if_exists='resume' or 'overwrite'")
-        remove_ledger(path)  # before touching arrays: an old finished ledger must not outlive its data
-        remove_file(sidecar_path(self._field_root))
+        remove_commit(path, [field])
         self.cache_id = uuid.uuid4().hex
         self._arrays = create_field(path, field, self.dtype)
         self.rows = self.tokens = 0
@@ -242,16 +260,7 @@ class CacheWriter:
             raise ValueError(f"cache at {self.path} is already finished ({ledger.total_num_rows} rows)")
         if ledger.layout == SHARDED:
             raise ValueError(f"cache at {self.path} has a sharded ledger; resume it with ShardedCacheWriter")
-        if dict(ledger.metadata) != self._metadata:
-            raise ValueError(
-                f"cannot resume {self.path}: its ledger metadata {dict(ledger.metadata)} "
-                f"differs from {self._metadata}"
-            )
-        if ledger.field_counts and self.field not in ledger.field_counts:
-            raise ValueError(
-                f"cannot resume {self.path} with field={self.field!r}: it holds field(s) "
-                f"{sorted(ledger.field_counts)}"
-            )
+        check_resume(self.path, ledger, self._metadata, self.field, ledger.field_counts)
         self._arrays = open_field(self.path, self.field, writable=True)
         offsets, data = self._arrays.offsets, self._arrays.data
         offsets_where, data_where = posixpath.join(self._field_root, "offsets"), self._arrays.data_path
