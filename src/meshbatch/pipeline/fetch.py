@@ -26,8 +26,8 @@ from meshbatch.cache import TokenCache, run_reads
 from meshbatch.cache.read.many import prepare_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
+from .prefetch import wait_turn
 from .row_layout import RowLayout
-from .shadow import wait_turn
 from .telemetry import record_read
 
 
@@ -195,7 +195,7 @@ def one_plan() -> bool:
 
 def _timed_reads(reads: list) -> None:
     """``run_reads``, its latency recorded in the producing stream's log (``telemetry``); the host
-    work after the reads (copies into place) waits for the producer's turn (``shadow``)."""
+    work after the reads (copies into place) waits for the producer's turn (``prefetch.Shadow``)."""
     began = time.perf_counter()
 
     def read() -> None:

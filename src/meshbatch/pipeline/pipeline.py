@@ -39,10 +39,8 @@ batch with it.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -59,10 +57,9 @@ from meshbatch.kernels import Batch
 from ..batch_schedule import BatchSchedule
 from .fetch import fetch
 from .final_batch import pad_rows, real_rows, steps_in
-from .prefetch import EndOfStream, Prefetcher, check_prefetch
+from .prefetch import EndOfStream, Prefetcher, check_prefetch, host_work_done, join_at_exit
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
-from .shadow import host_work_done
 from .state_planner import StatePlanner
 from .telemetry import StreamLog, bind, phase, pipeline_stats, read_counters, record_read
 
@@ -568,20 +565,6 @@ def _weak_produce(ref: weakref.ref[Pipeline], warm: Warm | None):
     return produce
 
 
-_WARMING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # warm-up threads not yet collected
-_EXIT_TIMEOUT_S = 30.0
-_exit_hooked = False
-
-
-def _join_warming(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
-    """At interpreter exit: waits (at most ``timeout_s`` in all) for the warm-ups under way, as
-    ``prefetch.stop_all`` does for stream workers (a daemon thread inside jax or TensorStore when
-    Python finalizes ends the process with ``terminate called ...``)."""
-    deadline = time.monotonic() + timeout_s
-    for thread in list(_WARMING):
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
 class Warm:
     """One warm-up: the batch of ``step`` made by a background thread (``Pipeline(warmup=True)``).
 
@@ -597,12 +580,8 @@ class Warm:
         self._outcome: tuple[bool, object] | None = None
 
     def start(self, ref: weakref.ref[Pipeline]) -> None:
-        global _exit_hooked
-        if not _exit_hooked:
-            atexit.register(_join_warming)
-            _exit_hooked = True
         thread = threading.Thread(target=self._run, args=(ref,), name="meshbatch-warmup", daemon=True)
-        _WARMING.add(thread)
+        join_at_exit(thread)
         thread.start()
 
     def _run(self, ref: weakref.ref[Pipeline]) -> None:

@@ -90,7 +90,7 @@ class StreamLog:
     made: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds to make it)
     reads: list[float] = field(default_factory=list)  # seconds per batch of reads
     depth: list[tuple[float, int]] = field(default_factory=list)  # (time, prefetch depth) changes
-    held: list[float] = field(default_factory=list)  # seconds a producer was held back (shadow.py)
+    held: list[float] = field(default_factory=list)  # seconds a producer was held back (prefetch.Shadow)
     # the latest asks and makes whatever ``clear`` forgets: what ``AutoDepth`` sizes the depth from
     recent_asked: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_made: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
