@@ -519,7 +519,7 @@ class Pipeline:
         """``stats()`` as Prometheus metrics at ``http://addr:port/metrics`` (``port=0``: a free
         one), Grain's names where the meaning is the same (docs/observing.md); returns the server
         (``url``, ``close()``). Needs the ``prometheus`` extra."""
-        from .prometheus_export import serve_metrics
+        from .telemetry import serve_metrics
 
         return serve_metrics(self, port=port, addr=addr)
 
