@@ -254,11 +254,10 @@ class Pipeline:
             self._start_warmup_locked(step)
 
     def _start_warmup_locked(self, step: int) -> Warm:
-        steps = self.num_steps()
         warm = Warm(step, read_counters(self.dataset))
-        if steps is not None and step >= steps:  # nothing to make: the stream ends before it
-            warm.finish(False, IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} "
-                                          f"allows {steps} steps"))  # fmt: skip
+        past_end = self._past_end(step)
+        if past_end is not None:  # nothing to make: the stream ends before it
+            warm.finish(False, past_end)
         else:
             warm.start(weakref.ref(self))
         self._warm = warm
@@ -302,11 +301,16 @@ class Pipeline:
         """Grows a dataset still being written up to ``step``; refuses a step past a finite end."""
         if not self._final:
             self._grow(step)
+        past_end = self._past_end(step)
+        if past_end is not None:
+            raise past_end
+
+    def _past_end(self, step: int) -> IndexError | None:
+        """The error of a step past the end of a finite stream, if ``step`` is one."""
         steps = self.num_steps()
-        if steps is not None and step >= steps:
-            raise IndexError(
-                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
-            )
+        if steps is None or step < steps:
+            return None
+        return IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps")
 
     def _make(self, step: int) -> Batch:
         self._reach(step)
