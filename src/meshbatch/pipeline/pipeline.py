@@ -50,7 +50,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.arguments import as_key, check_bool, check_int, check_names, check_optional_int, check_step
-from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
+from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Plan, Rows
 from meshbatch.datasets.provenance import Provenance, RowSources, content_fingerprint
 from meshbatch.kernels import Batch
 
@@ -61,7 +61,7 @@ from .prefetch import EndOfStream, Prefetcher, check_prefetch, host_work_done, j
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
 from .state_planner import StatePlanner
-from .telemetry import StreamLog, bind, phase, pipeline_stats, read_counters, record_read
+from .telemetry import StreamLog, bind, phase, read_counters, record_read
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -151,7 +151,8 @@ class Pipeline:
                 self.content_fingerprint(),
             )
         if check_bool("warmup", warmup) and self._final:
-            self._start_warmup(self._next_step)
+            with self._warm_lock:
+                self._start_warmup_locked(self._next_step)
 
     def _make_dataset(self, dataset: Dataset) -> None:
         """The dataset's device half for the pipeline's key, on the host CPU (to plan) and
@@ -249,10 +250,6 @@ class Pipeline:
                 warm = self._start_warmup_locked(step)
         warm.result()
 
-    def _start_warmup(self, step: int) -> None:
-        with self._warm_lock:
-            self._start_warmup_locked(step)
-
     def _start_warmup_locked(self, step: int) -> Warm:
         warm = Warm(step, read_counters(self.dataset))
         past_end = self._past_end(step)
@@ -322,19 +319,7 @@ class Pipeline:
                 rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
             local = self._run_build(layout.batch_size, rows)
         else:
-            with phase("plan"):
-                if self._planner is None:
-                    plan, _ = self._plan_rows(step, layout.rows)
-                else:
-                    plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
-            content = None
-            if self._host.fetches:
-                with phase("fetch"):
-                    tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
-                    content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
-            with phase("stack"):
-                plan = layout.stack_rows(plan)
-            local = self._run_build(layout.batch_size, plan, content)
+            local = self._run_build(layout.batch_size, *self._host_inputs(step, layout))
         with phase("global"):
             batch = jax.tree.map(layout.to_global, local)
         real = self._real_rows(step)
@@ -342,6 +327,22 @@ class Pipeline:
             with phase("pad"):
                 batch = pad_rows(batch, real)
         return batch
+
+    def _host_inputs(self, step: int, layout: RowLayout) -> tuple[Plan, Content | None]:
+        """The build's inputs when the host plans: this process's rows' plan, stacked per device,
+        and their tokens fetched (``None`` for a dataset without sources)."""
+        with phase("plan"):
+            if self._planner is None:
+                plan, _ = self._plan_rows(step, layout.rows)
+            else:
+                plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
+        content = None
+        if self._host.fetches:
+            with phase("fetch"):
+                tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
+                content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
+        with phase("stack"):
+            return layout.stack_rows(plan), content
 
     # -- provenance ---------------------------------------------------------------------------------
 
@@ -512,12 +513,21 @@ class Pipeline:
     def stats(self) -> dict[str, float]:
         """What the latest ``iterate_from`` stream measured: consumer wait p50/p95/p99/max, stall
         fraction of the consumer's time, read latency p50/p99, bytes and requests per example,
-        prefetch occupancy (``telemetry.pipeline_stats``); ``{}`` before any stream."""
+        prefetch occupancy; ``{}`` before any stream.
+
+        ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
+        ``bytes_per_example`` the bytes they decoded, per example made since the stream began (the
+        zero rows of a padded final step are no examples)."""
         if self._stream_log is None:
             return {}
         stream = self._stream()
-        summary = stream.stats() if stream is not None else self._stream_log.summary()
-        return pipeline_stats(self, summary, self._stream_log, self._stream_counters)
+        out = dict(stream.stats() if stream is not None else self._stream_log.summary())
+        examples = sum(self._real_rows(step) for step, _ in list(self._stream_log.made))
+        now = read_counters(self.dataset)
+        out["examples_made"] = examples
+        for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
+            out[name] = (now[key] - self._stream_counters[key]) / examples if examples else 0.0
+        return out
 
     def serve_metrics(self, *, port: int = 0, addr: str = "127.0.0.1"):
         """``stats()`` as Prometheus metrics at ``http://addr:port/metrics`` (``port=0``: a free
@@ -537,8 +547,7 @@ class Pipeline:
             self._stream_log.clear()
 
     def _produce(self, step: int, warm: Warm | None = None) -> Batch:
-        steps = self.num_steps()
-        if steps is not None and step >= steps:
+        if self._past_end(step) is not None:
             raise EndOfStream
         if warm is not None:
             return warm.take()

@@ -158,10 +158,8 @@ class StreamLog:
         reads = list(self.reads)
         out["read_batches"] = len(reads)
         out.update({k: v for k, v in quantiles(reads, "read").items() if "_p95" not in k})
-        out["held_total_s"], out["held_count"] = (
-            float(np.sum(self.held)) if self.held else 0.0,
-            len(self.held),
-        )
+        out["held_total_s"] = float(np.sum(self.held)) if self.held else 0.0
+        out["held_count"] = len(self.held)
         return out
 
     def occupancy(self) -> np.ndarray:
@@ -195,25 +193,6 @@ def read_counters(dataset) -> dict[str, int]:
         for key in total:
             total[key] += int(now.get(key, 0))
     return total
-
-
-def pipeline_stats(
-    pipeline, summary: dict[str, float], log: StreamLog, since: dict[str, int]
-) -> dict[str, float]:
-    """A ``Pipeline`` stream's ``stats()`` (``summary``, its ``log``) plus reads per example over
-    the steps it made.
-
-    ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
-    ``bytes_per_example`` the bytes they decoded, per example made since the stream began (the
-    zero rows of a padded final step are no examples).
-    """
-    out = dict(summary)
-    examples = sum(pipeline._real_rows(step) for step, _ in list(log.made))
-    now = read_counters(pipeline.dataset)
-    out["examples_made"] = examples
-    for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
-        out[name] = (now[key] - since[key]) / examples if examples else 0.0
-    return out
 
 
 @contextlib.contextmanager
