@@ -74,9 +74,9 @@ def warmups_end_with_their_test():
     made and never asked for a batch keeps compiling its programs after the test, and a later
     test in this worker that counts compiles would count them."""
     yield
-    from meshbatch.pipeline.pipeline import _join_warming
+    from meshbatch.pipeline.prefetch import join_warmups
 
-    _join_warming(timeout_s=300)
+    join_warmups(timeout_s=300)
 
 
 @pytest.fixture(scope="session")

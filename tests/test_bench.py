@@ -190,7 +190,7 @@ def _meta(pid, tid, kind, name):
 
 
 def test_device_time_reads_a_tpu_like_and_a_gpu_like_trace():
-    from meshbatch.bench.device_time import per_call_seconds
+    from meshbatch.bench.measure import per_call_seconds
 
     tpu = {"traceEvents": [
         _meta(1, 0, "process_name", "/device:TPU:0"), _meta(1, 7, "thread_name", "XLA Modules"),
@@ -210,7 +210,7 @@ def test_device_time_reads_a_tpu_like_and_a_gpu_like_trace():
 
 
 def test_device_time_refuses_a_cpu_profile():
-    from meshbatch.bench.device_time import device_seconds
+    from meshbatch.bench.measure import device_seconds
 
     compiled = jax.jit(lambda v: v * 3).lower(jnp.arange(16)).compile()
     with pytest.raises(RuntimeError, match=r"device process|perfetto"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import get_args
 
 import numpy as np
@@ -117,12 +117,6 @@ def check_choice(name: str, value, choices):
     if not isinstance(value, str | type(None)) or value not in options:
         raise ValueError(f"{name}={value!r} is not one of {options}")
     return value
-
-
-def check_one_of(name: str, value, allowed: Collection) -> None:
-    """``value in allowed`` for any hashable values (names of sources, ...)."""
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of {sorted(map(str, allowed))}")
 
 
 def check_step(step) -> int:

@@ -4,7 +4,11 @@ meshbatch validate-cache /data/cache          # prints a report; exit 0 valid, 1
 meshbatch validate-cache /data/cache --deep   # also reads every chunk and verifies its checksum
 meshbatch build-cache /data/cache a.jsonl b.txt --tokenizer tokenizer.json
 meshbatch bench --all --out /tmp/bench               # kernel and pipeline-step microbenchmarks
+meshbatch bench causal_build era_shuffle --rows 256 --seq-len 4096 --out /tmp/bench
+meshbatch bench --all --tiny --repeats 20 --out /tmp/bench   # seconds, for CI
 meshbatch provenance my_project.data:make_pipeline --step 1200   # where step 1200's rows came from
+meshbatch provenance my_project.data:make_pipeline --step 1200 --state ckpt/data_state.json
+meshbatch provenance my_project.data:make_pipeline --fingerprint
 
 A failure prints one line, ``meshbatch <command>: error: <what went wrong>``, and exits 1; ``-v``
 shows the traceback instead. Ctrl-C prints one line saying how to go on (``build-cache``: run the
@@ -14,13 +18,16 @@ same command again to resume) and exits 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import json
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
-from .bench.bench_cli import add_bench
 from .datasets.preblocked.block_cli import add_convert_pt, add_preblock, add_validate_blocks
-from .pipeline.provenance_cli import add_provenance
 
 
 def _add_validate_cache(sub: argparse._SubParsersAction) -> None:
@@ -106,6 +113,112 @@ def _build_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .bench.kernel_cases import Shapes
+    from .bench.report import ALL
+
+    defaults = Shapes()
+    p = sub.add_parser("bench", help="measure the jitted kernels and the pipeline step (JSON + table)")
+    p.add_argument("names", nargs="*", help=f"benchmarks to run: {', '.join(ALL)}")
+    p.add_argument("--all", action="store_true", help="every kernel family and the pipeline step")
+    p.add_argument(
+        "--out",
+        default=os.path.join(tempfile.gettempdir(), "meshbatch-bench"),
+        help="directory for the JSON (never inside the checkout; default: %(default)s)",
+    )
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds; what the tests run)")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per benchmark (>= 20)")
+    p.add_argument("--dispatch-calls", type=int, default=100, help="calls of the dispatch-throughput mode")
+    p.add_argument("--baseline", help="a meshbatch bench JSON: exit 1 on a slower median or a new recompile")
+    p.add_argument("--tolerance", type=float, default=0.25, help="with --baseline: slowdown allowed (0.25)")
+    for field in dataclasses.fields(Shapes):
+        flag = "--" + field.name.replace("_", "-")
+        p.add_argument(flag, type=int, default=None, help=f"default {getattr(defaults, field.name)}")
+    p.set_defaults(run=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench.kernel_cases import TINY, Shapes
+    from .bench.report import ALL, format_table, run_bench, write_report
+
+    if args.all and args.names:
+        raise ValueError(f"give --all or benchmark names, not both (got {args.names})")
+    if not args.all and not args.names:
+        raise ValueError(f"give --all or benchmark names: {', '.join(ALL)}")
+    base = TINY if args.tiny else Shapes()
+    given = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(Shapes) if getattr(args, f.name) is not None
+    }
+    shapes = dataclasses.replace(base, **given)
+    names = list(ALL) if args.all else args.names
+    report = run_bench(names, shapes, repeats=args.repeats, dispatch_calls=args.dispatch_calls)
+    path = write_report(report, args.out)
+    print(format_table(report))
+    print(f"wrote {path}")
+    if args.baseline:
+        from .bench.gates import assert_no_regression
+
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+        try:
+            assert_no_regression(report["results"], baseline, tolerance=args.tolerance)
+        except AssertionError as failed:
+            print(f"meshbatch bench: regression against {args.baseline}: {failed}", file=sys.stderr)
+            return 1
+        print(f"no regression against {args.baseline} (tolerance {args.tolerance:.0%})")
+    return 0
+
+
+def _add_provenance(sub: argparse._SubParsersAction) -> None:
+    """``meshbatch provenance``: which rows, documents and token ranges made step N, as JSON lines.
+
+    ``factory`` (``module:function``) names a function of no arguments that returns the run's
+    ``Pipeline`` (the same dataset, key and batch sizes as training); nothing is read but the
+    plan's tables, so it answers at once at any step. One JSON object per row
+    (``Provenance.records``), or the content fingerprint."""
+    p = sub.add_parser("provenance", help="the source, document and token range of every row of a step")
+    p.add_argument("factory", help="module:function returning the run's Pipeline")
+    p.add_argument("--step", type=int, action="append", default=[], help="a step (repeat for several)")
+    p.add_argument("--state", help="a state_dict() JSON saved before the step (token-balanced mixtures)")
+    p.add_argument("--fingerprint", action="store_true", help="print the dataset's content fingerprint")
+    p.set_defaults(run=_provenance)
+
+
+def load_factory(spec: str):
+    """The callable ``module:function`` names.
+
+    Raises:
+        ValueError: ``spec`` without a colon, or naming nothing callable.
+    """
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"factory={spec!r} must be module:function (e.g. my_project.data:make_pipeline)")
+    found = getattr(importlib.import_module(module), name, None)
+    if not callable(found):
+        raise ValueError(f"{spec!r} names no function in {module} (got {found!r})")
+    return found
+
+
+def _provenance(args: argparse.Namespace) -> int:
+    from .pipeline import Pipeline
+
+    if not args.step and not args.fingerprint:
+        raise ValueError("give --step N (one or more) or --fingerprint")
+    pipeline = load_factory(args.factory)()
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"{args.factory} returned {type(pipeline).__name__}, not a meshbatch Pipeline")
+    state = None
+    if args.state:
+        with open(args.state) as f:
+            state = json.load(f)
+    if args.fingerprint:
+        print(json.dumps({"content_fingerprint": pipeline.content_fingerprint()}))
+    for step in args.step:
+        for record in pipeline.provenance(step, state=state).records():
+            sys.stdout.write(json.dumps(record) + "\n")
+    return 0
+
+
 _AFTER_INTERRUPT = {
     "build-cache": "the rows committed so far are kept: run the same command again to resume",
     "preblock": "the output is incomplete: run the same command again to rebuild it",
@@ -115,8 +228,8 @@ _SUBCOMMANDS = (
     _add_build_cache,
     add_preblock,
     add_validate_blocks,
-    add_bench,
-    add_provenance,
+    _add_bench,
+    _add_provenance,
     add_convert_pt,
 )
 

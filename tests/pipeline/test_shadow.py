@@ -4,8 +4,7 @@ import time
 
 import pytest
 
-from meshbatch.pipeline.prefetch import Prefetcher
-from meshbatch.pipeline.shadow import Shadow, host_work_done, wait_turn
+from meshbatch.pipeline.prefetch import Prefetcher, Shadow, host_work_done, wait_turn
 
 
 def _shadow(takes, asks, **kwargs) -> Shadow:

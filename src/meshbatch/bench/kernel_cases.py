@@ -64,23 +64,25 @@ class Case:
     config: dict[str, Any]
 
 
+def _case(name: str, fn: Callable, at: Callable[[int, int], tuple], config: dict[str, Any]) -> Case:
+    """The case ``name`` of ``CASES``: ``fn`` on ``at(step, key)`` at step 0 / key 0, with the
+    variants step 1 / key 0 and step 0 / key 1."""
+    variants = (("step 1", at(1, 0)), ("key 1", at(0, 1)))
+    return Case(name, CASES[name][0], fn, at(0, 0), variants, config)
+
+
 def _rows(shapes: Shapes, step: int) -> jnp.ndarray:
     return jnp.asarray((np.arange(shapes.rows) + step * shapes.rows) % shapes.examples, U32)
 
 
-def _shuffle_case(name: str, family: str, make, shapes: Shapes, config: dict) -> Case:
+def _shuffle_case(name: str, make, shapes: Shapes, config: dict) -> Case:
     def fn(shuffle, positions):
         return shuffle(positions)
 
-    key0, key1 = jax.random.key(0), jax.random.key(1)
-    return Case(
-        name,
-        family,
-        fn,
-        (make(key0), _rows(shapes, 0)),
-        (("step 1", (make(key0), _rows(shapes, 1))), ("key 1", (make(key1), _rows(shapes, 0)))),
-        config | {"rows": shapes.rows, "examples": shapes.examples},
-    )
+    def at(step: int, key: int) -> tuple:
+        return make(jax.random.key(key)), _rows(shapes, step)
+
+    return _case(name, fn, at, config | {"rows": shapes.rows, "examples": shapes.examples})
 
 
 def permutation_case(shapes: Shapes) -> Case:
@@ -88,7 +90,6 @@ def permutation_case(shapes: Shapes) -> Case:
 
     return _shuffle_case(
         "permutation",
-        "permutations",
         lambda key: permutation("feistel", shapes.examples, key),
         shapes,
         {"kind": "feistel"},
@@ -101,7 +102,6 @@ def era_shuffle_case(shapes: Shapes) -> Case:
     era = min(65536, shapes.examples)
     return _shuffle_case(
         "era_shuffle",
-        "era and block shuffles",
         lambda key: era_shuffle(shapes.examples, era_length=era, key=key),
         shapes,
         {"era_length": era},
@@ -114,7 +114,6 @@ def block_shuffle_case(shapes: Shapes) -> Case:
     io, window = 256, 64
     return _shuffle_case(
         "block_shuffle",
-        "era and block shuffles",
         lambda key: block_shuffle(shapes.examples, io_block_size=io, window_blocks=window, key=key),
         shapes,
         {"io_block_size": io, "window_blocks": window},
@@ -129,8 +128,8 @@ def causal_build_case(shapes: Shapes) -> Case:
     build = WindowBuild(shapes.seq_len, 0, None)
     n, s = shapes.rows, shapes.seq_len
 
-    def inputs(seed: int):
-        rng = np.random.default_rng(seed)
+    def inputs(step: int, key: int):
+        rng = np.random.default_rng(step + 2 * key)  # seeds 0, 1, 2: step 0, step 1, key 1
         tokens = jnp.asarray(rng.integers(0, 50000, n * s, dtype=np.int32))
         offsets = jnp.asarray((rng.permutation(n) * s).astype(np.int32)[:, None])
         rows = Rows(jnp.zeros(n, U32), jnp.zeros(n, U32))
@@ -140,14 +139,7 @@ def causal_build_case(shapes: Shapes) -> Case:
     def fn(plan, content):
         return build(plan, content)
 
-    return Case(
-        "causal_build",
-        "causal build",
-        fn,
-        inputs(0),
-        (("step 1", inputs(1)), ("key 1", inputs(2))),
-        {"rows": n, "seq_len": s},
-    )
+    return _case("causal_build", fn, inputs, {"rows": n, "seq_len": s})
 
 
 def _docs(shapes: Shapes, seed: int = 0) -> list[np.ndarray]:
@@ -171,13 +163,11 @@ def splice_frames_case(shapes: Shapes) -> Case:
         plan, _ = device.plan(rows, None)
         return device.build(plan, None)
 
-    (d0, _), (d1, _) = dataset.make(jax.random.key(0)), dataset.make(jax.random.key(1))
-    return Case(
+    devices = [dataset.make(jax.random.key(key))[0] for key in (0, 1)]
+    return _case(
         "splice_frames",
-        "splice frames",
         fn,
-        (d0, rows_at(0)),
-        (("step 1", (d0, rows_at(1))), ("key 1", (d1, rows_at(0)))),
+        lambda step, key: (devices[key], rows_at(step)),
         {"rows": rows, "seq_len": shapes.seq_len, "docs": shapes.docs},
     )
 
@@ -198,13 +188,11 @@ def stable_mixture_case(shapes: Shapes) -> Case:
     def fn(schedule, rows, epoch):
         return mixture_locate(schedule, rows, epoch)
 
-    s0, s1, epoch = schedule(jax.random.key(0)), schedule(jax.random.key(1)), jnp.asarray(0, U32)
-    return Case(
+    schedules, epoch = [schedule(jax.random.key(key)) for key in (0, 1)], jnp.asarray(0, U32)
+    return _case(
         "stable_mixture_lookup",
-        "mixture selection",
         fn,
-        (s0, _rows(shapes, 0), epoch),
-        (("step 1", (s0, _rows(shapes, 1), epoch)), ("key 1", (s1, _rows(shapes, 0), epoch))),
+        lambda step, key: (schedules[key], _rows(shapes, step), epoch),
         {"rows": shapes.rows, "sources": shapes.sources, "block_size": block},
     )
 
@@ -228,15 +216,12 @@ def token_balanced_case(shapes: Shapes, cache) -> Case:
     def fn(device, rows, state):
         return device.plan(rows, state)
 
-    d0, _ = mixture.make(jax.random.key(0))
-    d1, _ = mixture.make(jax.random.key(1))
-    _, after = jax.jit(lambda *a: fn(*a))(d0, rows, state)  # not fn's jit: its compile is measured
-    return Case(
+    devices = [mixture.make(jax.random.key(key))[0] for key in (0, 1)]
+    _, after = jax.jit(lambda *a: fn(*a))(devices[0], rows, state)  # not fn's jit: its compile is measured
+    return _case(
         "token_balanced_plan",
-        "mixture selection",
         fn,
-        (d0, rows, state),
-        (("step 1", (d0, rows, after)), ("key 1", (d1, rows, state))),
+        lambda step, key: (devices[key], rows, after if step else state),
         {"rows": shapes.rows, "sources": shapes.sources},
     )
 
@@ -245,19 +230,17 @@ def packing_case(shapes: Shapes) -> Case:
     """The preblocked packing plan (first-fit decreasing in buffers) of a stream of documents."""
     from meshbatch.kernels import pack_plan
 
-    def lengths(seed: int):
-        rng = np.random.default_rng(seed)
-        return jnp.asarray(rng.integers(1, shapes.doc_tokens * 2, shapes.docs, dtype=np.int32))
+    def lengths(step: int, key: int):
+        rng = np.random.default_rng(step + 2 * key)
+        return (jnp.asarray(rng.integers(1, shapes.doc_tokens * 2, shapes.docs, dtype=np.int32)),)
 
     def fn(lengths):
         return pack_plan(lengths, block_size=shapes.seq_len, rule="ffd", buffer_docs=min(1024, shapes.docs))
 
-    return Case(
+    return _case(
         "preblocked_packing",
-        "preblocked packing",
         fn,
-        (lengths(0),),
-        (("step 1", (lengths(1),)), ("key 1", (lengths(2),))),
+        lengths,
         {"docs": shapes.docs, "block_size": shapes.seq_len},
     )
 
@@ -266,22 +249,20 @@ def block_build_case(shapes: Shapes) -> Case:
     """Preblocked rows' build: loss mask and segment ids of ``[DOC] ... [EOD]`` blocks."""
     from meshbatch.kernels import block_batch
 
-    def tokens(seed: int):
-        rng = np.random.default_rng(seed)
+    def tokens(step: int, key: int):
+        rng = np.random.default_rng(step + 2 * key)
         t = rng.integers(4, 50000, (shapes.rows, shapes.seq_len), dtype=np.int32)
         t[:, 0] = 1
         t[:, -1] = 2
-        return jnp.asarray(t)
+        return (jnp.asarray(t),)
 
     def fn(tokens):
         return block_batch(tokens, doc_id=1, eod_id=2, pad_id=0)
 
-    return Case(
+    return _case(
         "preblocked_block_build",
-        "preblocked packing",
         fn,
-        (tokens(0),),
-        (("step 1", (tokens(1),)), ("key 1", (tokens(2),))),
+        tokens,
         {"rows": shapes.rows, "seq_len": shapes.seq_len},
     )
 
@@ -291,24 +272,17 @@ def mlm_case(shapes: Shapes) -> Case:
     from meshbatch.kernels import mlm_mask
     from meshbatch.kernels.internal import row_keys
 
-    def inputs(step: int, seed: int):
+    def inputs(step: int, key: int):
         rng = np.random.default_rng(step)
         tokens = jnp.asarray(rng.integers(4, 50000, (shapes.rows, shapes.seq_len), dtype=np.int32))
-        return tokens, row_keys(jax.random.key(seed), _rows(shapes, step))
+        return tokens, row_keys(jax.random.key(key), _rows(shapes, step))
 
     def fn(tokens, keys):
         return mlm_mask(
             tokens, keys, rate=0.15, mask_id=3, vocab_size=50000, special_ids=(0, 1, 2), ignore_id=-100
         )
 
-    return Case(
-        "mlm_masking",
-        "MLM masking",
-        fn,
-        inputs(0, 0),
-        (("step 1", inputs(1, 0)), ("key 1", inputs(0, 1))),
-        {"rows": shapes.rows, "seq_len": shapes.seq_len, "rate": 0.15},
-    )
+    return _case("mlm_masking", fn, inputs, {"rows": shapes.rows, "seq_len": shapes.seq_len, "rate": 0.15})
 
 
 # name -> (family, maker); makers that read a token cache take it as a second argument

@@ -21,9 +21,7 @@ from jax.sharding import Mesh
 
 from meshbatch.cache import CacheWriter, TokenCache
 from meshbatch.datasets import CausalLMDataset
-from meshbatch.datasets.protocol import Content
 from meshbatch.pipeline import Pipeline
-from meshbatch.pipeline.fetch import fetch
 from meshbatch.pipeline.telemetry import phase_times, read_counters
 from meshbatch.shuffles import ShuffleSpec
 
@@ -125,8 +123,5 @@ def _build_compiled(pipeline: Pipeline, step: int):
     """The compiled build program of ``step`` (its inputs made as ``Pipeline._make`` makes them),
     for XLA's cost and memory analysis."""
     layout = pipeline._layouts[pipeline.schedule.batch_size(step)]
-    plan, _ = pipeline._plan_rows(step, layout.rows)
-    tokens, offsets = fetch(pipeline._host, pipeline._host.spans(plan), layout)
-    content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
     kernel, _ = pipeline._build[layout.batch_size]
-    return kernel.lower(pipeline._build_arrays, layout.stack_rows(plan), content).compile()
+    return kernel.lower(pipeline._build_arrays, *pipeline._host_inputs(step, layout)).compile()

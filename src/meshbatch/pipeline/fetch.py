@@ -26,8 +26,8 @@ from meshbatch.cache import TokenCache, run_reads
 from meshbatch.cache.read.many import prepare_reads
 from meshbatch.datasets.protocol import Dataset, Spans
 
+from .prefetch import wait_turn
 from .row_layout import RowLayout
-from .shadow import wait_turn
 from .telemetry import record_read
 
 
@@ -74,12 +74,10 @@ def fetch(dataset: Dataset, spans: Spans, layout: RowLayout) -> tuple[np.ndarray
     offsets = np.empty((devices, layout.rows_per_device, dataset.spans_per_row), np.int32)
     firsts = [layout.device_group.index(g) for g in range(len(layout.groups))]
     if layout.identity:
-        reads, _, offsets[0] = _prepare_group(dataset, spans, layout.rows_per_device, out=tokens[0])
-        _timed_reads(reads)
+        _, offsets[0] = _read_group(dataset, spans, layout.rows_per_device, out=tokens[0])
     else:
         # Scratch: every source's unique runs back to back (never more than all spans' tokens).
-        reads, scratch, where = _prepare_group(dataset, spans, layout.rows.shape[0], margin=0)
-        _timed_reads(reads)
+        scratch, where = _read_group(dataset, spans, layout.rows.shape[0], margin=0)
         for index, d in zip(layout.groups, firsts, strict=True):
             length = spans.length[index]
             flat = length.reshape(-1)
@@ -131,25 +129,20 @@ def fetch_rows(dataset: Dataset, spans: Spans) -> tuple[np.ndarray, np.ndarray]:
     return _read_group(dataset, spans, rows)
 
 
-def _read_group(dataset: Dataset, spans: Spans, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """One group's spans read straight into its buffer: ``(tokens, offsets)``."""
-    reads, buffer, offsets = _prepare_group(dataset, spans, rows)
-    _timed_reads(reads)
-    return buffer, offsets
-
-
-def _prepare_group(
+def _read_group(
     dataset: Dataset, spans: Spans, rows: int, *, margin: int | None = None, out: np.ndarray | None = None
-) -> tuple[list, np.ndarray, np.ndarray]:
-    """The reads of one group's spans into one flat buffer (``out``, or a new one): each source
-    coalesced, placed after the previous one, with ``margin`` (default ``content_margin``) zeros
-    either side."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """One group's spans read into one flat buffer (``out``, or a new one): each source coalesced,
+    placed after the previous one, with ``margin`` (default ``content_margin``) zeros either side.
+    Returns ``(buffer, each span's offset in it)``.
+
+    The reads' latency is recorded in the producing stream's log (``telemetry``); the host work
+    after them (copies into place) waits for the producer's turn (``prefetch.Shadow``)."""
     margin = dataset.content_margin if margin is None else margin
     size = 2 * margin + rows * dataset.max_row_tokens
     buffer = np.empty(size, np.int32) if out is None else out
     source, start, length = spans
     where = np.zeros(start.shape, np.int64)
-    reads, at = [], margin
     # the spans grouped by source once (a sort), not a mask per source: a step's host work
     # grows with the sources it reads, not with the sources the dataset has
     flat = np.flatnonzero(length.reshape(-1) > 0)
@@ -161,20 +154,27 @@ def _prepare_group(
     if len(touched) > 1 and one_plan() and all(isinstance(cache, TokenCache) for cache in touched):
         # the touched caches as one token space: one bounds check, coalesce and read plan (cache/many.py)
         slots = np.repeat(np.arange(len(touched)), np.diff(bounds))
-        many = prepare_reads(touched, slots, flat_start[order], flat_length[order], buffer, at)
+        many = prepare_reads(touched, slots, flat_start[order], flat_length[order], buffer, margin)
         flat_where[order] = many.span_starts
-        buffer[:margin] = 0
-        buffer[many.end :] = 0
-        return many.reads, buffer, where.astype(np.int32)
-    for i, s in enumerate(present.tolist()):
-        mine = order[bounds[i] : bounds[i + 1]]  # this source's spans, in row order
-        read = dataset.sources[s].prepare_read(flat_start[mine], flat_length[mine], buffer, at)
-        flat_where[mine] = read.span_starts
-        at = read.end
-        reads.append(read)
+        reads, at = many.reads, many.end
+    else:
+        reads, at = [], margin
+        for i, s in enumerate(present.tolist()):
+            mine = order[bounds[i] : bounds[i + 1]]  # this source's spans, in row order
+            read = dataset.sources[s].prepare_read(flat_start[mine], flat_length[mine], buffer, at)
+            flat_where[mine] = read.span_starts
+            at = read.end
+            reads.append(read)
     buffer[:margin] = 0
     buffer[at:] = 0
-    return reads, buffer, where.astype(np.int32)
+    began = time.perf_counter()
+
+    def after_io() -> None:
+        record_read(time.perf_counter() - began)
+        wait_turn()
+
+    run_reads(reads, after_io=after_io)
+    return buffer, where.astype(np.int32)
 
 
 PLAN_ENV = "MESHBATCH_FETCH_PLAN"  # "one" (default): one read plan for all caches of a step; "per-source"
@@ -191,15 +191,3 @@ def one_plan() -> bool:
     if value not in ("one", "per-source"):
         raise ValueError(f"{PLAN_ENV} must be 'one' or 'per-source' (got {PLAN_ENV}={value!r})")
     return value == "one"
-
-
-def _timed_reads(reads: list) -> None:
-    """``run_reads``, its latency recorded in the producing stream's log (``telemetry``); the host
-    work after the reads (copies into place) waits for the producer's turn (``shadow``)."""
-    began = time.perf_counter()
-
-    def read() -> None:
-        record_read(time.perf_counter() - began)
-        wait_turn()
-
-    run_reads(reads, after_io=read)

@@ -39,10 +39,8 @@ batch with it.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -52,19 +50,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from meshbatch.arguments import as_key, check_bool, check_int, check_names, check_optional_int, check_step
-from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Rows
+from meshbatch.datasets.protocol import BuildStage, Content, Dataset, Plan, Rows
 from meshbatch.datasets.provenance import Provenance, RowSources, content_fingerprint
 from meshbatch.kernels import Batch
 
 from ..batch_schedule import BatchSchedule
 from .fetch import fetch
 from .final_batch import pad_rows, real_rows, steps_in
-from .prefetch import EndOfStream, Prefetcher, check_prefetch
+from .prefetch import EndOfStream, Prefetcher, check_prefetch, host_work_done, join_at_exit
 from .programs import build_program, plan_program, split_program
 from .row_layout import RowLayout
-from .shadow import host_work_done
 from .state_planner import StatePlanner
-from .telemetry import StreamLog, bind, phase, pipeline_stats, read_counters, record_read
+from .telemetry import StreamLog, bind, phase, read_counters, record_read
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -154,7 +151,8 @@ class Pipeline:
                 self.content_fingerprint(),
             )
         if check_bool("warmup", warmup) and self._final:
-            self._start_warmup(self._next_step)
+            with self._warm_lock:
+                self._start_warmup_locked(self._next_step)
 
     def _make_dataset(self, dataset: Dataset) -> None:
         """The dataset's device half for the pipeline's key, on the host CPU (to plan) and
@@ -252,16 +250,11 @@ class Pipeline:
                 warm = self._start_warmup_locked(step)
         warm.result()
 
-    def _start_warmup(self, step: int) -> None:
-        with self._warm_lock:
-            self._start_warmup_locked(step)
-
     def _start_warmup_locked(self, step: int) -> Warm:
-        steps = self.num_steps()
         warm = Warm(step, read_counters(self.dataset))
-        if steps is not None and step >= steps:  # nothing to make: the stream ends before it
-            warm.finish(False, IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} "
-                                          f"allows {steps} steps"))  # fmt: skip
+        past_end = self._past_end(step)
+        if past_end is not None:  # nothing to make: the stream ends before it
+            warm.finish(False, past_end)
         else:
             warm.start(weakref.ref(self))
         self._warm = warm
@@ -305,11 +298,16 @@ class Pipeline:
         """Grows a dataset still being written up to ``step``; refuses a step past a finite end."""
         if not self._final:
             self._grow(step)
+        past_end = self._past_end(step)
+        if past_end is not None:
+            raise past_end
+
+    def _past_end(self, step: int) -> IndexError | None:
+        """The error of a step past the end of a finite stream, if ``step`` is one."""
         steps = self.num_steps()
-        if steps is not None and step >= steps:
-            raise IndexError(
-                f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps"
-            )
+        if steps is None or step < steps:
+            return None
+        return IndexError(f"step={step} is past the end: max_epochs={self.max_epochs} allows {steps} steps")
 
     def _make(self, step: int) -> Batch:
         self._reach(step)
@@ -321,19 +319,7 @@ class Pipeline:
                 rows = Rows(*(np.concatenate([r[i] for r in per_device]) for i in range(2)))
             local = self._run_build(layout.batch_size, rows)
         else:
-            with phase("plan"):
-                if self._planner is None:
-                    plan, _ = self._plan_rows(step, layout.rows)
-                else:
-                    plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
-            content = None
-            if self._host.fetches:
-                with phase("fetch"):
-                    tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
-                    content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
-            with phase("stack"):
-                plan = layout.stack_rows(plan)
-            local = self._run_build(layout.batch_size, plan, content)
+            local = self._run_build(layout.batch_size, *self._host_inputs(step, layout))
         with phase("global"):
             batch = jax.tree.map(layout.to_global, local)
         real = self._real_rows(step)
@@ -341,6 +327,22 @@ class Pipeline:
             with phase("pad"):
                 batch = pad_rows(batch, real)
         return batch
+
+    def _host_inputs(self, step: int, layout: RowLayout) -> tuple[Plan, Content | None]:
+        """The build's inputs when the host plans: this process's rows' plan, stacked per device,
+        and their tokens fetched (``None`` for a dataset without sources)."""
+        with phase("plan"):
+            if self._planner is None:
+                plan, _ = self._plan_rows(step, layout.rows)
+            else:
+                plan = jax.tree.map(lambda leaf: leaf[layout.rows], self._planner.plan(step))
+        content = None
+        if self._host.fetches:
+            with phase("fetch"):
+                tokens, offsets = fetch(self._host, self._host.spans(plan), layout)
+                content = Content(tokens.reshape(-1), offsets.reshape(-1, offsets.shape[-1]))
+        with phase("stack"):
+            return layout.stack_rows(plan), content
 
     # -- provenance ---------------------------------------------------------------------------------
 
@@ -511,18 +513,27 @@ class Pipeline:
     def stats(self) -> dict[str, float]:
         """What the latest ``iterate_from`` stream measured: consumer wait p50/p95/p99/max, stall
         fraction of the consumer's time, read latency p50/p99, bytes and requests per example,
-        prefetch occupancy (``telemetry.pipeline_stats``); ``{}`` before any stream."""
+        prefetch occupancy; ``{}`` before any stream.
+
+        ``requests_per_example`` counts TensorStore reads (one per coalesced run and shard) and
+        ``bytes_per_example`` the bytes they decoded, per example made since the stream began (the
+        zero rows of a padded final step are no examples)."""
         if self._stream_log is None:
             return {}
         stream = self._stream()
-        summary = stream.stats() if stream is not None else self._stream_log.summary()
-        return pipeline_stats(self, summary, self._stream_log, self._stream_counters)
+        out = dict(stream.stats() if stream is not None else self._stream_log.summary())
+        examples = sum(self._real_rows(step) for step, _ in list(self._stream_log.made))
+        now = read_counters(self.dataset)
+        out["examples_made"] = examples
+        for key, name in (("reads_issued", "requests_per_example"), ("bytes_read", "bytes_per_example")):
+            out[name] = (now[key] - self._stream_counters[key]) / examples if examples else 0.0
+        return out
 
     def serve_metrics(self, *, port: int = 0, addr: str = "127.0.0.1"):
         """``stats()`` as Prometheus metrics at ``http://addr:port/metrics`` (``port=0``: a free
         one), Grain's names where the meaning is the same (docs/observing.md); returns the server
         (``url``, ``close()``). Needs the ``prometheus`` extra."""
-        from .prometheus_export import serve_metrics
+        from .telemetry import serve_metrics
 
         return serve_metrics(self, port=port, addr=addr)
 
@@ -536,8 +547,7 @@ class Pipeline:
             self._stream_log.clear()
 
     def _produce(self, step: int, warm: Warm | None = None) -> Batch:
-        steps = self.num_steps()
-        if steps is not None and step >= steps:
+        if self._past_end(step) is not None:
             raise EndOfStream
         if warm is not None:
             return warm.take()
@@ -568,20 +578,6 @@ def _weak_produce(ref: weakref.ref[Pipeline], warm: Warm | None):
     return produce
 
 
-_WARMING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # warm-up threads not yet collected
-_EXIT_TIMEOUT_S = 30.0
-_exit_hooked = False
-
-
-def _join_warming(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
-    """At interpreter exit: waits (at most ``timeout_s`` in all) for the warm-ups under way, as
-    ``prefetch.stop_all`` does for stream workers (a daemon thread inside jax or TensorStore when
-    Python finalizes ends the process with ``terminate called ...``)."""
-    deadline = time.monotonic() + timeout_s
-    for thread in list(_WARMING):
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
 class Warm:
     """One warm-up: the batch of ``step`` made by a background thread (``Pipeline(warmup=True)``).
 
@@ -597,12 +593,8 @@ class Warm:
         self._outcome: tuple[bool, object] | None = None
 
     def start(self, ref: weakref.ref[Pipeline]) -> None:
-        global _exit_hooked
-        if not _exit_hooked:
-            atexit.register(_join_warming)
-            _exit_hooked = True
         thread = threading.Thread(target=self._run, args=(ref,), name="meshbatch-warmup", daemon=True)
-        _WARMING.add(thread)
+        join_at_exit(thread)
         thread.start()
 
     def _run(self, ref: weakref.ref[Pipeline]) -> None:

@@ -10,7 +10,7 @@ GIL) and handed out in order.
         batch = next(it)            # waits only if the producers fell behind
     it.stats()["wait_p99_s"]        # how long the consumer waited (p50/p95/p99/max), stall_fraction, ...
 
-A worker starts host work only in the shadow of the consumer's step (``shadow.Shadow``): after
+A worker starts host work only in the shadow of the consumer's step (``Shadow``): after
 the consumer took a batch, before it may ask for the next one; never while it waits.
 
 ``depth="auto"`` adapts the depth (and the steps made at once) to what is measured (``AutoDepth``):
@@ -23,6 +23,7 @@ consumer at its step and again on every later ``next``: a failed step is never s
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import threading
 import time
@@ -34,11 +35,11 @@ import numpy as np
 
 from meshbatch.arguments import check_int
 
-from .shadow import Shadow, bind_turn
 from .telemetry import RECENT, StreamLog, bind
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+_local = threading.local()
 
 
 class EndOfStream(Exception):
@@ -77,7 +78,7 @@ class _Workers:
         self.consumed = start  # next step the consumer receives
         self.end: int | None = None  # first step past the stream's end
         self.stopped = False
-        _register(self)
+        join_at_exit(self)
         self.threads = [
             threading.Thread(target=self.work, name=f"meshbatch-prefetch-{i}", daemon=True)
             for i in range(workers)
@@ -149,7 +150,7 @@ class _Workers:
 
     def work_done(self) -> None:
         """Records the host work since this thread's reads (``Shadow.record_work``), if any: called
-        by the producer where its host work ends (``shadow.host_work_done``), else after the step."""
+        by the producer where its host work ends (``host_work_done``), else after the step."""
         began = getattr(self.pieces, "began", None)
         if began is not None:
             self.pieces.began = None
@@ -179,36 +180,50 @@ class _Workers:
 
 
 _LIVE: weakref.WeakSet[_Workers] = weakref.WeakSet()  # every stream's workers not yet collected
+_WARMING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # warm-ups (``pipeline.Warm``) under way
 _EXIT_TIMEOUT_S = 30.0
 _hooked = False
 
 
-def _register(workers: _Workers) -> None:
-    """Tracks ``workers`` so that interpreter exit stops them (``stop_all``); the first call
-    registers the exit hook, after jax's own (``atexit`` runs the newest first)."""
+def join_at_exit(item: _Workers | threading.Thread) -> None:
+    """Tracks a stream's workers or a warm-up thread so that interpreter exit stops and joins
+    them (``stop_all``); the first call registers the exit hook, after jax's own (``atexit`` runs
+    the newest first)."""
     global _hooked
     if not _hooked:
         atexit.register(stop_all)
         _hooked = True
-    _LIVE.add(workers)
+    (_WARMING if isinstance(item, threading.Thread) else _LIVE).add(item)
+
+
+def join_threads(threads, timeout_s: float = _EXIT_TIMEOUT_S) -> list[str]:
+    """Joins ``threads`` but the calling one, waiting at most ``timeout_s`` in all; returns the
+    names of those still alive."""
+    deadline = time.monotonic() + timeout_s
+    others = [thread for thread in threads if thread is not threading.current_thread()]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [thread.name for thread in others if thread.is_alive()]
+
+
+def join_warmups(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
+    """Waits (at most ``timeout_s`` in all) for the warm-ups under way."""
+    join_threads(list(_WARMING), timeout_s)
 
 
 def stop_all(timeout_s: float = _EXIT_TIMEOUT_S) -> None:
     """Stops every stream's workers and waits (at most ``timeout_s`` in all) for the step each is
-    making. Run at interpreter exit: a daemon worker still inside jax or TensorStore when Python
-    finalizes is ended in the middle of C++ code (``terminate called after throwing ...``, exit
-    134), so a program that never closed its iterators still exits cleanly."""
+    making, and for the warm-ups under way. Run at interpreter exit: a daemon thread still inside
+    jax or TensorStore when Python finalizes is ended in the middle of C++ code (``terminate
+    called after throwing ...``, exit 134), so a program that never closed its iterators still
+    exits cleanly."""
     live = list(_LIVE)
     for workers in live:
         workers.stop()
-    deadline = time.monotonic() + timeout_s
-    for workers in live:
-        for thread in workers.threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for w in live for t in w.threads if t.is_alive()]
+    stuck = join_threads([thread for workers in live for thread in workers.threads], timeout_s)
     if stuck:
         logger.warning("prefetch threads %s still making a step after %.0f s", stuck, timeout_s)
+    join_warmups(timeout_s)
 
 
 class Prefetcher(Generic[T], Iterator[T]):
@@ -316,12 +331,8 @@ class Prefetcher(Generic[T], Iterator[T]):
     def close(self) -> None:
         """Stops the workers once their current step is made; safe to call more than once."""
         self._finalizer()
-        deadline = time.monotonic() + _EXIT_TIMEOUT_S  # one deadline for all, not 30 s per thread
-        for thread in self._workers.threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
-                if thread.is_alive():
-                    logger.warning("prefetch thread %s did not stop in %.0fs", thread.name, _EXIT_TIMEOUT_S)
+        for name in join_threads(self._workers.threads):
+            logger.warning("prefetch thread %s did not stop in %.0fs", name, _EXIT_TIMEOUT_S)
 
     def __enter__(self) -> Prefetcher[T]:
         return self
@@ -350,7 +361,7 @@ class AutoDepth:
         depth = clamp(ceil(make_max / step_min) + 1, min_depth, max_depth)
 
     ``make`` is how long a worker takes to make one step (its reads, with their latency, the host
-    work, and the time it was held back for its turn, ``shadow.py``), ``step`` the consumer's time
+    work, and the time it was held back for its turn, ``Shadow``), ``step`` the consumer's time
     between two ``next`` calls. Reads of step ``k + d`` are then under way while step ``k`` is
     consumed. The worst case on both sides counts: the slowest recent step to make (the steps that
     start a new shuffle window read all its blocks at once, and a depth sized for the others
@@ -379,3 +390,92 @@ class AutoDepth:
         step = float(np.min(np.diff(asked)))
         wanted = int(np.ceil(make / max(step, 1e-6))) + 1
         return min(max(wanted, self.min_depth), self.max_depth)
+
+
+class Shadow:
+    """When producers do host work: in the shadow of the consumer's step.
+
+    A producer's host work (planning, copying tokens, dispatching the build: Python and numpy that hold
+    the GIL, on the cores the consumer runs on) delays the consumer when it runs just as the consumer
+    asks for its next batch, or just after it took one (when it dispatches its training step): a
+    thread that wants the GIL while another runs Python waits up to the switch interval (5 ms) for it.
+    Reads are not host work here: they wait on the store with the GIL released, any time.
+
+    Rule, with ``t`` the consumer's latest take and ``away_min``/``away_max`` the shortest and longest
+    of its last ``window`` times away (from taking a batch to asking for the next)::
+
+        host work may start in  [t + f * away_min, t + (1 - f) * away_min]        f = 0.1
+        or once                 t + (1 + f) * away_max  has passed (the consumer pauses: an eval, a save)
+        or while the consumer waits in next(), or before ``min_steps`` times away are measured.
+
+    Work started in the window runs to its end, so the window closes early enough for it: its last
+    start is ``(1 - f) * away_min - work``, ``work`` the longest of the recent host-work pieces after a
+    step's reads (copies into place, stacking, the build), measured by ``record_work`` - but the
+    window stays at least ``[f, 2 f] * away_min`` long. (Otherwise a 10 ms piece started at 0.89 of a
+    100 ms step runs past the consumer's next ask, which then waits a GIL switch interval.)
+
+        (min_steps=2) takes at 0.00, 0.31, 0.52, asks at 0.30, 0.50: away 0.30, 0.19 -> min 0.19, max 0.30
+        at 0.525: wait 0.014 s (until 0.52 + 0.019)      at 0.60: start (window ends 0.52 + 0.171)
+        at 0.70: wait for the next take, at most until 0.52 + 0.33 = 0.85
+        pieces of host work measured at 0.05 s: the window closes at 0.52 + 0.171 - 0.05 = 0.641
+
+    Not thread-safe by itself: ``_Workers`` calls it under its lock.
+    """
+
+    def __init__(self, *, fraction: float = 0.1, window: int = 32, min_steps: int = 4):
+        if not 0 < fraction < 0.5:
+            raise ValueError(f"fraction must be in (0, 0.5) (got fraction={fraction})")
+        self.fraction, self.min_steps = fraction, min_steps
+        self.away: collections.deque[float] = collections.deque(maxlen=window)
+        self.taken: float | None = None  # when the consumer took its latest batch
+        self.waiting = False  # the consumer waits in next() for a batch
+        self.work: collections.deque[float] = collections.deque(maxlen=window)  # host-work pieces
+
+    def record_work(self, seconds: float) -> None:
+        """A piece of host work after a step's reads took ``seconds``."""
+        self.work.append(seconds)
+
+    def asked(self, now: float) -> None:
+        """The consumer asks for a batch (at ``now``)."""
+        if self.taken is not None:
+            self.away.append(now - self.taken)
+
+    def took(self, now: float) -> None:
+        """The consumer took a batch (at ``now``)."""
+        self.taken, self.waiting = now, False
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until host work may start at ``now``: 0 to start now; a positive number is a
+        bound (a take or a wait of the consumer may open the window sooner)."""
+        if self.waiting or self.taken is None or len(self.away) < self.min_steps:
+            return 0.0
+        f, since = self.fraction, now - self.taken
+        low, high = min(self.away), max(self.away)
+        if since < f * low:
+            return f * low - since
+        last = max((1 - f) * low - max(self.work, default=0.0), 2 * f * low)  # the work fits before
+        if since <= last or since >= (1 + f) * high:
+            return 0.0
+        return (1 + f) * high - since
+
+
+def bind_turn(wait: Callable[[], None] | None, done: Callable[[], None] | None = None) -> None:
+    """Makes ``wait`` what ``wait_turn`` calls in this thread (a producer thread of a stream), and
+    ``done`` what ``host_work_done`` calls."""
+    _local.wait, _local.done = wait, done
+
+
+def wait_turn() -> None:
+    """Called by a producer before host work: returns when the stream's ``Shadow`` rule lets it
+    start (at once outside a stream, e.g. ``Pipeline.batch``)."""
+    wait = getattr(_local, "wait", None)
+    if wait is not None:
+        wait()
+
+
+def host_work_done() -> None:
+    """Called by a producer where its host work for a step ends (before it waits on accelerators,
+    which the consumer's cores do not feel), so the piece ``Shadow.record_work`` sees is the host's."""
+    done = getattr(_local, "done", None)
+    if done is not None:
+        done()

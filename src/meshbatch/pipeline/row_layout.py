@@ -99,15 +99,12 @@ class RowLayout:
             return tree
         return jax.tree.map(lambda leaf: leaf[self.device_index], tree)
 
-    def leaf_sharding(self, ndim: int) -> NamedSharding:
-        """The global sharding of a ``[batch, ...]`` leaf with ``ndim`` dimensions."""
-        spec = self.sharding.spec
-        return NamedSharding(self.sharding.mesh, PartitionSpec(spec[0], *([None] * (ndim - 1))))
-
     def to_global(self, local: jax.Array) -> jax.Array:
-        """Re-labels a local-mesh array (rows stacked per device) as the global batch leaf."""
+        """Re-labels a local-mesh array (rows stacked per device) as the global batch leaf (its
+        rows on the data axes, its other dimensions replicated)."""
         by_device = {shard.device: shard.data for shard in local.addressable_shards}
-        sharding = self.leaf_sharding(local.ndim)
+        spec = PartitionSpec(self.sharding.spec[0], *([None] * (local.ndim - 1)))
+        sharding = NamedSharding(self.sharding.mesh, spec)
         shape = (self.batch_size, *local.shape[1:])
         order = sharding.addressable_devices_indices_map(shape)
         return jax.make_array_from_single_device_arrays(shape, sharding, [by_device[d] for d in order])

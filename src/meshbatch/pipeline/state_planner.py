@@ -62,13 +62,13 @@ class StatePlanner:
             made = self._made.pop(step, None)
             if made is not None:
                 return made
-            return self._advance(step, keep_plans=True)
+            return self._advance(step)
 
     def state(self, step: int) -> State:
         """The state at the start of ``step``."""
         with self._lock:
             if step not in self._states:
-                self._advance(step - 1, keep_plans=True)
+                self._advance(step - 1)
             return self._states[step]
 
     def warn_if_replay(self, step: int) -> None:
@@ -95,7 +95,7 @@ class StatePlanner:
                 self._states.setdefault(*self._anchor)
             self._made = {s: plan for s, plan in self._made.items() if s >= step}
 
-    def _advance(self, step: int, *, keep_plans: bool) -> Plan:
+    def _advance(self, step: int) -> Plan:
         known = [s for s in self._states if s <= step]
         if not known:
             raise ValueError(
@@ -114,6 +114,6 @@ class StatePlanner:
                 logger.info("replaying plans: step %d of %d..%d (%.0f s)", s, base, step, reported - started)
             if step - s <= KEEP:
                 self._states[s + 1] = state
-                if keep_plans and s < step:
+                if s < step:
                     self._made[s] = plan
         return plan
