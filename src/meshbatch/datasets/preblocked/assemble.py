@@ -15,8 +15,7 @@ from tqdm.auto import tqdm
 from meshbatch.cache import TokenCache
 from meshbatch.cache.format.arrays import created, kvstore_spec
 
-from .block_checksums import chunk_sums, write_sidecar
-from .block_store import BLOCKS, REAL_TOKENS
+from .block_store import BLOCKS, REAL_TOKENS, chunk_sums, write_sidecar
 from .pack_layout import Layout
 
 PARTIAL_SUFFIX = ".partial"

@@ -30,8 +30,16 @@ from meshbatch.cache.read.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.read.reads import PendingRead, run_reads
 
 from .assemble import ramp
-from .block_checksums import read_verifier
-from .block_store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, chunk_files, detect_format, read_header
+from .block_store import (
+    BLOCKS,
+    HEADER_FILE,
+    REAL_TOKENS,
+    Header,
+    chunk_files,
+    detect_format,
+    read_header,
+    read_verifier,
+)
 from .torch_chunks import pt_matrix
 
 logger = logging.getLogger(__name__)
@@ -213,7 +221,7 @@ class StoreBlocks(BlockSource):
 
     def _verified(self, rows: np.ndarray, targets: list):
         """``targets`` plus a whole-chunk read of each chunk of ``rows`` not verified yet, and the
-        check of those chunks against the writer's sums (``block_checksums.py``)."""
+        check of those chunks against the writer's sums (``block_store.py``)."""
         chunks = self.verifier.pending(rows) if self.verifier is not None else []
         if not chunks:
             return targets, None
