@@ -13,10 +13,10 @@ from .block_store import detect_format as detect_format
 from .block_validation import BlockReport as BlockReport
 from .block_validation import validate_array as validate_array
 from .block_validation import validate_path as validate_path
+from .block_writer import EscapingTokenizer as EscapingTokenizer
+from .block_writer import escape as escape
 from .block_writer import preblock as preblock
-from .escape import EscapingTokenizer as EscapingTokenizer
-from .escape import escape as escape
-from .escape import unescape as unescape
+from .block_writer import unescape as unescape
 from .masking import MLMMasking as MLMMasking
 from .pack_layout import Layout as Layout
 from .pack_layout import PackSpec as PackSpec

@@ -29,7 +29,6 @@ from meshbatch.cache.integrity.verify import verify_default
 from meshbatch.cache.read.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.read.reads import PendingRead, run_reads
 
-from .assemble import ramp
 from .block_store import (
     BLOCKS,
     HEADER_FILE,
@@ -40,6 +39,7 @@ from .block_store import (
     read_header,
     read_verifier,
 )
+from .pack_layout import ramp
 from .torch_chunks import pt_matrix
 
 logger = logging.getLogger(__name__)

@@ -191,3 +191,9 @@ def _permute(n: int, key: PRNGKeyArray) -> np.ndarray:
     host table; no compilation per corpus size)."""
     seed = np.asarray(jax.random.key_data(key), dtype=np.uint32).reshape(-1).tolist()
     return np.random.Generator(np.random.PCG64(seed)).permutation(n).astype(np.int64)
+
+
+def ramp(counts: np.ndarray) -> np.ndarray:
+    """``[0, 1, .., counts[0] - 1, 0, 1, .., counts[1] - 1, ...]``."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
