@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from meshbatch.datasets.preblocked.masking import MLMMasking
+from meshbatch.datasets.preblocked import MLMMasking
 from meshbatch.datasets.protocol import Plan, Rows
 from meshbatch.kernels import Batch
 from meshbatch.kernels.preblocked.block_batch import block_batch
