@@ -48,7 +48,7 @@ from meshbatch.kernels.internal import assemble_rows, row_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_sources import open_blocks
-from .block_store import STRUCTURAL_IDS, check_paths, check_structural_ids, detect_format, tokenizer_markers
+from .block_store import check_paths, detect_format, resolve_ids
 from .pack_layout import Layout, PackSpec, plan_layout
 
 logger = logging.getLogger(__name__)
@@ -264,19 +264,13 @@ class BlockDataset(_Blocks):
         paths = self._start(paths, shuffle, cache=False)
         given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
         self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
-        self.ids = _preblocked_ids(self.sources, given)
-        check_structural_ids(
-            {n: self.ids[n] for n in STRUCTURAL_IDS},
-            self.ids["vocab_size"],
-            in_vocab=tokenizer_markers(self.sources, self.ids),
-        )
+        self.ids = resolve_ids(self.sources, given)
         sizes = {s.block_size for s in self.sources}
         if len(sizes) != 1:
             raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")
         self.seq_len = sizes.pop()
         self.max_row_tokens, self.spans_per_row = self.seq_len, 1
         self.real = np.concatenate([s.real_tokens() for s in self.sources])
-        check_int("vocab_size", self.ids["vocab_size"], low=1)
         self.num_examples, self.source_start = _count_blocks([s.num_blocks for s in self.sources])
 
     def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
@@ -351,13 +345,11 @@ class CacheBlockDataset(_Blocks):
         missing = [name for name, v in given.items() if v is None]
         if missing:
             raise ValueError(f"CacheBlockDataset needs {missing} (a token cache has no preblock header)")
-        self.ids = {name: check_token_id(name, v) for name, v in given.items()}
-        check_structural_ids({n: self.ids[n] for n in STRUCTURAL_IDS}, self.ids["vocab_size"])
+        self.ids = resolve_ids((), given)
         if not isinstance(pack, PackSpec):
             raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
         if not isinstance(field, str):
             raise TypeError(f"field must be a str (got field={field!r})")
-        check_int("vocab_size", self.ids["vocab_size"], low=1)
         self.pack = pack
         self.sources = tuple(TokenCache.open(p, field) for p in paths)
         self.seq_len = self.max_row_tokens = pack.block_size
@@ -480,18 +472,6 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
         source_start=source_start,
         spans_per_row=max(1, int(pieces["count"].max())),
     )
-
-
-def _preblocked_ids(sources, given: dict) -> dict[str, int]:
-    ids = {}
-    for name, value in given.items():
-        found = {getattr(s.header, name) for s in sources if s.header is not None}
-        if value is None:
-            if len(found) != 1 or any(s.header is None for s in sources):
-                raise ValueError(f"{name} is needed: the headers give {sorted(found) or 'none'}")
-            value = found.pop()
-        ids[name] = check_token_id(name, value)
-    return ids
 
 
 class MLMMasking(eqx.Module):

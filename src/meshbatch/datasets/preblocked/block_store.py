@@ -51,7 +51,7 @@ from typing import Any, Literal
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.arguments import check_int
+from meshbatch.arguments import check_int, check_token_id
 from meshbatch.cache import CacheIntegrityError, shared_context
 from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.files import file_exists, write_json_atomic
@@ -159,14 +159,33 @@ def check_structural_ids(ids: dict[str, int], vocab_size: int, *, in_vocab=()) -
     return dict(ids)
 
 
-def tokenizer_markers(sources, ids: dict[str, int]) -> tuple[str, ...]:
-    """Structural ids every source's header records as its tokenizer's own marker token, unchanged."""
+def resolve_ids(sources, given: dict) -> dict[str, int]:
+    """The structural ids and ``vocab_size``: each given one, else the one every source's header
+    records, checked by ``check_structural_ids`` (a structural id inside the vocabulary only where
+    every header records it as its tokenizer's own marker token, unchanged).
+
+    Raises:
+        ValueError: an id not given that the headers do not agree on, or a bad id.
+    """
+    ids = {}
+    for name, value in given.items():
+        found = {getattr(s.header, name) for s in sources if s.header is not None}
+        if value is None:
+            if len(found) != 1 or any(s.header is None for s in sources):
+                reason = f"the headers give {sorted(found)}" if found else "the data has no preblock header"
+                raise ValueError(f"{name} is needed: {reason}")
+            value = found.pop()
+        ids[name] = check_token_id(name, value)
     headers = [s.header for s in sources]
-    if not headers or any(h is None for h in headers):
-        return ()
-    return tuple(
-        n for n in STRUCTURAL_IDS if all(n in h.in_vocab_markers and getattr(h, n) == ids[n] for h in headers)
-    )
+    in_vocab = ()
+    if headers and all(h is not None for h in headers):
+        in_vocab = tuple(
+            n
+            for n in STRUCTURAL_IDS
+            if all(n in h.in_vocab_markers and getattr(h, n) == ids[n] for h in headers)
+        )
+    check_structural_ids({n: ids[n] for n in STRUCTURAL_IDS}, ids["vocab_size"], in_vocab=in_vocab)
+    return ids
 
 
 def check_path(name: str, value) -> str:

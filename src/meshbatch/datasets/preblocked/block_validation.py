@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from meshbatch.arguments import check_bool, check_int, check_token_id
+from meshbatch.arguments import check_bool, check_int
 from meshbatch.kernels import validate_blocks
 from meshbatch.kernels.internal import ANOMALY_KINDS, LITERAL_KINDS
 
 from .block_sources import BlockSource, open_blocks
-from .block_store import STRUCTURAL_IDS, check_path, check_structural_ids, tokenizer_markers
+from .block_store import check_path, resolve_ids
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,9 @@ def validate_path(
         FileNotFoundError, ValueError: ``path`` cannot be read as preblocked data.
     """
     source = open_blocks(check_path("path", path), pad_id=pad_id)
-    ids = _ids(source, doc_id=doc_id, eod_id=eod_id, pad_id=pad_id, vocab_size=vocab_size)
+    ids = resolve_ids(
+        [source], {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+    )
     return _validate(
         source, path, ids, carry_open_doc, literal_heuristics, literal_window, batch_blocks, context, progress
     )
@@ -129,29 +131,13 @@ def validate_path(
 def validate_array(
     blocks: np.ndarray, *, doc_id: int, eod_id: int, pad_id: int, vocab_size: int, **options
 ) -> BlockReport:
-    """``validate_path`` for an in-memory ``[N, block_size]`` array (same options)."""
+    """``validate_path`` for an in-memory ``[N, block_size]`` array (same options; no progress bar
+    by default)."""
     source = _ArrayBlocks(np.asarray(blocks))
-    ids = _ids(source, doc_id=doc_id, eod_id=eod_id, pad_id=pad_id, vocab_size=vocab_size)
-    kw = {
-        "carry_open_doc": False,
-        "literal_heuristics": False,
-        "literal_window": 8,
-        "batch_blocks": 1024,
-        "context": 8,
-        "progress": False,
-        **options,
-    }
-    return _validate(
-        source,
-        "<array>",
-        ids,
-        kw["carry_open_doc"],
-        kw["literal_heuristics"],
-        kw["literal_window"],
-        kw["batch_blocks"],
-        kw["context"],
-        kw["progress"],
+    ids = resolve_ids(
+        [source], {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
     )
+    return _validate(source, "<array>", ids, **{"progress": False, **options})
 
 
 class _ArrayBlocks:
@@ -174,29 +160,16 @@ class _ArrayBlocks:
         return self.array[np.asarray(indices)].astype(np.int32)
 
 
-def _ids(source, **given) -> dict[str, int]:
-    header = source.header
-    ids = {}
-    for name, value in given.items():
-        if value is None and header is None:
-            raise ValueError(f"{name} is needed: the data has no preblock header to read it from")
-        ids[name] = check_token_id(name, value if value is not None else getattr(header, name))
-    check_int("vocab_size", ids["vocab_size"], low=1)
-    in_vocab = tokenizer_markers([source], ids) if header is not None else ()
-    check_structural_ids({n: ids[n] for n in STRUCTURAL_IDS}, ids["vocab_size"], in_vocab=in_vocab)
-    return ids
-
-
 def _validate(
     source: BlockSource,
     path: str,
     ids: dict[str, int],
-    carry_open_doc: bool,
-    literal_heuristics: bool,
-    literal_window: int,
-    batch_blocks: int,
-    context: int,
-    progress: bool | None,
+    carry_open_doc: bool = False,
+    literal_heuristics: bool = False,
+    literal_window: int = 8,
+    batch_blocks: int = 1024,
+    context: int = 8,
+    progress: bool | None = None,
 ) -> BlockReport:
     check_bool("carry_open_doc", carry_open_doc)
     check_bool("literal_heuristics", literal_heuristics)
@@ -205,12 +178,12 @@ def _validate(
     check_int("context", context, low=0, high=2**31 - 1)
     if progress is not None:
         check_bool("progress", progress)
-    static = dict(
-        ids,
-        carry_open_doc=carry_open_doc,
-        literal_heuristics=literal_heuristics,
-        literal_window=literal_window,
-    )
+    options = {
+        "carry_open_doc": carry_open_doc,
+        "literal_heuristics": literal_heuristics,
+        "literal_window": literal_window,
+        **ids,
+    }
     counts = dict.fromkeys(ANOMALY_KINDS, 0)
     anomalies: list[Anomaly] = []
     n, S = source.num_blocks, source.block_size
@@ -223,7 +196,7 @@ def _validate(
             padded = np.full((batch_blocks, S), ids["pad_id"], np.int32)
             padded[: hi - lo] = rows
             found = validate_blocks(
-                jnp.asarray(padded), jnp.int32(hi - lo), carry, jnp.bool_(hi == n), **static
+                jnp.asarray(padded), jnp.int32(hi - lo), carry, jnp.bool_(hi == n), **options
             )
             carry = found.carry_out
             codes, unclosed = np.asarray(found.codes), np.asarray(found.unclosed)
@@ -240,10 +213,4 @@ def _validate(
                     Anomaly(lo + b, p, kind, heuristic, first, rows[b, first : p + context + 1].tolist())
                 )
             bar.update(hi - lo)
-    options = {
-        "carry_open_doc": carry_open_doc,
-        "literal_heuristics": literal_heuristics,
-        "literal_window": literal_window,
-        **ids,
-    }
     return BlockReport(path, n, options, counts, anomalies)
