@@ -63,7 +63,7 @@ from .block_store import (
     write_header,
     write_sidecar,
 )
-from .pack_layout import SHUFFLE_LEVELS, Layout, PackSpec, ShuffleLevel, plan_layout, ramp
+from .pack_layout import Layout, PackSpec, ShuffleLevel, plan_layout, ramp
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,6 @@ def preblock(
         FileExistsError: ``output`` exists and ``if_exists="error"``.
     """
     spec = PackSpec(block_size, shuffle_level=shuffle_level, rule=rule, buffer_docs=buffer_docs)
-    check_choice("shuffle_level", shuffle_level, SHUFFLE_LEVELS)
     check_choice("output_format", output_format, ("zarr", "npy"))
     check_choice("if_exists", if_exists, ("error", "overwrite"))
     check_bool("escape_literal_markers", escape_literal_markers)
