@@ -49,7 +49,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_sources import open_blocks
 from .block_store import check_paths, detect_format, resolve_ids
-from .pack_layout import Layout, PackSpec, plan_layout
+from .pack_layout import Layout, PackSpec, piece_tokens, plan_layout
 
 logger = logging.getLogger(__name__)
 PACK_TAG = 0x5041434B  # "PACK": the packing key is fold_in(pipeline key, PACK_TAG)
@@ -292,13 +292,13 @@ class BlockDataset(_Blocks):
 
 class PackedBlocks(NamedTuple):
     """A ``CacheBlockDataset``'s caches packed for a key: the device half's piece tables
-    (``PIECE_TABLES``, int32), and for the host each entry's document and cache, the caches'
-    document offsets, each block's real tokens, the layouts and where each cache's blocks start."""
+    (``PIECE_TABLES``, int32), and for the host each entry's document, cache (int32) and first
+    token in that cache, each block's real tokens, the layouts and where each cache's blocks start."""
 
     pieces: dict[str, np.ndarray]
     entry_doc: np.ndarray
     entry_source: np.ndarray
-    doc_offsets: list[np.ndarray]
+    entry_offset: np.ndarray
     real: np.ndarray
     layouts: list[Layout]
     num_examples: int
@@ -394,19 +394,10 @@ class CacheBlockDataset(_Blocks):
 
     def spans(self, plan: Plan) -> Spans:
         """Each row's document pieces: the tokens of each piece in its cache (unused slots: none)."""
-        packed, d = self.packed, plan.detail
-        entry = d.entry
-        source = packed.entry_source[entry]
-        doc = packed.entry_doc[entry]
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
-        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
-        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
-        offsets = np.zeros(entry.shape, np.int64)
-        for i, doc_offsets in enumerate(packed.doc_offsets):
-            mine = source == i
-            offsets[mine] = doc_offsets[doc[mine]]
-        start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
-        return Spans(source.astype(np.int32), start, length)
+        d = plan.detail
+        token_lo, length = piece_tokens(d.slot_start, d.slots, d.size)
+        start = np.where(length > 0, self.packed.entry_offset[d.entry] + token_lo, 0)  # unused: nothing
+        return Spans(self.packed.entry_source[d.entry], start, length)
 
     def provenance(self, plan: Plan) -> RowSources:
         """Each piece of a cache document, where it lands in the row (after its ``[DOC]`` marker
@@ -415,7 +406,7 @@ class CacheBlockDataset(_Blocks):
         d = plan.detail
         out = from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
         used = spans.length > 0
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        token_lo, _ = piece_tokens(d.slot_start, d.slots, d.size)
         out.doc[:] = np.where(used, self.packed.entry_doc[d.entry], -1)
         out.doc_start[:] = np.where(used, token_lo, 0)
         out.row_offset[:] = np.where(used, d.row_start + token_lo + 1 - d.slot_start, 0)
@@ -435,7 +426,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
     layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
     S = pack.block_size
     packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
-    entry_doc, entry_source, doc_offsets = [], [], []
+    entry_doc, entry_source, entry_offset = [], [], []
     block_base = entry_base = 0
     for i, (cache, layout) in enumerate(zip(caches, layouts, strict=True)):
         order = layout.by_position()
@@ -449,7 +440,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
         real.append(layout.real_tokens())
         entry_doc.append(order)
         entry_source.append(np.full(order.shape, i, np.int32))
-        doc_offsets.append(cache.doc_offsets())
+        entry_offset.append(cache.doc_offsets()[order])
         block_base += layout.num_blocks
         entry_base += layout.num_docs
     if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
@@ -465,7 +456,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
         pieces=pieces,
         entry_doc=np.concatenate(entry_doc),
         entry_source=np.concatenate(entry_source),
-        doc_offsets=doc_offsets,
+        entry_offset=np.concatenate(entry_offset),
         real=np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)]),
         layouts=layouts,
         num_examples=num_examples,

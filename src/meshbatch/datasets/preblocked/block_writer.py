@@ -63,7 +63,7 @@ from .block_store import (
     write_header,
     write_sidecar,
 )
-from .pack_layout import Layout, PackSpec, ShuffleLevel, plan_layout, ramp
+from .pack_layout import Layout, PackSpec, ShuffleLevel, piece_tokens, plan_layout, ramp
 
 logger = logging.getLogger(__name__)
 
@@ -405,8 +405,7 @@ def assemble(cache, layout: Layout, order, first, stop, offsets, p0: int, p1: in
     block_lo = packed[row] * S
     lo, hi = np.maximum(start, block_lo), np.minimum(start + size, block_lo + S)
     slot_lo, slots = lo - start, hi - lo
-    token_lo = np.maximum(slot_lo - 1, 0)
-    token_count = np.maximum(np.minimum(slot_lo + slots - 1, size - 2) - token_lo, 0)
+    token_lo, token_count = piece_tokens(slot_lo, slots, size)
     read = cache.read_runs(offsets[doc] + token_lo, token_count)
     buffer = read.buffer
     structural = np.isin(buffer, ids)

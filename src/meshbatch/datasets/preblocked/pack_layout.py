@@ -197,3 +197,12 @@ def ramp(counts: np.ndarray) -> np.ndarray:
     """``[0, 1, .., counts[0] - 1, 0, 1, .., counts[1] - 1, ...]``."""
     total = int(counts.sum())
     return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def piece_tokens(slot_start, slots, size) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, count)``, int64: the document tokens a piece of a document of ``size`` slots holds,
+    when it covers slots ``[slot_start, slot_start + slots)`` (slot 0 is the ``[DOC]``, slot
+    ``size - 1`` the ``[EOD]``, slot ``u`` in between token ``u - 1``); an empty piece holds none."""
+    first = np.maximum(slot_start - 1, 0).astype(np.int64)
+    count = np.maximum(np.minimum(slot_start + slots - 1, size - 2) - first, 0).astype(np.int64)
+    return first, count
