@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorstore as ts
 
+from meshbatch.arguments import INT32_MAX, INT32_MIN
 from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
 from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.ledger import read_ledger
@@ -295,10 +296,7 @@ class ChunkBlocks(BlockSource):
         """Chunk ``i`` as an int32 array, through the LRU."""
         array = self.cache.get(i)
         if array is None:
-            loaded = _load_chunk(self.files[i])
-            if loaded.size and (loaded.min() < -(2**31) or loaded.max() > 2**31 - 1):
-                raise ValueError(f"{self.files[i]} holds ids that do not fit int32")
-            array = loaded.astype(np.int32, copy=False)
+            array = int32_ids(_load_chunk(self.files[i]), self.files[i], "rows")
             self.cache.put(i, array)
         return array
 
@@ -346,6 +344,18 @@ def _load_chunk(file: str, *, header_only: bool = False) -> np.ndarray:
     if file.endswith(".pt"):
         return pt_matrix(file, mmap=header_only)
     return np.load(file, mmap_mode="r" if header_only else None)
+
+
+def int32_ids(array: np.ndarray, what: str, name: str) -> np.ndarray:
+    """``array`` (integer ids, ``what``) as int32, refusing by position an id that does not fit: it
+    would wrap to a plausible one (``2**32 + 5 -> 5``)."""
+    wide = (array < INT32_MIN) | (array > INT32_MAX)
+    if wide.any():
+        at = tuple(int(i) for i in np.argwhere(wide)[0])
+        raise ValueError(
+            f"{what} holds ids that do not fit int32 ({name}[{', '.join(map(str, at))}] = {array[at]})"
+        )
+    return array.astype(np.int32, copy=False)
 
 
 def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
@@ -475,10 +485,7 @@ def convert_pt_sequences(src: str, out: str, *, if_exists: str = "error") -> int
                     f"{file} holds a [rows, block_size] matrix (the preblocked form), not a list of "
                     "sequences: BlockDataset reads such a directory as it is"
                 )
-            docs = [t.numpy() for t in obj]
-            for i, doc in enumerate(docs):
-                if doc.size and (doc.min() < -(2**31) or doc.max() > 2**31 - 1):
-                    raise ValueError(f"{file}: sequence {i} holds ids that do not fit int32")
+            docs = [int32_ids(t.numpy(), f"{file}: sequence {i}", "tokens") for i, t in enumerate(obj)]
             writer.write(docs)
             rows += len(docs)
             logger.info("%s: %d sequences", os.path.basename(file), len(docs))

@@ -29,7 +29,7 @@ from meshbatch.arguments import check_bool, check_int
 from meshbatch.kernels import validate_blocks
 from meshbatch.kernels.internal import ANOMALY_KINDS, LITERAL_KINDS
 
-from .block_sources import BlockSource, open_blocks
+from .block_sources import BlockSource, int32_ids, open_blocks
 from .block_store import check_path, resolve_ids
 
 logger = logging.getLogger(__name__)
@@ -146,18 +146,11 @@ class _ArrayBlocks:
             raise ValueError(
                 f"blocks must be a [N, block_size] integer array (got {blocks.dtype} {blocks.shape})"
             )
-        if blocks.size and (blocks.min() < -(2**31) or blocks.max() > 2**31 - 1):
-            # the checks run on int32 ids: a wider id would wrap to a plausible one (2^32 + 5 -> 5)
-            bad = np.argwhere((blocks < -(2**31)) | (blocks > 2**31 - 1))[0]
-            raise ValueError(
-                f"blocks holds ids that do not fit int32 (blocks[{bad[0]}, {bad[1]}] = "
-                f"{blocks[bad[0], bad[1]]})"
-            )
-        self.array, self.header = blocks, None
+        self.array, self.header = int32_ids(blocks, "blocks", "blocks"), None
         self.num_blocks, self.block_size = blocks.shape
 
     def read_blocks(self, indices) -> np.ndarray:
-        return self.array[np.asarray(indices)].astype(np.int32)
+        return self.array[np.asarray(indices)]
 
 
 def _validate(
