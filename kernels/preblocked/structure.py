@@ -238,15 +238,8 @@ def _running_max(x: Int[Array, " n"]) -> Int[Array, " n"]:
 
 @partial(jax.jit, static_argnames=("doc_id", "eod_id", "pad_id"))
 def block_batch(tokens: Int[Array, "rows block"], *, doc_id: int, eod_id: int, pad_id: int) -> Batch:
-    """A ``Batch`` of preblocked rows (see the module docstring).
-
-    Args:
-        tokens: ``[rows, block_size]`` token ids (any integer dtype; cast to int32).
-        doc_id, eod_id, pad_id: the structural ids (static).
-
-    Returns:
-        ``Batch`` with int32 ``tokens``, ``loss_mask`` and ``segment_ids``.
-    """
+    """A ``Batch`` of preblocked rows (see the module docstring): ``tokens`` ``[rows, block_size]``
+    of any integer dtype in, int32 ``tokens``, ``loss_mask`` and ``segment_ids`` out."""
     tokens = tokens.astype(jnp.int32)
     block = tokens.shape[-1]
     is_pad = tokens == pad_id

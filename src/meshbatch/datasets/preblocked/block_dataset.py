@@ -311,12 +311,10 @@ class CacheBlockDataset(_Blocks):
     the module docstring): the blocks ``preblock(..., key=BlockDataset.pack_key(key))`` writes.
 
     Args:
-        paths: one token cache or several.
         pack: how the caches' documents are packed (``PackSpec``), the writer's.
         doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary (required: a token
             cache has no preblock header).
         shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
-        field: the cache field.
 
     ``num_examples``, ``spans_per_row`` and ``layouts`` depend on the packing, whose key derives
     from the pipeline's: they are known on the host half ``make(key)`` returns (``packed``).

@@ -107,7 +107,6 @@ def validate_path(
     """Validates a preblocked store or ``chunk*.npy`` directory, batch by batch.
 
     Args:
-        path: the data.
         carry_open_doc: a document may continue into the next block.
         literal_heuristics: down-rank ambiguous markers (H1, H2; ``meshbatch.kernels.preblocked.structure``).
         literal_window: H2's "nearby": positions after the ``[EOD]`` searched for a ``[DOC]``.

@@ -104,12 +104,10 @@ def preblock(
         output: the directory to write: a local path, or a ``gs://`` / ``s3://`` URL (zarr only).
         inputs: ``.txt``/``.jsonl`` files (optionally ``.gz``), or one Levanter token cache directory
             (local or at a URL).
-        block_size: tokens per block.
-        shuffle_level: ``"none"``, ``"document"`` (default) or ``"segment"`` (``layout`` module).
+        block_size, shuffle_level, rule, buffer_docs: the packing (``PackSpec``).
         key: the shuffle key (an int seed or a JAX key).
-        rule: ``"ffd"`` (buffered first-fit decreasing, default) or ``"greedy"``.
-        buffer_docs: documents grouped per buffer with ``"ffd"``.
-        escape_literal_markers: escape literal ``[DOC]``/``[EOD]`` in text before tokenizing.
+        escape_literal_markers: escape literal ``[DOC]``/``[EOD]`` in text before tokenizing
+            (module docstring).
         tokenizer: for text inputs; default UTF-8 bytes without an end-of-document token.
         doc_id, eod_id, pad_id: the structural ids (defaults: see the module docstring).
         vocab_size: ordinary ids are ``[0, vocab_size)``; default: the tokenizer's (text) or, for a
@@ -440,11 +438,7 @@ def unescape(text: str) -> str:
 
 
 class EscapingTokenizer:
-    """A tokenizer that escapes literal markers before encoding (and unescapes after decoding).
-
-    Args:
-        inner: the tokenizer doing the work.
-    """
+    """A tokenizer that escapes literal markers before encoding (and unescapes after decoding)."""
 
     def __init__(self, inner: Tokenizer):
         self.inner = inner

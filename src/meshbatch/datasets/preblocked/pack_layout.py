@@ -67,11 +67,9 @@ class Layout:
     """The packed stream.
 
     Attributes:
-        spec: what made it.
         sizes: ``int64[n]`` slots per document (tokens + 2), by document id.
         starts: ``int64[n]`` flat slot of each document's ``[DOC]`` in the packed stream (block
             ``starts // block_size``), by document id.
-        num_blocks: blocks in the stream.
         block_order: ``int64[num_blocks]``: output block ``p`` holds packed block
             ``block_order[p]`` (the identity except with ``shuffle_level="segment"``).
         greedy_blocks: blocks plain greedy packing of the same order would fill (for the fill
@@ -138,7 +136,6 @@ def plan_layout(lengths, spec: PackSpec, key: PRNGKeyArray) -> Layout:
 
     Args:
         lengths: ``[n]`` integer tokens per document (markers excluded), ``n >= 1``.
-        spec: the packing spec.
         key: a JAX key or an int seed; unused with ``shuffle_level="none"``.
 
     Raises:
