@@ -75,7 +75,7 @@ class RowsTarget(NamedTuple):
 class BlockSource:
     """Rows of ``block_size`` tokens as a flat token space; see the module docstring.
 
-    Subclasses implement ``_plan_rows`` (a run of rows) and ``_plan_gather`` (any rows).
+    Subclasses implement ``_plan_gather`` (any rows).
     """
 
     def __init__(self, path: str, num_blocks: int, block_size: int, header: Header | None):
@@ -126,38 +126,28 @@ class BlockSource:
         if at < 0 or at + total > out.shape[0]:
             raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         S = self.block_size
-        if not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S):
-            # whole rows (the pipeline's case): one gather of every row, straight into out
-            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + ramp(runs.run_lengths // S)
-            targets, gathered = self._plan_gather(rows, out[at : at + total].reshape(-1, S))
-            finishes, nbytes = [gathered] if gathered is not None else [], total * 4
-        else:
-            targets, finishes, nbytes = [], [], 0
-            for start, offset, length in zip(
-                runs.run_starts.tolist(),
-                runs.run_offsets[:-1].tolist(),
-                runs.run_lengths.tolist(),
-                strict=True,
-            ):
-                first, stop = start // S, -(-(start + length) // S)
-                dest = out[at + offset : at + offset + length]
-                if start % S == 0 and length % S == 0:
-                    piece = dest.reshape(stop - first, S)
-                    aside = None
-                else:
-                    piece = aside = np.empty((stop - first, S), np.int32)
-                t, f = self._plan_rows(first, stop, piece)
-                targets += t
-                finishes += [f] if f is not None else []
-                if aside is not None:
-                    finishes.append(_copier(dest, aside.reshape(-1), start - first * S))
-                nbytes += (stop - first) * S * 4
+        first = runs.run_starts // S
+        count = -(-(runs.run_starts + runs.run_lengths) // S) - first  # the rows each run touches
+        rows = np.repeat(first, count) + ramp(count)
+        # one gather of every row: whole rows (the pipeline's case) straight into out, else aside
+        whole = not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S)
+        dest = out[at : at + total].reshape(-1, S) if whole else np.empty((rows.size, S), np.int32)
+        targets, gathered = self._plan_gather(rows, dest)
+        finishes = [gathered] if gathered is not None else []
+        if not whole:  # then each run's tokens out of its rows
+            skip = (np.cumsum(count) - count) * S + runs.run_starts - first * S
+            index = np.repeat(skip, runs.run_lengths) + ramp(runs.run_lengths)
+
+            def copy() -> None:
+                out[at : at + total] = dest.reshape(-1)[index]
+
+            finishes.append(copy)
         self.counters.add(
             spans_requested=starts.shape[0],
             unique_spans=runs.unique_spans,
             runs=runs.run_starts.shape[0],
             reads_issued=len(targets),
-            bytes_read=nbytes,
+            bytes_read=rows.size * S * 4,
         )
 
         def finish() -> None:
@@ -165,10 +155,6 @@ class BlockSource:
                 f()
 
         return PendingRead(runs.span_starts + at, at + total, targets, finish if finishes else None)
-
-    def _plan_rows(self, first: int, stop: int, dest: np.ndarray):
-        """``(targets, finish)`` that fill ``dest`` (``[stop - first, block_size]``) with rows."""
-        raise NotImplementedError
 
     def _plan_gather(self, rows: np.ndarray, dest: np.ndarray):
         """``(targets, finish)`` that fill ``dest`` (``[len(rows), block_size]``) with ``rows``."""
@@ -220,10 +206,6 @@ class StoreBlocks(BlockSource):
         if self.verifier is not None:
             self.verifier.check_real(real)
         return real.astype(np.int32)
-
-    def _plan_rows(self, first, stop, dest):
-        targets = [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")]
-        return self._verified(np.arange(first, stop), targets)
 
     def _plan_gather(self, rows, dest):
         if rows.size == 0:
@@ -278,8 +260,6 @@ class ChunkBlocks(BlockSource):
             width = array.shape[1]
             rows.append(array.shape[0])
         self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        # equal chunks (all but the last): a row's chunk is one division, O(1)
-        self._rows_per_chunk = rows[0] if rows[0] and len(set(rows[:-1])) <= 1 and rows[-1] <= rows[0] else 0
         self.cache = BlockCache(cache_bytes)
         self.pad_id = header.pad_id if header is not None else pad_id
         super().__init__(path, int(self.row_starts[-1]), int(width), header)
@@ -300,11 +280,6 @@ class ChunkBlocks(BlockSource):
             self.cache.put(i, array)
         return array
 
-    def _chunk_of(self, row: int) -> int:
-        if self._rows_per_chunk:
-            return row // self._rows_per_chunk
-        return int(np.searchsorted(self.row_starts, row, side="right")) - 1
-
     def real_tokens(self) -> np.ndarray:
         file = os.path.join(self.path, "real_tokens.npy")
         if os.path.isfile(file):
@@ -322,18 +297,6 @@ class ChunkBlocks(BlockSource):
             for i in np.unique(chunk).tolist():
                 mine = chunk == i
                 dest[mine] = self.chunk(i)[rows[mine] - self.row_starts[i]]
-
-        return [], finish
-
-    def _plan_rows(self, first, stop, dest):
-        def finish() -> None:
-            row = first
-            while row < stop:
-                i = self._chunk_of(row)
-                take = min(stop, int(self.row_starts[i + 1])) - row
-                local = row - int(self.row_starts[i])
-                dest[row - first : row - first + take] = self.chunk(i)[local : local + take]
-                row += take
 
         return [], finish
 
@@ -356,13 +319,6 @@ def int32_ids(array: np.ndarray, what: str, name: str) -> np.ndarray:
             f"{what} holds ids that do not fit int32 ({name}[{', '.join(map(str, at))}] = {array[at]})"
         )
     return array.astype(np.int32, copy=False)
-
-
-def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
-    def copy() -> None:
-        dest[:] = rows[skip : skip + dest.shape[0]]
-
-    return copy
 
 
 def open_blocks(path: str, *, pad_id: int | None = None, cache_bytes: int = 1 << 28):

@@ -12,8 +12,7 @@ A store written by ``meshbatch.preblock`` is a directory::
 A ``chunk*.npy`` directory holds ``[rows, block_size]`` integer matrices, read in natural order
 (``chunk2`` before ``chunk10``), plus ``preblock.json`` and ``real_tokens.npy`` when our writer made
 it. Either is opened as a ``BlockSource``: a flat token space (block ``b`` is tokens
-``[b * block_size, (b + 1) * block_size)``) that the pipeline reads coalesced (``prepare_read``),
-with O(1) row lookup::
+``[b * block_size, (b + 1) * block_size)``) that the pipeline reads coalesced (``prepare_read``)::
 
     source = open_blocks("/data/blocks")       # or a directory of chunk*.npy
     source.read_blocks([7, 3])                 # int32 [2, block_size]
