@@ -303,10 +303,22 @@ class ChunkBlocks(BlockSource):
 
 def _load_chunk(file: str, *, header_only: bool = False) -> np.ndarray:
     """A ``chunk*.npy`` matrix, or a ``chunk*.pt`` one through ``torch.load(weights_only=True)``
-    (module docstring); ``header_only``: memory-mapped, nothing read but the shape."""
-    if file.endswith(".pt"):
-        return pt_matrix(file, mmap=header_only)
-    return np.load(file, mmap_mode="r" if header_only else None)
+    (module docstring); ``header_only``: memory-mapped, nothing read but the shape (a view of the
+    mapped storage for ``.pt``).
+
+    Raises:
+        NotPlainTensors: a ``.pt`` file that is not plain tensors, or the legacy form (pointing to
+            ``convert-pt``).
+    """
+    if not file.endswith(".pt"):
+        return np.load(file, mmap_mode="r" if header_only else None)
+    obj = load_pt(file, mmap=header_only)
+    if isinstance(obj, list):
+        raise NotPlainTensors(
+            f"{file} holds a list of {len(obj)} sequences (the legacy form), not a [rows, block_size] "
+            "matrix: convert them once into a token cache (meshbatch convert-pt SRC OUT) and read that"
+        )
+    return obj.numpy()
 
 
 def int32_ids(array: np.ndarray, what: str, name: str) -> np.ndarray:
@@ -345,16 +357,6 @@ class NotPlainTensors(ValueError):
     """A ``.pt`` file that is not plain integer tensors in one of the two chunk forms."""
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError as e:
-        raise ImportError(
-            "reading chunk*.pt files needs torch: pip install 'meshbatch[torch]' (the CPU build is enough)"
-        ) from e
-    return torch
-
-
 def load_pt(file: str, *, mmap: bool = False):
     """The contents of a ``chunk*.pt`` file: a 2-D ``torch.Tensor`` (preblocked) or a list of 1-D
     tensors (legacy), loaded with ``weights_only=True`` (``mmap``: storages mapped, not read).
@@ -363,7 +365,12 @@ def load_pt(file: str, *, mmap: bool = False):
         ImportError: torch is not installed (naming the extra).
         NotPlainTensors: anything but integer tensors in those two forms, naming the file.
     """
-    torch = _torch()
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "reading chunk*.pt files needs torch: pip install 'meshbatch[torch]' (the CPU build is enough)"
+        ) from e
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # weights_only's refusal is an UnpicklingError; a torn file a RuntimeError
@@ -401,21 +408,6 @@ def load_pt(file: str, *, mmap: bool = False):
         f"{file} holds a {type(obj).__name__}; a chunk is an integer [rows, block_size] tensor or a list of "
         "1-D integer tensors"
     )
-
-
-def pt_matrix(file: str, *, mmap: bool = False) -> np.ndarray:
-    """A preblocked ``chunk*.pt`` as a numpy array (a view of the mapped storage with ``mmap``).
-
-    Raises:
-        NotPlainTensors: not plain tensors, or the legacy form (pointing to ``convert-pt``).
-    """
-    obj = load_pt(file, mmap=mmap)
-    if isinstance(obj, list):
-        raise NotPlainTensors(
-            f"{file} holds a list of {len(obj)} sequences (the legacy form), not a [rows, block_size] "
-            "matrix: convert them once into a token cache (meshbatch convert-pt SRC OUT) and read that"
-        )
-    return obj.numpy()
 
 
 def convert_pt_sequences(src: str, out: str, *, if_exists: str = "error") -> int:

@@ -11,11 +11,9 @@ A store written by ``meshbatch.preblock`` is a directory::
 
 A ``chunk*.npy`` directory holds ``[rows, block_size]`` integer matrices, read in natural order
 (``chunk2`` before ``chunk10``), plus ``preblock.json`` and ``real_tokens.npy`` when our writer made
-it. Either is opened as a ``BlockSource``: a flat token space (block ``b`` is tokens
-``[b * block_size, (b + 1) * block_size)``) that the pipeline reads coalesced (``prepare_read``)::
+it. Either is opened as a ``BlockSource`` (``block_sources``), a flat token space::
 
     source = open_blocks("/data/blocks")       # or a directory of chunk*.npy
-    source.read_blocks([7, 3])                 # int32 [2, block_size]
     source.real_tokens()                       # int32 [N]
 
 The writer sums each stored chunk of both arrays as it writes them (CRC-32 of the int32
@@ -264,20 +262,6 @@ def chunk_files(root: str) -> list[str]:
     return [os.path.join(root, n) for _, n in matched]
 
 
-def _check_readable(file: str) -> None:
-    """Raises, naming ``file``, when a store's ``blocks/zarr.json`` cannot be read."""
-    try:
-        with open(file, "rb"):
-            pass
-    except OSError as e:
-        raise type(e)(
-            e.errno,
-            f"{os.path.dirname(file)}/ is a preblocked store's blocks array, but it cannot be read "
-            f"({e.strerror})",
-            file,
-        ) from e
-
-
 def detect_format(path: str) -> Format:
     """Which layout ``path`` holds: a preblocked store, ``chunk*.npy`` matrices or a jagged cache.
 
@@ -295,7 +279,17 @@ def detect_format(path: str) -> Format:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no directory at {path=}")
     if os.path.lexists(os.path.join(path, BLOCKS)):
-        _check_readable(os.path.join(path, BLOCKS, "zarr.json"))
+        file = os.path.join(path, BLOCKS, "zarr.json")
+        try:
+            with open(file, "rb"):
+                pass
+        except OSError as e:
+            raise type(e)(
+                e.errno,
+                f"{os.path.dirname(file)}/ is a preblocked store's blocks array, but it cannot be read "
+                f"({e.strerror})",
+                file,
+            ) from e
         return "store"
     if chunk_files(path):
         return "npy"

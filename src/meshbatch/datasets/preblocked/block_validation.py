@@ -119,11 +119,17 @@ def validate_path(
         FileNotFoundError, ValueError: ``path`` cannot be read as preblocked data.
     """
     source = open_blocks(check_path("path", path), pad_id=pad_id)
-    ids = resolve_ids(
-        [source], {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
-    )
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
     return _validate(
-        source, path, ids, carry_open_doc, literal_heuristics, literal_window, batch_blocks, context, progress
+        source,
+        path,
+        given,
+        carry_open_doc,
+        literal_heuristics,
+        literal_window,
+        batch_blocks,
+        context,
+        progress,
     )
 
 
@@ -132,11 +138,8 @@ def validate_array(
 ) -> BlockReport:
     """``validate_path`` for an in-memory ``[N, block_size]`` array (same options; no progress bar
     by default)."""
-    source = _ArrayBlocks(np.asarray(blocks))
-    ids = resolve_ids(
-        [source], {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
-    )
-    return _validate(source, "<array>", ids, **{"progress": False, **options})
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+    return _validate(_ArrayBlocks(np.asarray(blocks)), "<array>", given, **{"progress": False, **options})
 
 
 class _ArrayBlocks:
@@ -155,7 +158,7 @@ class _ArrayBlocks:
 def _validate(
     source: BlockSource,
     path: str,
-    ids: dict[str, int],
+    given: dict,
     carry_open_doc: bool = False,
     literal_heuristics: bool = False,
     literal_window: int = 8,
@@ -163,6 +166,7 @@ def _validate(
     context: int = 8,
     progress: bool | None = None,
 ) -> BlockReport:
+    ids = resolve_ids([source], given)
     check_bool("carry_open_doc", carry_open_doc)
     check_bool("literal_heuristics", literal_heuristics)
     check_int("literal_window", literal_window, low=1, high=2**31 - 1)
