@@ -154,10 +154,12 @@ def preblock(
         named = _named_markers(tokenizer)
         vocab = vocab_size if vocab_size is not None else tokenizer.vocab_size
     vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
-    given_ids = {
-        n: v for n, v in (("doc_id", doc_id), ("eod_id", eod_id), ("pad_id", pad_id)) if v is not None
-    }
-    ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
+    defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
+    markers = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
+    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
+    check_structural_ids(markers, vocab, in_vocab=in_vocab)
+    ids = tuple(markers.values())
     _prepare_output(output, if_exists)
 
     if from_cache:
@@ -180,7 +182,7 @@ def preblock(
             "kind": "text",
             "inputs": [os.path.abspath(p) for p in inputs],
             "tokenizer": encoder.metadata(),
-            "tokenizer_markers": [n for n in named if n not in given_ids],
+            "tokenizer_markers": in_vocab,
         }
     if cache.num_rows == 0:
         raise ValueError(f"no documents to pack in {inputs}")
@@ -191,9 +193,7 @@ def preblock(
     header = Header(
         block_size=block_size,
         num_blocks=layout.num_blocks,
-        doc_id=ids[0],
-        eod_id=ids[1],
-        pad_id=ids[2],
+        **markers,
         vocab_size=vocab,
         shuffle_level=shuffle_level,
         key_data=np.asarray(jax.random.key_data(key)).reshape(-1).tolist(),
@@ -245,7 +245,11 @@ def _prepare_output(output: str, if_exists: str) -> None:
     if file_exists(os.path.join(output, INCOMPLETE_FILE)):
         logger.warning("%s holds an interrupted preblock run; rebuilding it", output)
         remove_directory(output)
-    if _holds_anything(output):
+    if is_url(output):  # an object-store prefix with objects
+        holds_anything = directory_exists(output)
+    else:  # a file or a non-empty directory
+        holds_anything = os.path.exists(output) and (not os.path.isdir(output) or bool(os.listdir(output)))
+    if holds_anything:
         if if_exists == "error":
             raise FileExistsError(f"{output} exists; pass if_exists='overwrite' to replace it")
         if not file_exists(os.path.join(output, HEADER_FILE)):
@@ -256,13 +260,6 @@ def _prepare_output(output: str, if_exists: str) -> None:
     write_json_atomic(
         os.path.join(output, INCOMPLETE_FILE), {"writer": "meshbatch.preblock", "pid": os.getpid()}
     )
-
-
-def _holds_anything(path: str) -> bool:
-    """A local path that is a file or a non-empty directory; an object-store prefix with objects."""
-    if is_url(path):
-        return directory_exists(path)
-    return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -287,15 +284,6 @@ def _named_markers(tokenizer: Tokenizer) -> dict[str, int]:
         for name, text in (("doc_id", "[DOC]"), ("eod_id", "[EOD]"), ("pad_id", "[PAD]"))
     }
     return {name: i for name, i in found.items() if i is not None}
-
-
-def _marker_ids(doc_id, eod_id, pad_id, vocab: int, named: dict[str, int]) -> tuple[int, int, int]:
-    defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
-    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
-    ids = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
-    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
-    check_structural_ids(ids, vocab, in_vocab=in_vocab)
-    return ids["doc_id"], ids["eod_id"], ids["pad_id"]
 
 
 def write_blocks(
