@@ -24,11 +24,11 @@ from .packed.packed_rows import LOSS_RULES as LOSS_RULES
 from .packed.packed_rows import LossRule as LossRule
 from .packed.packed_rows import PackedRows as PackedRows
 from .packed.packed_rows import packed_rows as packed_rows
-from .preblocked.block_batch import block_batch as block_batch
 from .preblocked.mlm_mask import mlm_mask as mlm_mask
 from .preblocked.packing import Placement as Placement
 from .preblocked.packing import pack_plan as pack_plan
 from .preblocked.structure import Findings as Findings
+from .preblocked.structure import block_batch as block_batch
 from .preblocked.structure import validate_blocks as validate_blocks
 from .shuffles.era_block import BlockShuffle as BlockShuffle
 from .shuffles.era_block import EraShuffle as EraShuffle

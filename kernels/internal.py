@@ -6,13 +6,13 @@ from .mixtures.interleave import named_salts as named_salts
 from .mixtures.stable_mixture import WRAPPED as WRAPPED
 from .mixtures.stable_mixture import MixtureSchedule as MixtureSchedule
 from .mixtures.stable_mixture import mixture_locate as mixture_locate
-from .preblocked.block_batch import assemble_rows as assemble_rows
 from .preblocked.mlm_mask import row_keys as row_keys
 from .preblocked.packing import MARKERS as MARKERS
 from .preblocked.packing import PACKING_RULES as PACKING_RULES
 from .preblocked.packing import PackingRule as PackingRule
 from .preblocked.structure import ANOMALY_KINDS as ANOMALY_KINDS
 from .preblocked.structure import LITERAL_KINDS as LITERAL_KINDS
+from .preblocked.structure import assemble_rows as assemble_rows
 from .shuffles.permutation import Compat as Compat
 from .shuffles.permutation import Kind as Kind
 from .splice.coverage_balanced import BalancedPlacement as BalancedPlacement

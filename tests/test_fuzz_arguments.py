@@ -27,8 +27,8 @@ from shape_checks import unchecked
 import meshbatch
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec, SpliceLMDataset
 from meshbatch.cache import BlockCache, CacheWriter, TokenCache
+from meshbatch.datasets.preblocked import MLMMasking
 from meshbatch.datasets.preblocked.block_validation import validate_array
-from meshbatch.datasets.preblocked.masking import MLMMasking
 
 
 @pytest.fixture(scope="module")

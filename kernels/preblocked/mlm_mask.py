@@ -75,12 +75,8 @@ def mlm_mask(
     Args:
         tokens: ``int32[rows, seq]``.
         keys: ``[rows]`` typed PRNG keys, one per row.
-        rate: selection probability of an eligible position (static).
-        mask_id: the mask token (static).
-        vocab_size: random replacements are drawn from ``[0, vocab_size)`` (static).
-        special_ids: never selected, never drawn (static, sorted, unique).
-        ignore_id: label of unselected positions (static).
-        mask_fraction, random_fraction: the 80/10/10 split (static).
+        rate, mask_id, vocab_size, special_ids, ignore_id, mask_fraction, random_fraction: static
+            (module docstring); ``special_ids`` sorted and unique.
 
     Returns:
         ``(masked tokens, labels)``, both ``int32[rows, seq]``.

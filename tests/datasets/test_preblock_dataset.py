@@ -16,7 +16,7 @@ from meshbatch.cache import run_reads
 from meshbatch.datasets.preblocked import PackSpec, preblock
 from meshbatch.datasets.preblocked.block_dataset import BlockDataset, CacheBlockDataset
 from meshbatch.datasets.protocol import Content, Rows
-from meshbatch.kernels.preblocked.block_batch import block_batch
+from meshbatch.kernels import block_batch
 from meshbatch.pipeline.programs import build_program_single, plan_program
 
 BLOCK = 64
@@ -140,7 +140,7 @@ def test_legacy_mode_over_two_caches_equals_two_stores(data):
 
 
 def test_build_kernel_golden_and_properties(data):
-    # kernels/preblocked/block_batch.py's docstring trace: c E D a b E P P
+    # kernels/preblocked/structure.py's docstring trace: c E D a b E P P
     D, E, P = 257, 258, 259
     golden = block_batch(jnp.array([[5, E, D, 1, 2, E, P, P]], jnp.int32), doc_id=D, eod_id=E, pad_id=P)
     assert np.asarray(golden.segment_ids).tolist() == [[0, 0, 1, 1, 1, 1, -1, -1]]

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from meshbatch.datasets.preblocked.masking import MLMMasking
+from meshbatch.datasets.preblocked import MLMMasking
 from meshbatch.datasets.protocol import Plan, Rows
-from meshbatch.kernels import Batch
-from meshbatch.kernels.preblocked.block_batch import block_batch
+from meshbatch.kernels import Batch, block_batch
 
 D, E, P, MASK, V = 257, 258, 259, 260, 257
 ROWS, SEQ, CALLS = 256, 128, 32  # 32 calls of 256 rows: 1,048,576 tokens, one compiled shape

@@ -26,7 +26,7 @@ from meshbatch import BlockDataset, CacheBlockDataset, PackSpec, Pipeline, Shuff
 from meshbatch.cache import CacheWriter
 from meshbatch.cli import main
 from meshbatch.datasets.preblocked import preblock
-from meshbatch.datasets.preblocked.torch_chunks import NotPlainTensors, load_pt
+from meshbatch.datasets.preblocked.block_sources import NotPlainTensors, load_pt
 
 BLOCK = 32
 IDS = dict(doc_id=257, eod_id=258, pad_id=259, vocab_size=257)

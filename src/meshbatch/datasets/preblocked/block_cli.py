@@ -143,7 +143,7 @@ def add_convert_pt(sub: argparse._SubParsersAction) -> None:
 
 
 def _convert_pt(args: argparse.Namespace) -> int:
-    from .torch_chunks import convert_pt_sequences
+    from .block_sources import convert_pt_sequences
 
     rows = convert_pt_sequences(args.source, args.output, if_exists=args.if_exists)
     print(f"wrote {rows} sequences from {args.source} to the token cache {args.output}")

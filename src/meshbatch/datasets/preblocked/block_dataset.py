@@ -28,6 +28,7 @@ stored (or computed from the layout) so it is known at plan time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -38,22 +39,22 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from meshbatch.arguments import as_key, check_int, check_token_id
+from meshbatch.arguments import as_key, check_bool, check_choice, check_float, check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, TokenCache
 from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
 from meshbatch.datasets.provenance import RowSources, from_spans
-from meshbatch.kernels import Batch, block_batch, gather_windows
-from meshbatch.kernels.internal import assemble_rows
+from meshbatch.kernels import Batch, block_batch, gather_windows, mlm_mask
+from meshbatch.kernels.internal import assemble_rows, row_keys
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from .block_sources import open_blocks
-from .block_store import STRUCTURAL_IDS, check_paths, check_structural_ids, detect_format, tokenizer_markers
-from .masking import MLMMasking
-from .pack_layout import Layout, PackSpec, plan_layout
+from .block_store import check_paths, detect_format, resolve_ids
+from .pack_layout import Layout, PackSpec, piece_tokens, plan_layout
 
 logger = logging.getLogger(__name__)
 PACK_TAG = 0x5041434B  # "PACK": the packing key is fold_in(pipeline key, PACK_TAG)
 PIECE_TABLES = ("packed", "first", "count", "start_block", "start_offset", "size")
+MODES = ("dynamic", "static")
 
 
 class BlockPlan(eqx.Module):
@@ -263,19 +264,13 @@ class BlockDataset(_Blocks):
         paths = self._start(paths, shuffle, cache=False)
         given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
         self.sources = tuple(open_blocks(p, pad_id=pad_id) for p in paths)
-        self.ids = _preblocked_ids(self.sources, given)
-        check_structural_ids(
-            {n: self.ids[n] for n in STRUCTURAL_IDS},
-            self.ids["vocab_size"],
-            in_vocab=tokenizer_markers(self.sources, self.ids),
-        )
+        self.ids = resolve_ids(self.sources, given)
         sizes = {s.block_size for s in self.sources}
         if len(sizes) != 1:
             raise ValueError(f"the paths hold blocks of different sizes {sorted(sizes)}")
         self.seq_len = sizes.pop()
         self.max_row_tokens, self.spans_per_row = self.seq_len, 1
         self.real = np.concatenate([s.real_tokens() for s in self.sources])
-        check_int("vocab_size", self.ids["vocab_size"], low=1)
         self.num_examples, self.source_start = _count_blocks([s.num_blocks for s in self.sources])
 
     def make(self, key: PRNGKeyArray) -> tuple[BlockDevice, BlockDataset]:
@@ -297,13 +292,13 @@ class BlockDataset(_Blocks):
 
 class PackedBlocks(NamedTuple):
     """A ``CacheBlockDataset``'s caches packed for a key: the device half's piece tables
-    (``PIECE_TABLES``, int32), and for the host each entry's document and cache, the caches'
-    document offsets, each block's real tokens, the layouts and where each cache's blocks start."""
+    (``PIECE_TABLES``, int32), and for the host each entry's document, cache (int32) and first
+    token in that cache, each block's real tokens, the layouts and where each cache's blocks start."""
 
     pieces: dict[str, np.ndarray]
     entry_doc: np.ndarray
     entry_source: np.ndarray
-    doc_offsets: list[np.ndarray]
+    entry_offset: np.ndarray
     real: np.ndarray
     layouts: list[Layout]
     num_examples: int
@@ -316,12 +311,10 @@ class CacheBlockDataset(_Blocks):
     the module docstring): the blocks ``preblock(..., key=BlockDataset.pack_key(key))`` writes.
 
     Args:
-        paths: one token cache or several.
         pack: how the caches' documents are packed (``PackSpec``), the writer's.
         doc_id, eod_id, pad_id, vocab_size: the structural ids and vocabulary (required: a token
             cache has no preblock header).
         shuffle: example order (``meshbatch.ShuffleSpec``); default a full permutation.
-        field: the cache field.
 
     ``num_examples``, ``spans_per_row`` and ``layouts`` depend on the packing, whose key derives
     from the pipeline's: they are known on the host half ``make(key)`` returns (``packed``).
@@ -350,13 +343,11 @@ class CacheBlockDataset(_Blocks):
         missing = [name for name, v in given.items() if v is None]
         if missing:
             raise ValueError(f"CacheBlockDataset needs {missing} (a token cache has no preblock header)")
-        self.ids = {name: check_token_id(name, v) for name, v in given.items()}
-        check_structural_ids({n: self.ids[n] for n in STRUCTURAL_IDS}, self.ids["vocab_size"])
+        self.ids = resolve_ids((), given)
         if not isinstance(pack, PackSpec):
             raise TypeError(f"pack must be a PackSpec (got pack={pack!r})")
         if not isinstance(field, str):
             raise TypeError(f"field must be a str (got field={field!r})")
-        check_int("vocab_size", self.ids["vocab_size"], low=1)
         self.pack = pack
         self.sources = tuple(TokenCache.open(p, field) for p in paths)
         self.seq_len = self.max_row_tokens = pack.block_size
@@ -401,19 +392,10 @@ class CacheBlockDataset(_Blocks):
 
     def spans(self, plan: Plan) -> Spans:
         """Each row's document pieces: the tokens of each piece in its cache (unused slots: none)."""
-        packed, d = self.packed, plan.detail
-        entry = d.entry
-        source = packed.entry_source[entry]
-        doc = packed.entry_doc[entry]
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
-        token_hi = np.minimum(d.slot_start + d.slots - 1, d.size - 2).astype(np.int64)
-        length = np.where(d.slots > 0, np.maximum(token_hi - token_lo, 0), 0)
-        offsets = np.zeros(entry.shape, np.int64)
-        for i, doc_offsets in enumerate(packed.doc_offsets):
-            mine = source == i
-            offsets[mine] = doc_offsets[doc[mine]]
-        start = np.where(length > 0, offsets + token_lo, 0)  # unused slots read nothing
-        return Spans(source.astype(np.int32), start, length)
+        d = plan.detail
+        token_lo, length = piece_tokens(d.slot_start, d.slots, d.size)
+        start = np.where(length > 0, self.packed.entry_offset[d.entry] + token_lo, 0)  # unused: nothing
+        return Spans(self.packed.entry_source[d.entry], start, length)
 
     def provenance(self, plan: Plan) -> RowSources:
         """Each piece of a cache document, where it lands in the row (after its ``[DOC]`` marker
@@ -422,7 +404,7 @@ class CacheBlockDataset(_Blocks):
         d = plan.detail
         out = from_spans(self.sources, spans.source, spans.start, spans.length, plan.example)
         used = spans.length > 0
-        token_lo = np.maximum(d.slot_start - 1, 0).astype(np.int64)
+        token_lo, _ = piece_tokens(d.slot_start, d.slots, d.size)
         out.doc[:] = np.where(used, self.packed.entry_doc[d.entry], -1)
         out.doc_start[:] = np.where(used, token_lo, 0)
         out.row_offset[:] = np.where(used, d.row_start + token_lo + 1 - d.slot_start, 0)
@@ -442,7 +424,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
     layouts = [plan_layout(c.doc_lengths(), pack, key) for c in caches]
     S = pack.block_size
     packed, first, count, start_block, start_offset, size, real = ([] for _ in range(7))
-    entry_doc, entry_source, doc_offsets = [], [], []
+    entry_doc, entry_source, entry_offset = [], [], []
     block_base = entry_base = 0
     for i, (cache, layout) in enumerate(zip(caches, layouts, strict=True)):
         order = layout.by_position()
@@ -456,7 +438,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
         real.append(layout.real_tokens())
         entry_doc.append(order)
         entry_source.append(np.full(order.shape, i, np.int32))
-        doc_offsets.append(cache.doc_offsets())
+        entry_offset.append(cache.doc_offsets()[order])
         block_base += layout.num_blocks
         entry_base += layout.num_docs
     if block_base > 2**31 - 1 or entry_base > 2**31 - 1:
@@ -472,7 +454,7 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
         pieces=pieces,
         entry_doc=np.concatenate(entry_doc),
         entry_source=np.concatenate(entry_source),
-        doc_offsets=doc_offsets,
+        entry_offset=np.concatenate(entry_offset),
         real=np.concatenate([r[lay.block_order] for r, lay in zip(real, layouts, strict=True)]),
         layouts=layouts,
         num_examples=num_examples,
@@ -481,13 +463,134 @@ def _pack_caches(caches, pack: PackSpec, key: PRNGKeyArray) -> PackedBlocks:
     )
 
 
-def _preblocked_ids(sources, given: dict) -> dict[str, int]:
-    ids = {}
-    for name, value in given.items():
-        found = {getattr(s.header, name) for s in sources if s.header is not None}
-        if value is None:
-            if len(found) != 1 or any(s.header is None for s in sources):
-                raise ValueError(f"{name} is needed: the headers give {sorted(found) or 'none'}")
-            value = found.pop()
-        ids[name] = check_token_id(name, value)
-    return ids
+class MLMMasking(eqx.Module):
+    """A ``BuildStage``: masked-LM masking, BERT's 80/10/10, on device, per shard.
+
+        stage = MLMMasking(key, mask_id=260, vocab_size=257, special_ids=(257, 258, 259), mode="static")
+        pipeline = Pipeline(dataset, mesh=mesh, batch_size=64, key=key, stages=(stage,))
+
+    ``mode="dynamic"`` draws a fresh mask every time a row is read: row ``g`` of the stream
+    (position ``p`` of epoch ``e``) uses ``fold_in(fold_in(key, p), e)``. ``mode="static"`` fixes
+    one mask per example: ``fold_in(key, example)`` (the block id), the same in every epoch and
+    wherever it lands. Neither depends on the shard or device a row is built on. The stage replaces
+    ``tokens``, sets ``labels`` (the original token where masked, ``ignore_id`` elsewhere) and sets
+    ``loss_mask`` to 1 exactly at the masked positions.
+
+    Args:
+        key: the masking key (an int seed or a JAX key); independent of the data key.
+        mask_id: the mask token: non-negative, not one of ``special_ids`` (markers, pad) and outside
+            the vocabulary ``[0, vocab_size)``, so a masked position never reads as a real token.
+        vocab_size: random replacements come from ``[0, vocab_size)`` minus ``special_ids``.
+        special_ids: ids never masked or drawn (``[DOC]``, ``[EOD]``, pad, ...).
+        rate: the share of eligible positions selected, in ``(0, 1]``.
+        mode: ``"dynamic"`` or ``"static"`` (above).
+        ignore_id: the label of unselected positions.
+        mask_fraction, random_fraction: of the selected positions, those replaced by ``mask_id``
+            and by a random token (the rest keep theirs); ``0.8`` and ``0.1`` by default.
+        mask_in_vocab: the documented exception: ``mask_id`` is the tokenizer's own mask token
+            inside the vocabulary (BERT's ``[MASK]`` = 103 of 30522). It is then never drawn as a
+            random replacement and a position already holding it is never selected. Refused when
+            ``mask_id`` is outside the vocabulary (the exception would not apply).
+
+    Raises:
+        ValueError: ``mask_id`` negative, a special id, or inside the vocabulary without
+            ``mask_in_vocab=True`` (named), or any other bad argument.
+    """
+
+    key: PRNGKeyArray
+    mask_id: int = eqx.field(static=True)
+    vocab_size: int = eqx.field(static=True)
+    special_ids: tuple[int, ...] = eqx.field(static=True)
+    rate: float = eqx.field(static=True)
+    mode: str = eqx.field(static=True)
+    ignore_id: int = eqx.field(static=True)
+    mask_fraction: float = eqx.field(static=True)
+    random_fraction: float = eqx.field(static=True)
+    mask_in_vocab: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        key,
+        *,
+        mask_id: int,
+        vocab_size: int,
+        special_ids=(),
+        rate: float = 0.15,
+        mode: str = "dynamic",
+        ignore_id: int = -100,
+        mask_fraction: float = 0.8,
+        random_fraction: float = 0.1,
+        mask_in_vocab: bool = False,
+    ):
+        self.key = as_key(key)
+        self.mask_id = check_int("mask_id", mask_id, low=0, high=2**31 - 1)
+        self.vocab_size = check_int("vocab_size", vocab_size, low=1, high=2**31 - 1)
+        if not isinstance(special_ids, list | tuple):
+            raise TypeError(f"special_ids must be a list or tuple of ids (got special_ids={special_ids!r})")
+        self.special_ids = tuple(sorted({check_token_id("special_ids", s) for s in special_ids}))
+        self.mask_in_vocab = check_bool("mask_in_vocab", mask_in_vocab)
+        _check_mask_id(self.mask_id, self.vocab_size, self.special_ids, self.mask_in_vocab)
+        self.rate = check_float("rate", rate, low=0.0, high=1.0)
+        if self.rate == 0.0:
+            raise ValueError(f"rate must be > 0 (got {rate=}); leave the stage out to mask nothing")
+        self.mode = check_choice("mode", mode, MODES)
+        self.ignore_id = check_token_id("ignore_id", ignore_id)
+        if 0 <= self.ignore_id < self.vocab_size or self.ignore_id in (self.mask_id, *self.special_ids):
+            raise ValueError(
+                f"ignore_id={ignore_id} must not be a token id (vocab_size={vocab_size}, specials)"
+            )
+        self.mask_fraction = check_float("mask_fraction", mask_fraction, low=0.0, high=1.0)
+        self.random_fraction = check_float("random_fraction", random_fraction, low=0.0, high=1.0)
+        if mask_fraction + random_fraction > 1.0:
+            raise ValueError(
+                f"mask_fraction + random_fraction must be <= 1 (got {mask_fraction=}, {random_fraction=})"
+            )
+        if self.vocab_size <= sum(1 for s in self._excluded() if 0 <= s < self.vocab_size):
+            raise ValueError(f"no ordinary token to draw: every id below {vocab_size=} is special")
+
+    def __call__(self, batch: Batch, plan) -> Batch:
+        """Masks ``batch``; ``plan`` is the rows' plan (``meshbatch.datasets.protocol.Plan``)."""
+        if self.mode == "dynamic":
+            keys = row_keys(self.key, plan.rows.position, plan.rows.epoch)
+        else:
+            keys = row_keys(self.key, plan.example)
+        tokens, labels = mlm_mask(
+            batch.tokens,
+            keys,
+            rate=self.rate,
+            mask_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            special_ids=self._excluded(),
+            ignore_id=self.ignore_id,
+            mask_fraction=self.mask_fraction,
+            random_fraction=self.random_fraction,
+        )
+        loss_mask = (labels != self.ignore_id).astype(jnp.int32)
+        return dataclasses.replace(batch, tokens=tokens, labels=labels, loss_mask=loss_mask)
+
+    def _excluded(self) -> tuple[int, ...]:
+        """Ids never selected nor drawn: the specials, and an in-vocabulary mask token."""
+        return tuple(sorted({*self.special_ids, self.mask_id})) if self.mask_in_vocab else self.special_ids
+
+
+def _check_mask_id(mask_id: int, vocab_size: int, special_ids: tuple[int, ...], mask_in_vocab: bool) -> None:
+    """Refuses a mask id that would read as a marker, as padding or as an ordinary token::
+
+    mask_id=257 with special_ids (257, 258, 259)    -> a structural or pad id
+    mask_id=65 with vocab_size=257                  -> an ordinary token (unless mask_in_vocab)
+    """
+    if mask_id in special_ids:
+        raise ValueError(
+            f"mask_id={mask_id} is one of special_ids={special_ids} (a structural or pad id): a masked "
+            "position would read as a marker or padding"
+        )
+    if mask_id < vocab_size and not mask_in_vocab:
+        raise ValueError(
+            f"mask_id={mask_id} is an ordinary token of the vocabulary [0, {vocab_size}): use an id >= "
+            f"vocab_size, or pass mask_in_vocab=True when it is the tokenizer's own mask token"
+        )
+    if mask_in_vocab and mask_id >= vocab_size:
+        raise ValueError(
+            f"mask_in_vocab=True but mask_id={mask_id} is outside the vocabulary [0, {vocab_size}); "
+            "leave mask_in_vocab False"
+        )

@@ -8,8 +8,24 @@ output buffer:
     source.read_blocks([7, 3])     # int32 [2, block_size]: one read (a store) or one copy per chunk
 
 ``StoreBlocks`` reads a ``meshbatch.preblock`` store's ``blocks`` array; ``ChunkBlocks`` reads
-``chunk*.npy`` matrices (or ``chunk*.pt`` ones, ``torch_chunks.py``) lazily through an LRU of whole
-chunks.
+``chunk*.npy`` matrices lazily through an LRU of whole chunks, or ``chunk*.pt`` ones, the
+preblocked spec's own artifacts, through ``torch.load(..., weights_only=True)`` (the optional
+``meshbatch[torch]`` extra, CPU torch). A ``.pt`` file has one of two forms (``preblocked-chunks.md``):
+
+* **preblocked**: each file one 2-D integer tensor ``[N, block_size]``. A directory of them is
+  read by ``BlockDataset`` / ``open_blocks`` exactly like ``chunk*.npy`` matrices (lazily: a file's
+  shape from a memory-mapped load, its rows on first use, through the same LRU);
+* **legacy**: each file a list (or tuple) of 1-D integer tensors, variable-length sequences.
+  They are documents: ``convert_pt_sequences(src, out)`` (``meshbatch convert-pt SRC OUT``) writes
+  them once as a token cache, one row per sequence, files in natural order, which
+  ``CacheBlockDataset`` packs on the fly or ``meshbatch preblock`` writes as a store.
+
+Anything else is refused by name (``NotPlainTensors``): a pickle ``weights_only=True`` will not
+load (a class, a function: code that would run on load), or tensors of another form (a dict, a
+float tensor, a 3-D tensor, a list holding a non-tensor).
+
+    chunk0.pt  tensor([[5, 6, 7, 8], [9, 0, 0, 0]])    ->  rows [5 6 7 8], [9 0 0 0]
+    chunk0.pt  [tensor([5, 6, 7]), tensor([8, 9])]      ->  convert-pt: documents [5 6 7], [8 9]
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorstore as ts
 
+from meshbatch.arguments import INT32_MAX, INT32_MIN
 from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
 from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.ledger import read_ledger
@@ -29,10 +46,17 @@ from meshbatch.cache.integrity.verify import verify_default
 from meshbatch.cache.read.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.read.reads import PendingRead, run_reads
 
-from .assemble import ramp
-from .block_checksums import read_verifier
-from .block_store import BLOCKS, HEADER_FILE, REAL_TOKENS, Header, chunk_files, detect_format, read_header
-from .torch_chunks import pt_matrix
+from .block_store import (
+    BLOCKS,
+    HEADER_FILE,
+    REAL_TOKENS,
+    Header,
+    chunk_files,
+    detect_format,
+    read_header,
+    read_verifier,
+)
+from .pack_layout import ramp
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +75,7 @@ class RowsTarget(NamedTuple):
 class BlockSource:
     """Rows of ``block_size`` tokens as a flat token space; see the module docstring.
 
-    Subclasses implement ``_plan_rows`` (a run of rows) and ``_plan_gather`` (any rows).
+    Subclasses implement ``_plan_gather`` (any rows).
     """
 
     def __init__(self, path: str, num_blocks: int, block_size: int, header: Header | None):
@@ -102,41 +126,28 @@ class BlockSource:
         if at < 0 or at + total > out.shape[0]:
             raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
         S = self.block_size
-        if not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S):
-            # whole rows (the pipeline's case): one gather of every row, straight into out
-            rows = np.repeat(runs.run_starts // S, runs.run_lengths // S) + ramp(runs.run_lengths // S)
-            targets, finish = self._plan_gather(rows, out[at : at + total].reshape(-1, S))
-            self.counters.add(
-                spans_requested=starts.shape[0],
-                unique_spans=runs.unique_spans,
-                runs=runs.run_starts.shape[0],
-                reads_issued=len(targets),
-                bytes_read=total * 4,
-            )
-            return PendingRead(runs.span_starts + at, at + total, targets, finish)
-        targets, finishes, nbytes = [], [], 0
-        for start, offset, length in zip(
-            runs.run_starts.tolist(), runs.run_offsets[:-1].tolist(), runs.run_lengths.tolist(), strict=True
-        ):
-            first, stop = start // S, -(-(start + length) // S)
-            dest = out[at + offset : at + offset + length]
-            if start % S == 0 and length % S == 0:
-                piece = dest.reshape(stop - first, S)
-                aside = None
-            else:
-                piece = aside = np.empty((stop - first, S), np.int32)
-            t, f = self._plan_rows(first, stop, piece)
-            targets += t
-            finishes += [f] if f is not None else []
-            if aside is not None:
-                finishes.append(_copier(dest, aside.reshape(-1), start - first * S))
-            nbytes += (stop - first) * S * 4
+        first = runs.run_starts // S
+        count = -(-(runs.run_starts + runs.run_lengths) // S) - first  # the rows each run touches
+        rows = np.repeat(first, count) + ramp(count)
+        # one gather of every row: whole rows (the pipeline's case) straight into out, else aside
+        whole = not np.any(runs.run_starts % S) and not np.any(runs.run_lengths % S)
+        dest = out[at : at + total].reshape(-1, S) if whole else np.empty((rows.size, S), np.int32)
+        targets, gathered = self._plan_gather(rows, dest)
+        finishes = [gathered] if gathered is not None else []
+        if not whole:  # then each run's tokens out of its rows
+            skip = (np.cumsum(count) - count) * S + runs.run_starts - first * S
+            index = np.repeat(skip, runs.run_lengths) + ramp(runs.run_lengths)
+
+            def copy() -> None:
+                out[at : at + total] = dest.reshape(-1)[index]
+
+            finishes.append(copy)
         self.counters.add(
             spans_requested=starts.shape[0],
             unique_spans=runs.unique_spans,
             runs=runs.run_starts.shape[0],
             reads_issued=len(targets),
-            bytes_read=nbytes,
+            bytes_read=rows.size * S * 4,
         )
 
         def finish() -> None:
@@ -144,10 +155,6 @@ class BlockSource:
                 f()
 
         return PendingRead(runs.span_starts + at, at + total, targets, finish if finishes else None)
-
-    def _plan_rows(self, first: int, stop: int, dest: np.ndarray):
-        """``(targets, finish)`` that fill ``dest`` (``[stop - first, block_size]``) with rows."""
-        raise NotImplementedError
 
     def _plan_gather(self, rows: np.ndarray, dest: np.ndarray):
         """``(targets, finish)`` that fill ``dest`` (``[len(rows), block_size]``) with ``rows``."""
@@ -200,10 +207,6 @@ class StoreBlocks(BlockSource):
             self.verifier.check_real(real)
         return real.astype(np.int32)
 
-    def _plan_rows(self, first, stop, dest):
-        targets = [RowsTarget(dest, self.blocks[first:stop, :], f"{self.path}: blocks [{first}, {stop})")]
-        return self._verified(np.arange(first, stop), targets)
-
     def _plan_gather(self, rows, dest):
         if rows.size == 0:
             return [], None
@@ -213,7 +216,7 @@ class StoreBlocks(BlockSource):
 
     def _verified(self, rows: np.ndarray, targets: list):
         """``targets`` plus a whole-chunk read of each chunk of ``rows`` not verified yet, and the
-        check of those chunks against the writer's sums (``block_checksums.py``)."""
+        check of those chunks against the writer's sums (``block_store.py``)."""
         chunks = self.verifier.pending(rows) if self.verifier is not None else []
         if not chunks:
             return targets, None
@@ -257,8 +260,6 @@ class ChunkBlocks(BlockSource):
             width = array.shape[1]
             rows.append(array.shape[0])
         self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        # equal chunks (all but the last): a row's chunk is one division, O(1)
-        self._rows_per_chunk = rows[0] if rows[0] and len(set(rows[:-1])) <= 1 and rows[-1] <= rows[0] else 0
         self.cache = BlockCache(cache_bytes)
         self.pad_id = header.pad_id if header is not None else pad_id
         super().__init__(path, int(self.row_starts[-1]), int(width), header)
@@ -275,17 +276,9 @@ class ChunkBlocks(BlockSource):
         """Chunk ``i`` as an int32 array, through the LRU."""
         array = self.cache.get(i)
         if array is None:
-            loaded = _load_chunk(self.files[i])
-            if loaded.size and (loaded.min() < -(2**31) or loaded.max() > 2**31 - 1):
-                raise ValueError(f"{self.files[i]} holds ids that do not fit int32")
-            array = loaded.astype(np.int32, copy=False)
+            array = int32_ids(_load_chunk(self.files[i]), self.files[i], "rows")
             self.cache.put(i, array)
         return array
-
-    def _chunk_of(self, row: int) -> int:
-        if self._rows_per_chunk:
-            return row // self._rows_per_chunk
-        return int(np.searchsorted(self.row_starts, row, side="right")) - 1
 
     def real_tokens(self) -> np.ndarray:
         file = os.path.join(self.path, "real_tokens.npy")
@@ -307,32 +300,37 @@ class ChunkBlocks(BlockSource):
 
         return [], finish
 
-    def _plan_rows(self, first, stop, dest):
-        def finish() -> None:
-            row = first
-            while row < stop:
-                i = self._chunk_of(row)
-                take = min(stop, int(self.row_starts[i + 1])) - row
-                local = row - int(self.row_starts[i])
-                dest[row - first : row - first + take] = self.chunk(i)[local : local + take]
-                row += take
-
-        return [], finish
-
 
 def _load_chunk(file: str, *, header_only: bool = False) -> np.ndarray:
     """A ``chunk*.npy`` matrix, or a ``chunk*.pt`` one through ``torch.load(weights_only=True)``
-    (``torch_chunks.py``); ``header_only``: memory-mapped, nothing read but the shape."""
-    if file.endswith(".pt"):
-        return pt_matrix(file, mmap=header_only)
-    return np.load(file, mmap_mode="r" if header_only else None)
+    (module docstring); ``header_only``: memory-mapped, nothing read but the shape (a view of the
+    mapped storage for ``.pt``).
+
+    Raises:
+        NotPlainTensors: a ``.pt`` file that is not plain tensors, or the legacy form (pointing to
+            ``convert-pt``).
+    """
+    if not file.endswith(".pt"):
+        return np.load(file, mmap_mode="r" if header_only else None)
+    obj = load_pt(file, mmap=header_only)
+    if isinstance(obj, list):
+        raise NotPlainTensors(
+            f"{file} holds a list of {len(obj)} sequences (the legacy form), not a [rows, block_size] "
+            "matrix: convert them once into a token cache (meshbatch convert-pt SRC OUT) and read that"
+        )
+    return obj.numpy()
 
 
-def _copier(dest: np.ndarray, rows: np.ndarray, skip: int):
-    def copy() -> None:
-        dest[:] = rows[skip : skip + dest.shape[0]]
-
-    return copy
+def int32_ids(array: np.ndarray, what: str, name: str) -> np.ndarray:
+    """``array`` (integer ids, ``what``) as int32, refusing by position an id that does not fit: it
+    would wrap to a plausible one (``2**32 + 5 -> 5``)."""
+    wide = (array < INT32_MIN) | (array > INT32_MAX)
+    if wide.any():
+        at = tuple(int(i) for i in np.argwhere(wide)[0])
+        raise ValueError(
+            f"{what} holds ids that do not fit int32 ({name}[{', '.join(map(str, at))}] = {array[at]})"
+        )
+    return array.astype(np.int32, copy=False)
 
 
 def open_blocks(path: str, *, pad_id: int | None = None, cache_bytes: int = 1 << 28):
@@ -353,3 +351,90 @@ def open_blocks(path: str, *, pad_id: int | None = None, cache_bytes: int = 1 <<
             raise ValueError(f"{path} has {BLOCKS}/ but no {HEADER_FILE}")
         return StoreBlocks(path, header)
     return ChunkBlocks(path, header, pad_id=pad_id, cache_bytes=cache_bytes)
+
+
+class NotPlainTensors(ValueError):
+    """A ``.pt`` file that is not plain integer tensors in one of the two chunk forms."""
+
+
+def load_pt(file: str, *, mmap: bool = False):
+    """The contents of a ``chunk*.pt`` file: a 2-D ``torch.Tensor`` (preblocked) or a list of 1-D
+    tensors (legacy), loaded with ``weights_only=True`` (``mmap``: storages mapped, not read).
+
+    Raises:
+        ImportError: torch is not installed (naming the extra).
+        NotPlainTensors: anything but integer tensors in those two forms, naming the file.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "reading chunk*.pt files needs torch: pip install 'meshbatch[torch]' (the CPU build is enough)"
+        ) from e
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # weights_only's refusal is an UnpicklingError; a torn file a RuntimeError
+        raise NotPlainTensors(
+            f"{file}: torch.load(weights_only=True) refused it, so it is not plain tensors "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r})"
+        ) from e
+
+    def integer(t) -> bool:
+        return (
+            isinstance(t, torch.Tensor)
+            and not t.is_floating_point()
+            and not t.is_complex()
+            and t.dtype != torch.bool
+        )
+
+    if isinstance(obj, torch.Tensor):
+        if obj.ndim != 2 or not integer(obj):
+            raise NotPlainTensors(
+                f"{file} holds a {obj.dtype} tensor of shape {tuple(obj.shape)}; a chunk is an integer "
+                "[rows, block_size] tensor or a list of 1-D integer tensors"
+            )
+        return obj
+    if isinstance(obj, list | tuple):
+        for i, t in enumerate(obj):
+            if not (integer(t) and t.ndim == 1):
+                what = (
+                    f"a {t.dtype} tensor of shape {tuple(t.shape)}"
+                    if isinstance(t, torch.Tensor)
+                    else repr(type(t))
+                )
+                raise NotPlainTensors(f"{file}: item {i} of its list is {what}, not a 1-D integer tensor")
+        return list(obj)
+    raise NotPlainTensors(
+        f"{file} holds a {type(obj).__name__}; a chunk is an integer [rows, block_size] tensor or a list of "
+        "1-D integer tensors"
+    )
+
+
+def convert_pt_sequences(src: str, out: str, *, if_exists: str = "error") -> int:
+    """Writes the legacy ``chunk*.pt`` sequences of ``src`` as a token cache at ``out`` (one row per
+    sequence, files in natural order); returns the rows written.
+
+    Raises:
+        FileNotFoundError: no ``chunk*.pt`` files in ``src``.
+        NotPlainTensors: a file that is not the legacy form (a matrix, or not plain tensors).
+        ValueError: ids outside int32.
+    """
+    from meshbatch.cache import CacheWriter
+
+    files = [f for f in chunk_files(src) if f.endswith(".pt")]
+    if not files:
+        raise FileNotFoundError(f"no chunk*.pt files in {src}")
+    rows = 0
+    with CacheWriter(out, if_exists=if_exists) as writer:
+        for file in files:
+            obj = load_pt(file)
+            if not isinstance(obj, list):
+                raise NotPlainTensors(
+                    f"{file} holds a [rows, block_size] matrix (the preblocked form), not a list of "
+                    "sequences: BlockDataset reads such a directory as it is"
+                )
+            docs = [int32_ids(t.numpy(), f"{file}: sequence {i}", "tokens") for i, t in enumerate(obj)]
+            writer.write(docs)
+            rows += len(docs)
+            logger.info("%s: %d sequences", os.path.basename(file), len(docs))
+    return rows

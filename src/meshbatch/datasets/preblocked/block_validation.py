@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from meshbatch.arguments import check_bool, check_int, check_token_id
+from meshbatch.arguments import check_bool, check_int
 from meshbatch.kernels import validate_blocks
 from meshbatch.kernels.internal import ANOMALY_KINDS, LITERAL_KINDS
 
-from .block_sources import BlockSource, open_blocks
-from .block_store import STRUCTURAL_IDS, check_path, check_structural_ids, tokenizer_markers
+from .block_sources import BlockSource, int32_ids, open_blocks
+from .block_store import check_path, resolve_ids
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,6 @@ def validate_path(
     """Validates a preblocked store or ``chunk*.npy`` directory, batch by batch.
 
     Args:
-        path: the data.
         carry_open_doc: a document may continue into the next block.
         literal_heuristics: down-rank ambiguous markers (H1, H2; ``meshbatch.kernels.preblocked.structure``).
         literal_window: H2's "nearby": positions after the ``[EOD]`` searched for a ``[DOC]``.
@@ -120,38 +119,27 @@ def validate_path(
         FileNotFoundError, ValueError: ``path`` cannot be read as preblocked data.
     """
     source = open_blocks(check_path("path", path), pad_id=pad_id)
-    ids = _ids(source, doc_id=doc_id, eod_id=eod_id, pad_id=pad_id, vocab_size=vocab_size)
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
     return _validate(
-        source, path, ids, carry_open_doc, literal_heuristics, literal_window, batch_blocks, context, progress
+        source,
+        path,
+        given,
+        carry_open_doc,
+        literal_heuristics,
+        literal_window,
+        batch_blocks,
+        context,
+        progress,
     )
 
 
 def validate_array(
     blocks: np.ndarray, *, doc_id: int, eod_id: int, pad_id: int, vocab_size: int, **options
 ) -> BlockReport:
-    """``validate_path`` for an in-memory ``[N, block_size]`` array (same options)."""
-    source = _ArrayBlocks(np.asarray(blocks))
-    ids = _ids(source, doc_id=doc_id, eod_id=eod_id, pad_id=pad_id, vocab_size=vocab_size)
-    kw = {
-        "carry_open_doc": False,
-        "literal_heuristics": False,
-        "literal_window": 8,
-        "batch_blocks": 1024,
-        "context": 8,
-        "progress": False,
-        **options,
-    }
-    return _validate(
-        source,
-        "<array>",
-        ids,
-        kw["carry_open_doc"],
-        kw["literal_heuristics"],
-        kw["literal_window"],
-        kw["batch_blocks"],
-        kw["context"],
-        kw["progress"],
-    )
+    """``validate_path`` for an in-memory ``[N, block_size]`` array (same options; no progress bar
+    by default)."""
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id, "vocab_size": vocab_size}
+    return _validate(_ArrayBlocks(np.asarray(blocks)), "<array>", given, **{"progress": False, **options})
 
 
 class _ArrayBlocks:
@@ -160,44 +148,25 @@ class _ArrayBlocks:
             raise ValueError(
                 f"blocks must be a [N, block_size] integer array (got {blocks.dtype} {blocks.shape})"
             )
-        if blocks.size and (blocks.min() < -(2**31) or blocks.max() > 2**31 - 1):
-            # the checks run on int32 ids: a wider id would wrap to a plausible one (2^32 + 5 -> 5)
-            bad = np.argwhere((blocks < -(2**31)) | (blocks > 2**31 - 1))[0]
-            raise ValueError(
-                f"blocks holds ids that do not fit int32 (blocks[{bad[0]}, {bad[1]}] = "
-                f"{blocks[bad[0], bad[1]]})"
-            )
-        self.array, self.header = blocks, None
+        self.array, self.header = int32_ids(blocks, "blocks", "blocks"), None
         self.num_blocks, self.block_size = blocks.shape
 
     def read_blocks(self, indices) -> np.ndarray:
-        return self.array[np.asarray(indices)].astype(np.int32)
-
-
-def _ids(source, **given) -> dict[str, int]:
-    header = source.header
-    ids = {}
-    for name, value in given.items():
-        if value is None and header is None:
-            raise ValueError(f"{name} is needed: the data has no preblock header to read it from")
-        ids[name] = check_token_id(name, value if value is not None else getattr(header, name))
-    check_int("vocab_size", ids["vocab_size"], low=1)
-    in_vocab = tokenizer_markers([source], ids) if header is not None else ()
-    check_structural_ids({n: ids[n] for n in STRUCTURAL_IDS}, ids["vocab_size"], in_vocab=in_vocab)
-    return ids
+        return self.array[np.asarray(indices)]
 
 
 def _validate(
     source: BlockSource,
     path: str,
-    ids: dict[str, int],
-    carry_open_doc: bool,
-    literal_heuristics: bool,
-    literal_window: int,
-    batch_blocks: int,
-    context: int,
-    progress: bool | None,
+    given: dict,
+    carry_open_doc: bool = False,
+    literal_heuristics: bool = False,
+    literal_window: int = 8,
+    batch_blocks: int = 1024,
+    context: int = 8,
+    progress: bool | None = None,
 ) -> BlockReport:
+    ids = resolve_ids([source], given)
     check_bool("carry_open_doc", carry_open_doc)
     check_bool("literal_heuristics", literal_heuristics)
     check_int("literal_window", literal_window, low=1, high=2**31 - 1)
@@ -205,12 +174,12 @@ def _validate(
     check_int("context", context, low=0, high=2**31 - 1)
     if progress is not None:
         check_bool("progress", progress)
-    static = dict(
-        ids,
-        carry_open_doc=carry_open_doc,
-        literal_heuristics=literal_heuristics,
-        literal_window=literal_window,
-    )
+    options = {
+        "carry_open_doc": carry_open_doc,
+        "literal_heuristics": literal_heuristics,
+        "literal_window": literal_window,
+        **ids,
+    }
     counts = dict.fromkeys(ANOMALY_KINDS, 0)
     anomalies: list[Anomaly] = []
     n, S = source.num_blocks, source.block_size
@@ -223,7 +192,7 @@ def _validate(
             padded = np.full((batch_blocks, S), ids["pad_id"], np.int32)
             padded[: hi - lo] = rows
             found = validate_blocks(
-                jnp.asarray(padded), jnp.int32(hi - lo), carry, jnp.bool_(hi == n), **static
+                jnp.asarray(padded), jnp.int32(hi - lo), carry, jnp.bool_(hi == n), **options
             )
             carry = found.carry_out
             codes, unclosed = np.asarray(found.codes), np.asarray(found.unclosed)
@@ -240,10 +209,4 @@ def _validate(
                     Anomaly(lo + b, p, kind, heuristic, first, rows[b, first : p + context + 1].tolist())
                 )
             bar.update(hi - lo)
-    options = {
-        "carry_open_doc": carry_open_doc,
-        "literal_heuristics": literal_heuristics,
-        "literal_window": literal_window,
-        **ids,
-    }
     return BlockReport(path, n, options, counts, anomalies)

@@ -10,20 +10,37 @@ the writer then only copies: per batch of output blocks it reads the documents' 
 coalesced and scatters them, with the markers, into place. Marker ids default to ``vocab_size``,
 ``vocab_size + 1`` and ``vocab_size + 2`` (``[DOC]``, ``[EOD]``, pad), or to a Hugging Face
 tokenizer's own ``[DOC]``/``[EOD]``/``[PAD]`` tokens when it has them.
+
+A tokenizer that knows ``[DOC]`` as a special token turns the text ``"see [DOC] here"`` into the
+structural id, so ``escape_literal_markers`` escapes literal markers in the text first: one
+backslash after the bracket of every ``[DOC]``/``[EOD]`` that is already preceded by any number
+(zero included) of backslashes, so no literal marker survives, and ``unescape`` removes exactly
+that backslash again::
+
+    escape("a[DOC]b")        -> "a[\\DOC]b"
+    escape("a[\\DOC]b")      -> "a[\\\\DOC]b"      (already escaped-looking text stays reversible)
+    unescape(escape(text))   == text             for every text
+
+Only the marker spellings are touched; every other backslash and bracket is left alone, so the
+token distribution of ordinary text does not move.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import numpy as np
+import tensorstore as ts
+from tqdm.auto import tqdm
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
+from meshbatch.cache.format.arrays import created, kvstore_spec
 from meshbatch.cache.format.files import (
     directory_exists,
     file_exists,
@@ -34,23 +51,30 @@ from meshbatch.cache.format.files import (
 from meshbatch.cache.format.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
 from meshbatch.cache.format.stores import is_url
 
-from .assemble import publish_npy, write_blocks
 from .block_store import (
     BLOCKS,
     HEADER_FILE,
+    REAL_TOKENS,
     Header,
     check_path,
     check_paths,
     check_structural_ids,
+    chunk_sums,
     write_header,
+    write_sidecar,
 )
-from .escape import EscapingTokenizer
-from .pack_layout import SHUFFLE_LEVELS, PackSpec, ShuffleLevel, plan_layout
+from .pack_layout import Layout, PackSpec, ShuffleLevel, piece_tokens, plan_layout, ramp
 
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["zarr", "npy"]
 INCOMPLETE_FILE = ".preblock-incomplete"  # present from the first write until the output is complete
+PARTIAL_SUFFIX = ".partial"
+REAL_TOKENS_NPY = "real_tokens.npy"
+CHUNK_TOKENS = 1 << 18  # tokens per stored chunk (rows of whole blocks)
+BATCH_TOKENS = 1 << 22  # tokens assembled per write
+_ESCAPE = re.compile(r"\[(\\*)(DOC|EOD)\]")
+_UNESCAPE = re.compile(r"\[\\(\\*)(DOC|EOD)\]")
 
 
 def preblock(
@@ -80,12 +104,10 @@ def preblock(
         output: the directory to write: a local path, or a ``gs://`` / ``s3://`` URL (zarr only).
         inputs: ``.txt``/``.jsonl`` files (optionally ``.gz``), or one Levanter token cache directory
             (local or at a URL).
-        block_size: tokens per block.
-        shuffle_level: ``"none"``, ``"document"`` (default) or ``"segment"`` (``layout`` module).
+        block_size, shuffle_level, rule, buffer_docs: the packing (``PackSpec``).
         key: the shuffle key (an int seed or a JAX key).
-        rule: ``"ffd"`` (buffered first-fit decreasing, default) or ``"greedy"``.
-        buffer_docs: documents grouped per buffer with ``"ffd"``.
-        escape_literal_markers: escape literal ``[DOC]``/``[EOD]`` in text before tokenizing.
+        escape_literal_markers: escape literal ``[DOC]``/``[EOD]`` in text before tokenizing
+            (module docstring).
         tokenizer: for text inputs; default UTF-8 bytes without an end-of-document token.
         doc_id, eod_id, pad_id: the structural ids (defaults: see the module docstring).
         vocab_size: ordinary ids are ``[0, vocab_size)``; default: the tokenizer's (text) or, for a
@@ -100,7 +122,6 @@ def preblock(
         FileExistsError: ``output`` exists and ``if_exists="error"``.
     """
     spec = PackSpec(block_size, shuffle_level=shuffle_level, rule=rule, buffer_docs=buffer_docs)
-    check_choice("shuffle_level", shuffle_level, SHUFFLE_LEVELS)
     check_choice("output_format", output_format, ("zarr", "npy"))
     check_choice("if_exists", if_exists, ("error", "overwrite"))
     check_bool("escape_literal_markers", escape_literal_markers)
@@ -133,10 +154,12 @@ def preblock(
         named = _named_markers(tokenizer)
         vocab = vocab_size if vocab_size is not None else tokenizer.vocab_size
     vocab = check_int("vocab_size", vocab, low=1, high=2**31 - 1)
-    given_ids = {
-        n: v for n, v in (("doc_id", doc_id), ("eod_id", eod_id), ("pad_id", pad_id)) if v is not None
-    }
-    ids = _marker_ids(doc_id, eod_id, pad_id, vocab, named)
+    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
+    defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
+    markers = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
+    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
+    check_structural_ids(markers, vocab, in_vocab=in_vocab)
+    ids = tuple(markers.values())
     _prepare_output(output, if_exists)
 
     if from_cache:
@@ -159,7 +182,7 @@ def preblock(
             "kind": "text",
             "inputs": [os.path.abspath(p) for p in inputs],
             "tokenizer": encoder.metadata(),
-            "tokenizer_markers": [n for n in named if n not in given_ids],
+            "tokenizer_markers": in_vocab,
         }
     if cache.num_rows == 0:
         raise ValueError(f"no documents to pack in {inputs}")
@@ -170,9 +193,7 @@ def preblock(
     header = Header(
         block_size=block_size,
         num_blocks=layout.num_blocks,
-        doc_id=ids[0],
-        eod_id=ids[1],
-        pad_id=ids[2],
+        **markers,
         vocab_size=vocab,
         shuffle_level=shuffle_level,
         key_data=np.asarray(jax.random.key_data(key)).reshape(-1).tolist(),
@@ -224,7 +245,11 @@ def _prepare_output(output: str, if_exists: str) -> None:
     if file_exists(os.path.join(output, INCOMPLETE_FILE)):
         logger.warning("%s holds an interrupted preblock run; rebuilding it", output)
         remove_directory(output)
-    if _holds_anything(output):
+    if is_url(output):  # an object-store prefix with objects
+        holds_anything = directory_exists(output)
+    else:  # a file or a non-empty directory
+        holds_anything = os.path.exists(output) and (not os.path.isdir(output) or bool(os.listdir(output)))
+    if holds_anything:
         if if_exists == "error":
             raise FileExistsError(f"{output} exists; pass if_exists='overwrite' to replace it")
         if not file_exists(os.path.join(output, HEADER_FILE)):
@@ -235,13 +260,6 @@ def _prepare_output(output: str, if_exists: str) -> None:
     write_json_atomic(
         os.path.join(output, INCOMPLETE_FILE), {"writer": "meshbatch.preblock", "pid": os.getpid()}
     )
-
-
-def _holds_anything(path: str) -> bool:
-    """A local path that is a file or a non-empty directory; an object-store prefix with objects."""
-    if is_url(path):
-        return directory_exists(path)
-    return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -268,10 +286,160 @@ def _named_markers(tokenizer: Tokenizer) -> dict[str, int]:
     return {name: i for name, i in found.items() if i is not None}
 
 
-def _marker_ids(doc_id, eod_id, pad_id, vocab: int, named: dict[str, int]) -> tuple[int, int, int]:
-    defaults = {"doc_id": vocab, "eod_id": vocab + 1, "pad_id": vocab + 2, **named}
-    given = {"doc_id": doc_id, "eod_id": eod_id, "pad_id": pad_id}
-    ids = {n: check_token_id(n, v) if v is not None else defaults[n] for n, v in given.items()}
-    in_vocab = [n for n in named if given[n] is None]  # the tokenizer's own marker tokens
-    check_structural_ids(ids, vocab, in_vocab=in_vocab)
-    return ids["doc_id"], ids["eod_id"], ids["pad_id"]
+def write_blocks(
+    output, cache: TokenCache, layout: Layout, ids, vocab: int, output_format: str, disable
+) -> dict:
+    """Writes every block of ``layout`` to ``output``; returns ``{"blocks", "literal_markers"}``.
+
+    ``npy`` files are written under hidden names (``.chunk000000.npy.partial``) that no reader
+    lists; ``publish_npy`` gives them their names once the header is written.
+    """
+    S, N = layout.spec.block_size, layout.num_blocks
+    chunk_rows = max(1, CHUNK_TOKENS // S)
+    batch_rows = chunk_rows * max(1, BATCH_TOKENS // (chunk_rows * S))
+    order = layout.by_position()
+    first, stop = layout.block_docs(order)
+    offsets = cache.doc_offsets()
+    real = layout.real_tokens()[layout.block_order]
+    store = _create(output, BLOCKS, [N, S], [chunk_rows, S]) if output_format == "zarr" else None
+    literal, pending, sums = 0, None, []
+    with tqdm(total=N, desc=f"writing {output}", unit="block", disable=disable) as bar:
+        for p0 in range(0, N, batch_rows):
+            p1 = min(N, p0 + batch_rows)
+            rows, found = assemble(cache, layout, order, first, stop, offsets, p0, p1, ids, vocab)
+            literal += found
+            if pending is not None:
+                pending.result()
+            if store is not None:
+                pending = store[p0:p1].write(rows)
+                sums += chunk_sums(np.asarray(rows, np.int32), chunk_rows)  # whole chunks but the last
+            else:
+                for c0 in range(p0, p1, chunk_rows):
+                    name = f"chunk{c0 // chunk_rows:06d}.npy"
+                    _save_hidden(output, name, rows[c0 - p0 : min(p1, c0 + chunk_rows) - p0])
+            bar.update(p1 - p0)
+    if pending is not None:
+        pending.result()
+    if store is not None:
+        _create(output, REAL_TOKENS, [N], [max(1, CHUNK_TOKENS)])[:].write(real).result()
+        write_sidecar(
+            output,
+            blocks=N,
+            block_size=S,
+            chunk_rows=chunk_rows,
+            real_chunk=CHUNK_TOKENS,
+            data=sums,
+            real=chunk_sums(np.asarray(real, np.int32), CHUNK_TOKENS),
+        )
+    else:
+        _save_hidden(output, REAL_TOKENS_NPY, real)
+    return {"blocks": N, "literal_markers": literal}
+
+
+def _hidden(name: str) -> str:
+    return f".{name}{PARTIAL_SUFFIX}"
+
+
+def _save_hidden(output: str, name: str, array: np.ndarray) -> None:
+    with open(os.path.join(output, _hidden(name)), "wb") as f:
+        np.save(f, array)
+
+
+def publish_npy(output: str) -> None:
+    """Renames the hidden ``npy`` files of ``write_blocks`` to their names: ``real_tokens.npy`` first,
+    then the chunks in order (a kill between two renames leaves fewer chunk rows than the header
+    says: a named error when opened, never a silently short dataset)."""
+    hidden = sorted(n for n in os.listdir(output) if n.startswith(".chunk") and n.endswith(PARTIAL_SUFFIX))
+    for name in [_hidden(REAL_TOKENS_NPY), *hidden]:
+        os.replace(os.path.join(output, name), os.path.join(output, name[1 : -len(PARTIAL_SUFFIX)]))
+
+
+def _create(root: str, name: str, shape: list[int], chunks: list[int]) -> ts.TensorStore:
+    # crc32c after compression: TensorStore checks every chunk as it reads it (Levanter never
+    # reads block stores, so its codec list need not match)
+    codecs = [
+        {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}},
+        {"name": "crc32c"},
+    ]
+    spec = {
+        "driver": "zarr3",
+        "kvstore": kvstore_spec(os.path.join(root, name)),
+        "store_data_equal_to_fill_value": True,  # every chunk stored: a missing one is missing data
+        "metadata": {
+            "shape": shape,
+            "data_type": "int32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+            "codecs": codecs,
+        },
+    }
+    return created(spec)
+
+
+def assemble(cache, layout: Layout, order, first, stop, offsets, p0: int, p1: int, ids, vocab: int):
+    """Output blocks ``[p0, p1)`` as ``int32[p1 - p0, block_size]``, and how many document tokens
+    equal a structural id. Every piece of every document in those blocks is read in one coalesced
+    read and scattered into place with numpy (no Python loop over documents).
+    """
+    S = layout.spec.block_size
+    doc_id, eod_id, pad_id = ids
+    packed = layout.block_order[p0:p1]
+    counts = stop[packed] - first[packed]
+    row = np.repeat(np.arange(p1 - p0), counts)
+    index = np.repeat(first[packed], counts) + ramp(counts)
+    doc = order[index]
+    start, size = layout.starts[doc], layout.sizes[doc]
+    block_lo = packed[row] * S
+    lo, hi = np.maximum(start, block_lo), np.minimum(start + size, block_lo + S)
+    slot_lo, slots = lo - start, hi - lo
+    token_lo, token_count = piece_tokens(slot_lo, slots, size)
+    read = cache.read_runs(offsets[doc] + token_lo, token_count)
+    buffer = read.buffer
+    structural = np.isin(buffer, ids)
+    outside = ((buffer < 0) | (buffer >= vocab)) & ~structural
+    if outside.any():
+        raise ValueError(f"cache {cache.path} holds token id {int(buffer[outside][0])} outside [0, {vocab=})")
+
+    piece = np.repeat(np.arange(doc.shape[0]), slots)
+    step = ramp(slots)
+    slot = slot_lo[piece] + step
+    where = row[piece] * S + (lo - block_lo)[piece] + step
+    at = np.clip(read.span_starts[piece] + slot - 1 - token_lo[piece], 0, max(buffer.shape[0] - 1, 0))
+    content = buffer[at] if buffer.size else np.zeros_like(slot)
+    values = np.where(slot == 0, doc_id, np.where(slot == size[piece] - 1, eod_id, content))
+    out = np.full((p1 - p0) * S, pad_id, np.int32)
+    out[where] = values
+    return out.reshape(p1 - p0, S), int(structural.sum())
+
+
+def escape(text: str) -> str:
+    """``text`` with no literal ``[DOC]``/``[EOD]`` left (see the module docstring)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (got text={text!r})")
+    return _ESCAPE.sub(r"[\\\1\2]", text)
+
+
+def unescape(text: str) -> str:
+    """The inverse of ``escape``."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (got text={text!r})")
+    return _UNESCAPE.sub(r"[\1\2]", text)
+
+
+class EscapingTokenizer:
+    """A tokenizer that escapes literal markers before encoding (and unescapes after decoding)."""
+
+    def __init__(self, inner: Tokenizer):
+        self.inner = inner
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return self.inner.encode_batch([escape(t) for t in texts])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return unescape(self.inner.decode(ids))
+
+    def metadata(self) -> dict[str, Any]:
+        return {**self.inner.metadata(), "escape_literal_markers": True}

@@ -67,11 +67,9 @@ class Layout:
     """The packed stream.
 
     Attributes:
-        spec: what made it.
         sizes: ``int64[n]`` slots per document (tokens + 2), by document id.
         starts: ``int64[n]`` flat slot of each document's ``[DOC]`` in the packed stream (block
             ``starts // block_size``), by document id.
-        num_blocks: blocks in the stream.
         block_order: ``int64[num_blocks]``: output block ``p`` holds packed block
             ``block_order[p]`` (the identity except with ``shuffle_level="segment"``).
         greedy_blocks: blocks plain greedy packing of the same order would fill (for the fill
@@ -138,7 +136,6 @@ def plan_layout(lengths, spec: PackSpec, key: PRNGKeyArray) -> Layout:
 
     Args:
         lengths: ``[n]`` integer tokens per document (markers excluded), ``n >= 1``.
-        spec: the packing spec.
         key: a JAX key or an int seed; unused with ``shuffle_level="none"``.
 
     Raises:
@@ -191,3 +188,18 @@ def _permute(n: int, key: PRNGKeyArray) -> np.ndarray:
     host table; no compilation per corpus size)."""
     seed = np.asarray(jax.random.key_data(key), dtype=np.uint32).reshape(-1).tolist()
     return np.random.Generator(np.random.PCG64(seed)).permutation(n).astype(np.int64)
+
+
+def ramp(counts: np.ndarray) -> np.ndarray:
+    """``[0, 1, .., counts[0] - 1, 0, 1, .., counts[1] - 1, ...]``."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def piece_tokens(slot_start, slots, size) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, count)``, int64: the document tokens a piece of a document of ``size`` slots holds,
+    when it covers slots ``[slot_start, slot_start + slots)`` (slot 0 is the ``[DOC]``, slot
+    ``size - 1`` the ``[EOD]``, slot ``u`` in between token ``u - 1``); an empty piece holds none."""
+    first = np.maximum(slot_start - 1, 0).astype(np.int64)
+    count = np.maximum(np.minimum(slot_start + slots - 1, size - 2) - first, 0).astype(np.int64)
+    return first, count
