@@ -212,7 +212,7 @@ def run_reads(reads: Sequence[PendingRead], *, after_io: Callable[[], None] | No
 
     ``after_io`` is called once the reads and checks are done and blocks read for other threads are
     handed over, before the host work that puts the tokens in place (a stream's producer waits
-    there for its turn, ``pipeline/shadow.py``).
+    there for its turn, ``pipeline/prefetch.py``, ``Shadow``).
 
     Raises:
         CacheChangedError: a cache read was replaced or changed since it was opened (checked after
