@@ -45,6 +45,7 @@ rotate); ``uniform`` hashes ``(key, epoch, row)``.
 
 from __future__ import annotations
 
+import abc
 from typing import Literal
 
 import equinox as eqx
@@ -67,7 +68,24 @@ def pair_count(v, *, seq_len: int, content_length: int, offset_stride: int):
     return room // offset_stride + 1
 
 
-class PairPlacement(eqx.Module):
+class Placement(eqx.Module):
+    """A splice schedule's per-document placement: what ``SpliceSchedule`` calls for each row."""
+
+    @abc.abstractmethod
+    def place(
+        self,
+        doc: Int[Array, " n"],
+        j: UInt32[Array, " n"],
+        quota: UInt32[Array, " n"],
+        items: UInt32[Array, " n"],
+        *,
+        rows: UInt32[Array, " n"],
+        epoch: UInt32[Array, "*n"],
+    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
+        """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
+
+
+class PairPlacement(Placement):
     """Per-document tables of an enumerated pair schedule (built by ``meshbatch.datasets.splice.tables``).
 
     Attributes:
@@ -128,17 +146,7 @@ class PairPlacement(eqx.Module):
         return jnp.where(i < cap, 0, jnp.minimum(above, slots).astype(jnp.int32))
 
     # the map -------------------------------------------------------------------------------------
-    def place(
-        self,
-        doc: Int[Array, " n"],
-        j: UInt32[Array, " n"],
-        quota: UInt32[Array, " n"],
-        items: UInt32[Array, " n"],
-        *,
-        rows: UInt32[Array, " n"],
-        epoch: UInt32[Array, "*n"],
-    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
-        """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
+    def place(self, doc, j, quota, items, *, rows, epoch):
         del rows
         item = midpoint_item(j, quota, items)
         slots = self.slots[doc]
@@ -179,7 +187,7 @@ class PairPlacement(eqx.Module):
         return t, s, copy_len.astype(jnp.int32)
 
 
-class BalancedPlacement(eqx.Module):
+class BalancedPlacement(Placement):
     """Per-document tables of a coverage-balanced schedule (built by ``meshbatch.datasets.splice.tables``).
 
     Attributes:
@@ -225,17 +233,7 @@ class BalancedPlacement(eqx.Module):
         in_right = right_total - self._edge_mass(scale, content, gap, starts - jnp.maximum(k, left))
         return in_left + in_right
 
-    def place(
-        self,
-        doc: Int[Array, " n"],
-        j: UInt32[Array, " n"],
-        quota: UInt32[Array, " n"],
-        items: UInt32[Array, " n"],
-        *,
-        rows: UInt32[Array, " n"],
-        epoch: UInt32[Array, "*n"],
-    ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
-        """Quantile ``j`` of document ``doc``'s ``quota`` rows → ``(t, s, copy_len)``, int32."""
+    def place(self, doc, j, quota, items, *, rows, epoch):
         if self.weighted:
             total = self.cumulative(doc, items.astype(jnp.int32))
             target = (j.astype(jnp.float32) + 0.5) / quota.astype(jnp.float32) * total

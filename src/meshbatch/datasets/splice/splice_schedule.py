@@ -14,7 +14,7 @@ is part of making a batch:
 
     schedule over one doc of L = 5, seq_len = 5, content_length = 3, slide_within
     pairs_per_doc(schedule)       -> [13]
-    coverage_counts(schedule, 0)  -> [3, 6, 9, 7, 4]   (token 2 is copied by 9 of the 13 rows)
+    coverage_counts(schedule, 0)  -> [3, 6, 9, 10, 7]  (token 3 is copied by 10 of the 13 rows)
     validation_rows(schedule, starts=2, offsets=2) -> t = [0, 0, 3, 3], s = [0, 2, 0, 3]
 """
 
