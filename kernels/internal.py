@@ -15,11 +15,11 @@ from .preblocked.structure import LITERAL_KINDS as LITERAL_KINDS
 from .preblocked.structure import assemble_rows as assemble_rows
 from .shuffles.permutation import Compat as Compat
 from .shuffles.permutation import Kind as Kind
-from .splice.coverage_balanced import BalancedPlacement as BalancedPlacement
-from .splice.coverage_balanced import JitterMode as JitterMode
 from .splice.frames import DocumentPool as DocumentPool
 from .splice.frames import SegmentMode as SegmentMode
 from .splice.pairs import UNBOUNDED as UNBOUNDED
+from .splice.pairs import BalancedPlacement as BalancedPlacement
+from .splice.pairs import JitterMode as JitterMode
 from .splice.pairs import PairPlacement as PairPlacement
 from .splice.pairs import pair_count as pair_count
 from .splice.splice_rows import LanePermutation as LanePermutation

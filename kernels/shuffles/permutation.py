@@ -26,7 +26,8 @@ import numpy as np
 from jaxtyping import Array, Integer, Key, PRNGKeyArray, UInt32
 
 from ..keys import rewrap, typed_key
-from . import feistel, lcg, pcg64
+from ..uint32 import add_mod, mul_mod
+from . import feistel, pcg64
 
 U32 = jnp.uint32
 INVALID = feistel.INVALID
@@ -34,6 +35,23 @@ Kind = Literal["feistel", "linear"]
 Compat = Literal["levanter"] | None
 KINDS = ("feistel", "linear")
 COMPATS = ("levanter", None)
+
+
+class LinearNetwork(eqx.Module):
+    """``x -> (a x + b) mod length`` with ``gcd(a, length) = 1``; arrays broadcast against the indices.
+
+    Levanter's ``LcgPermutation`` computes ``a * x`` in uint64; here the product is reduced modulo
+    ``length`` by double-and-add (``uint32.mul_mod``), every intermediate below ``length < 2^32``:
+
+        length = 10, a = 3, b = 7:  x = 0..9  ->  7, 0, 3, 6, 9, 2, 5, 8, 1, 4
+    """
+
+    a: UInt32[Array, "..."]
+    b: UInt32[Array, "..."]
+    length: UInt32[Array, "..."]
+
+    def __call__(self, x: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+        return add_mod(mul_mod(self.a, x, self.length), self.b, self.length)
 
 
 def epoch_key(key: Key[Array, ""], epoch: UInt32[Array, "*shape"]) -> Key[Array, "*shape"]:
@@ -63,7 +81,7 @@ def derive_network(kind: Kind, compat: Compat, keys: Key[Array, "*batch"], lengt
 
     if kind == "linear":
         a, b = pcg64.lcg_params(seeds, length)
-        return lcg.LinearNetwork(unflat(a), unflat(b), unflat(length))
+        return LinearNetwork(unflat(a), unflat(b), unflat(length))
     if compat == "levanter":
         right_bits = feistel.levanter_right_bits(length)
         keys_ = pcg64.feistel_round_keys(seeds, right_bits, feistel.LEVANTER_ROUNDS)

@@ -1,2 +1,2 @@
 """Splice kernels: frames (``frames``), closed-form row schedules (``splice_rows``) and their
-placements (``pairs``, ``coverage_balanced``). Re-exported by ``meshbatch.kernels``."""
+placements (``pairs``: enumerated or coverage-balanced). Re-exported by ``meshbatch.kernels``."""

@@ -4,7 +4,7 @@ A schedule never lists its pairs. Each document ``d`` owns a contiguous block of
 rows (``cum_rows`` holds the block starts) and a number of distinct placements ``items[d]``; a row
 is located by binary search over ``cum_rows`` (O(log num_docs)), spread over the document's
 placements by quantile mapping, and turned into ``(t, s, copy_len)`` by the mode's placement
-(``splice_pairs`` enumerates ``(t, s)`` pairs; ``splice_balanced`` samples coverage-balanced
+(``PairPlacement`` enumerates ``(t, s)`` pairs; ``BalancedPlacement`` samples coverage-balanced
 starts). Memory is O(num_docs) plus one table of at most ``seq_len`` entries shared by all
 documents.
 

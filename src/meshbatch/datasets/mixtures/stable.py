@@ -29,8 +29,7 @@ from meshbatch.datasets.protocol import Dataset, Plan, Rows
 from meshbatch.kernels.internal import MixtureSchedule, mixture_locate
 
 from .composite import Composite, CompositeDevice
-from .mixture_schedule import StopStrategy, mixture_rows
-from .weights import Weights, rows_from_steps
+from .mixture_schedule import StopStrategy, Weights, mixture_rows, rows_from_steps
 
 
 class MixtureDevice(CompositeDevice):

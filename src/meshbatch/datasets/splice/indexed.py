@@ -24,9 +24,8 @@ from meshbatch.arguments import check_int, check_int_array
 from meshbatch.datasets.protocol import Rows
 from meshbatch.kernels import Batch, pool_frames
 
-from .diagnostics import validation_rows
 from .splice_dataset import SpliceDevice, SpliceLMDataset
-from .splice_schedule import schedule_key
+from .splice_schedule import schedule_key, validation_rows
 
 
 def split_indices(indices, num_rows: int) -> tuple[np.ndarray, np.ndarray]:

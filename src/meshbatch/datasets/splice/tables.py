@@ -69,7 +69,7 @@ def residue_cumsum(values: np.ndarray, stride: int) -> np.ndarray:
 
 
 def host_table(v: np.ndarray, table: np.ndarray, cap: int, kt: int) -> np.ndarray:
-    """Exact int64 ``D(v)`` of ``splice_pairs`` (the kernel's ``_table`` without wrapping)."""
+    """Exact int64 ``D(v)`` of ``PairPlacement`` (the kernel's ``_table`` without wrapping)."""
     top = table.shape[0]
     steps = np.maximum(v - top + kt, 0) // kt
     base = v - steps * kt
