@@ -246,6 +246,11 @@ class LedgerFile:
 
         return answer_local
 
+    def unchanged_on_disk(self, stamp) -> bool:
+        """Whether the file is on a local disk and its ``stat`` is still ``stamp`` (``changed``'s
+        answer when it is ``(False, None, stamp)``, without the function that gives it)."""
+        return self._local is not None and self._stat() == stamp
+
     def parse(self, raw_bytes: bytes) -> Ledger:
         try:
             raw = json.loads(raw_bytes)

@@ -113,6 +113,10 @@ def read_shard_ledgers(root: str, names: Collection[str], context: ts.Context) -
     return {name: (file, *finish()) for name, file, finish in zip(names, files, pending, strict=True)}
 
 
+def _unchanged() -> None:
+    """The completed check of a local ledger whose ``stat`` had not moved."""
+
+
 class LedgerWatch:
     """The ledger a reader loaded, and the check that it is still the cache's ledger."""
 
@@ -150,12 +154,13 @@ class LedgerWatch:
         """
         with self._lock:
             stamp = self._stamp
-        answer = self.file.changed(stamp)
-        with self._lock:
             if shards is None:
                 shards = list(self._shards.items())
             else:
                 shards = [(name, self._shards[name]) for name in shards if name in self._shards]
+        if not shards and self.file.unchanged_on_disk(stamp):  # the common case, a stat and no more
+            return _unchanged
+        answer = self.file.changed(stamp)
         shard_answers = [(name, loaded, file.changed(stamp)) for name, (file, loaded, stamp) in shards]
 
         def complete() -> None:
