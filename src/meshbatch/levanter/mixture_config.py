@@ -221,7 +221,7 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
     """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of every
     component (``train_weights``, ``stop_strategy``, ``mixture_block_size`` refused). It is
     sequential, so it trains on the fast path only; a resumed run replays its plans from step 0
-    (host planning only, no reads) only when its checkpoint lacks the saved state (``checkpoint_state``)."""
+    (host planning only, no reads) only when its checkpoint lacks the saved state (``fast.restore``)."""
 
     KIND = "token_balanced_mixture"
     baseline: Literal["zero", "min", "mean"] = "zero"
