@@ -25,8 +25,14 @@ from meshbatch.datasets.splice.splice_spec import SpliceSpec
 from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
 from .fields import default, refuse
-from .hints import source_type
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
+
+
+def source_type(source) -> str:
+    """The single-source type that trains ``source`` (a Levanter source config): ``hf_causal_lm``
+    for a Hugging Face ``id:``, else ``causal_lm``."""
+    return "hf_causal_lm" if getattr(source, "id", None) is not None else "causal_lm"
+
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
 
