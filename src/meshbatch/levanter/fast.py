@@ -394,6 +394,3 @@ def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
     pipeline.load_state_dict(state)
     logger.info("restored the data state of step %d from %s (no replay)", step, path)
     return True
-
-
-__all__ = ["PipelineLoader", "batched_lm_example", "fast_path", "note_start"]

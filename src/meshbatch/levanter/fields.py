@@ -7,7 +7,7 @@ and the reason; an honoured one keeps its meaning. ``refuse`` also fails for a f
 that neither table decides (a meshbatch bug, caught by any test parsing that type), and
 ``tests/levanter/test_levanter_fields.py`` checks both tables against the installed Levanter's classes and
 meshbatch's, so no field, Levanter's or meshbatch's, is silently ignored. ``docs/levanter.md``
-mirrors both tables.
+mirrors both tables (that test's ``fields_markdown`` renders them).
 
     refuse(config, "token_balanced_mixture")   # train_weights={'a': 1.0} -> ConfigError naming it
 """
@@ -242,27 +242,3 @@ def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
         value = getattr(config, f.name)
         if value != default(config, f.name):
             raise ConfigError(f"{f.name}={value!r} is refused by {kind}: {why}")
-
-
-def fields_markdown(tables: dict[str, dict[str, tuple[str, str]]] | None = None) -> str:
-    """A table of docs/levanter.md (``FIELDS`` by default, or ``OWN``): a row per field (fields
-    decided alike share one), a column per config type (``honoured``, ``honoured: how`` where it
-    differs from the row's, ``refused: why``, or ``-`` where the type has no such field)."""
-    tables = FIELDS if tables is None else tables
-    kinds = list(tables)
-    rows = ["| field | " + " | ".join(f"`{k}`" for k in kinds) + " | how it is honoured |",
-            "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
-    names = list(dict.fromkeys(name for table in tables.values() for name in table))
-    grouped: dict[tuple[str, ...], list[str]] = {}  # fields decided alike share a row
-    for name in names:
-        notes = [tables[kind].get(name, ("-", "")) for kind in kinds]
-        how = next((note for status, note in notes if status == HONOURED), "")
-        cells = [
-            f"refused: {note}" if status == REFUSED else "honoured" if status != HONOURED or note == how
-            else f"honoured: {note}"
-            for status, note in notes
-        ]  # fmt: skip
-        cells = [cell if status != "-" else "-" for cell, (status, _) in zip(cells, notes, strict=True)]
-        grouped.setdefault((*cells, how), []).append(f"`{name}`")
-    rows += [f"| {', '.join(group)} | " + " | ".join(cells) + " |" for cells, group in grouped.items()]
-    return "\n".join(rows)

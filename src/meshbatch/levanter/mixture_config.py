@@ -23,7 +23,6 @@ from typing import Literal
 import jax
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
-from levanter.data.text import LMMixtureDatasetConfig
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import key_iterator
 
@@ -236,11 +235,3 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
 
     def order(self, names: list[str]) -> dict:
         return super().order(names) | {"config": "token_balanced_mixture", "baseline": self.baseline}
-
-
-__all__ = [
-    "LMMixtureDatasetConfig",
-    "LevanterKeyedMixture",
-    "StableMixtureLMConfig",
-    "TokenBalancedMixtureLMConfig",
-]

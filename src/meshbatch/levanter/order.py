@@ -317,18 +317,3 @@ def describe(record: Mapping) -> tuple[str, dict[str, str]]:
     else:
         return f"{config} schedule (meshbatch's own)", per_source
     return head + " sources: " + "; ".join(f"{n}={d}" for n, d in per_source.items()), per_source
-
-
-__all__ = [
-    "ORDER_FILE",
-    "DataOrderMismatch",
-    "check",
-    "check_content",
-    "describe",
-    "levanter_order",
-    "note",
-    "noted",
-    "noted_fingerprint",
-    "packed_order",
-    "source_order",
-]
