@@ -370,19 +370,15 @@ def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, dict
     return saved["order"], os.path.dirname(path), saved
 
 
-def find_state(checkpoint_path: str, step: int) -> tuple[str, dict] | None:
-    """The saved data state whose ``step`` is ``step`` in ``checkpoint_path`` (a checkpoint or the
-    folder of a run's checkpoints, as Levanter's ``load_checkpoint_path``), or ``None``."""
-    return _find(checkpoint_path, STATE_FILE, step)
-
-
 def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
     """Load ``pipeline``'s state at ``step`` from the checkpoint; ``False`` when it holds none
     (an INFO line naming what is missing): the pipeline then replays its plans from step 0, and
     says so in its one WARNING line when the stream starts. Stateless: ``True``."""
     if step == 0 or pipeline.dataset.init_state() is None:
         return True
-    found = None if checkpoint_path is None else find_state(checkpoint_path, step)
+    # the saved state of ``step`` in a checkpoint or the folder of a run's checkpoints (as
+    # Levanter's load_checkpoint_path)
+    found = None if checkpoint_path is None else _find(checkpoint_path, STATE_FILE, step)
     if found is None:
         logger.info(
             "no %s for step %d under %s (a checkpoint saved without meshbatch's data state): "
