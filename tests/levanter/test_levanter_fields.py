@@ -18,7 +18,7 @@ from levanter.store.cache import SerialCacheWriter
 from meshbatch.cache import ByteTokenizer
 from meshbatch.levanter import FIELDS
 from meshbatch.levanter.config import CausalLMConfig, HfCausalLMConfig
-from meshbatch.levanter.fields import OWN, REFUSED, fields_markdown, refuse
+from meshbatch.levanter.fields import HONOURED, OWN, REFUSED, refuse
 from meshbatch.levanter.mixture_config import StableMixtureLMConfig, TokenBalancedMixtureLMConfig
 from meshbatch.levanter.sources import MixtureBaseConfig, UrlBaseConfig
 from meshbatch.levanter.splice_config import SpliceMultiDocumentLMConfig, SpliceSingleDocumentLMConfig
@@ -77,6 +77,31 @@ def test_a_field_neither_table_decides_fails():
 
     with pytest.raises(RuntimeError, match=r"Later\.surprise is neither honoured nor refused for causal_lm"):
         refuse(Later(), "causal_lm")
+
+
+def fields_markdown(tables: dict[str, dict[str, tuple[str, str]]] | None = None) -> str:
+    """A table of docs/levanter.md, as it is to be regenerated (``FIELDS`` by default, or ``OWN``):
+    a row per field (fields decided alike share one), a column per config type (``honoured``,
+    ``honoured: how`` where it differs from the row's, ``refused: why``, or ``-`` where the type
+    has no such field)."""
+    tables = FIELDS if tables is None else tables
+    kinds = list(tables)
+    rows = ["| field | " + " | ".join(f"`{k}`" for k in kinds) + " | how it is honoured |",
+            "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
+    names = list(dict.fromkeys(name for table in tables.values() for name in table))
+    grouped: dict[tuple[str, ...], list[str]] = {}  # fields decided alike share a row
+    for name in names:
+        notes = [tables[kind].get(name, ("-", "")) for kind in kinds]
+        how = next((note for status, note in notes if status == HONOURED), "")
+        cells = [
+            f"refused: {note}" if status == REFUSED else "honoured" if status != HONOURED or note == how
+            else f"honoured: {note}"
+            for status, note in notes
+        ]  # fmt: skip
+        cells = [cell if status != "-" else "-" for cell, (status, _) in zip(cells, notes, strict=True)]
+        grouped.setdefault((*cells, how), []).append(f"`{name}`")
+    rows += [f"| {', '.join(group)} | " + " | ".join(cells) + " |" for cells, group in grouped.items()]
+    return "\n".join(rows)
 
 
 def test_the_docs_mirror_the_table():

@@ -2,11 +2,13 @@
 
 * ``datasets``: ``AsyncDataset``s for Levanter's ``DataLoader`` (``MeshbatchDataset`` over any
   meshbatch dataset, the in-memory splice datasets, marin's ``BlockShufflingDataset``);
-* ``config``, ``splice_config``, ``mixture_config``, ``sources``, ``hints``: the ``data:`` config types a
+* ``config``, ``splice_config``, ``mixture_config``, ``sources``: the ``data:`` config types a
   Levanter YAML names (draccus), Levanter's own config classes extended; ``caches``: caches
   built by Levanter's machinery; ``fields``: every Levanter field honoured or refused;
-* ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop;
-* ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml``.
+* ``fast``: ``PipelineLoader``, global batches from ``Pipeline`` for Levanter's training loop,
+  and the data state and order saved with each checkpoint;
+* ``train_lm``: ``python -m meshbatch.levanter.train_lm --config_path cfg.yaml`` (``data:``
+  decoded with the useful error first).
 """
 
 from .async_datasets import BlockShufflingDataset as BlockShufflingDataset

@@ -81,12 +81,14 @@ def lm_examples(batch: Batch, Pos: hax.Axis) -> list[LmExample]:
 
 
 class _Epochs(AsyncDataset[T]):
-    """Shared length logic: ``_epoch_rows()`` rows per epoch, ``epochs`` of them or endless."""
+    """Shared length logic: ``_epoch_rows()`` rows per epoch (``num_examples`` unless overridden),
+    ``epochs`` of them or endless."""
 
     epochs: int | None
+    num_examples: int
 
     async def _epoch_rows(self) -> int:
-        raise NotImplementedError
+        return self.num_examples
 
     async def async_len(self) -> int:
         if self.epochs is None:
@@ -103,16 +105,7 @@ class _Epochs(AsyncDataset[T]):
         return None if self.epochs is None else await self.async_len()
 
 
-class _Rows(_Epochs[LmExample]):
-    """``num_examples`` rows per epoch."""
-
-    num_examples: int
-
-    async def _epoch_rows(self) -> int:
-        return self.num_examples
-
-
-class MeshbatchDataset(_Rows):
+class MeshbatchDataset(_Epochs[LmExample]):
     """A meshbatch ``Dataset`` as a Levanter ``AsyncDataset[LmExample]``.
 
     Index ``g`` is stream position ``g mod num_examples`` of epoch ``g // num_examples``, exactly
@@ -195,7 +188,7 @@ class MeshbatchDataset(_Rows):
             return lm_examples(batch, self.Pos)
 
 
-class MultiSpliceDocumentDataset(_Rows):
+class MultiSpliceDocumentDataset(_Epochs[LmExample]):
     """The multi-document splice dataset over in-memory documents (every ``SpliceSpec`` field by
     keyword); for documents in a cache, ``MeshbatchDataset(SpliceLMDataset(...))``.
 
@@ -294,9 +287,6 @@ class BlockShufflingDataset(AsyncDataset[T]):
         with local_cpu_mesh():
             mapped = np.asarray(shuffle(np.asarray(indices, dtype=np.int64)))
         return await self.dataset.get_batch([int(i) for i in mapped])
-
-    async def getitem_async(self, index: int) -> T:
-        return (await self.get_batch([index]))[0]
 
 
 class ShuffledDataset(_Epochs[T]):

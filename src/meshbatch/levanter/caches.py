@@ -129,7 +129,10 @@ def build_split(
             cache.await_finished()
             rows.append(len(cache.as_sync_dataset()))
         else:
-            rows.append(_build_in_process(target, shards, processor, metadata, options.batch_size))
+            with SerialCacheWriter(
+                target, processor.output_exemplar, metadata
+            ) as writer:  # its ledger at exit
+                rows.append(write_rows(writer._tree_store, target, shards, processor, options.batch_size))
 
     clear_failure(path)
     try:
@@ -145,11 +148,6 @@ def build_split(
     else:
         CACHE_STATUS.setdefault(path, "found")
     return path
-
-
-def _build_in_process(path, shards, processor, metadata, batch_size: int) -> int:
-    with SerialCacheWriter(path, processor.output_exemplar, metadata) as writer:  # its ledger at exit
-        return write_rows(writer._tree_store, path, shards, processor, batch_size)
 
 
 def write_rows(store, path: str, shards, processor, batch_size: int, after_batch=None) -> int:

@@ -34,7 +34,6 @@ from levanter.data.text import (
     ChatLmDatasetFormat,
     HfSingleDatasetLMConfig,
     LMTaskConfig,
-    SupervisedLmDatasetFormat,
     TextLmDatasetFormat,
     UrlSingleDatasetLMConfig,
 )
@@ -88,24 +87,45 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         ignore = self.ignore_token_id
         return None if ignore is None or ignore < 0 else ignore  # a negative id matches no token
 
-    def announce(self, kind: str, record: dict, caches: Mapping[str, str], dataset, sources=None, *, key):
-        """The start line and summary (``observe.start``) of the train set ``dataset`` in the data
-        order ``record`` (``order.py``; its ``data_key`` is ``key``'s), which the next checkpoints
-        record and a resume is checked against; a ``MeshbatchDataset`` gets the per-step metrics
-        of ``sources`` (name -> ``TokenCache``)."""
+    def announce(
+        self, kind: str, record: dict, caches: Mapping[str, str], dataset, sources, *, Pos, key, epochs
+    ):
+        """``dataset`` as the train set (a ``MeshbatchDataset``), with its start line and summary
+        (``observe.start``) in the data order ``record`` (``order.py``; its ``data_key`` is
+        ``key``'s), which the next checkpoints record and a resume is checked against, and the
+        per-step metrics of ``sources`` (name -> ``TokenCache``)."""
+        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
         record = {**record, "data_key": order.key_hex(key)}
         # what Pipeline.content_fingerprint() gives for this dataset and key (its host half)
-        fingerprint = content_fingerprint(dataset.host) if isinstance(dataset, MeshbatchDataset) else None
+        fingerprint = content_fingerprint(train.host)
         order.note(record, fingerprint)
-        start(kind, record, loader=(path := loader_path(dataset))[0], why=path[1], builder=self.cache_builder,
-              caches=caches, fingerprint=fingerprint)  # fmt: skip
-        if isinstance(dataset, MeshbatchDataset) and sources:
-            dataset.metrics = StepMetrics(sources, every=self.metrics_every)
-        if dataset is not None:
-            from .fast import note_train_set  # fast imports Levanter's trainer: only when training
+        if self.fast_path:
+            loader, why = FAST, "meshbatch.Pipeline builds each global batch on the devices (PipelineLoader)"
+        else:
+            loader, why = LEVANTER_LOADER, "fast_path: false"
+        start(
+            kind,
+            record,
+            loader=loader,
+            why=why,
+            builder=self.cache_builder,
+            caches=caches,
+            fingerprint=fingerprint,
+        )
+        if sources:
+            train.metrics = StepMetrics(sources, every=self.metrics_every)
+        from .fast import note_train_set  # fast imports Levanter's trainer: only when training
 
-            note_train_set(dataset)
-        return dataset
+        note_train_set(train)
+        return train
+
+    def rows(self, fmt, path: str, seq_len: int, shuffle: ShuffleSpec) -> CausalLMDataset | PackedDataset:
+        """The split cached at ``path`` in the order ``shuffle``: ``CausalLMDataset`` windows of a
+        text ``fmt``, a chat or supervised one's ``packed_dataset`` rows."""
+        if isinstance(fmt, TextLmDatasetFormat):
+            cache = TokenCache.open(path)
+            return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
+        return packed_dataset(fmt, path, seq_len, shuffle)
 
     def cache_dirs(self) -> dict[str, str | None]:
         """Each source's cache directory, keyed by the fields that set it (checked at parse time):
@@ -130,34 +150,20 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
                 raise ConfigError(f"{fields}: no directory to build and find the cache in; set one")
 
 
-def loader_path(dataset) -> tuple[str, str]:
-    """Which loader trains ``dataset`` inside the entry point, and why."""
-    if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
-        return FAST, "meshbatch.Pipeline builds each global batch on the devices (PipelineLoader)"
-    return LEVANTER_LOADER, "fast_path: false"
-
-
-def packed_options(fmt) -> dict:
-    """``PackedDataset``'s arguments for Levanter's chat or supervised ``format``, as Levanter's
-    ``dataset_for_format`` makes its packed dataset: multi-turn chat is ``MultiturnChatDataset``
-    (``assistant_masks``), single-turn chat and supervised are ``SupervisedDataset``
-    (``sources_len``); ``pack: false`` is one example a row (Levanter's ``max_segments_per_example=1``);
-    ``mask_user_turns`` / ``mask_inputs`` is ``mask_prompt``; Levanter's slicing of long examples."""
-    if isinstance(fmt, ChatLmDatasetFormat):
-        kind = "supervised" if fmt.single_turn else "chat"
-        return {"format": kind, "pack": fmt.pack, "mask_prompt": fmt.mask_user_turns}
-    if isinstance(fmt, SupervisedLmDatasetFormat):
-        return {"format": "supervised", "pack": fmt.pack, "mask_prompt": fmt.mask_inputs}
-    raise ConfigError(f"format={fmt!r} is not a chat or supervised format: no packed examples")
-
-
 def packed_dataset(fmt, path: str, seq_len: int, shuffle: ShuffleSpec) -> PackedDataset:
     """The packed examples of the chat or supervised cache at ``path`` in Levanter's packing
     (``compat="levanter"``: ``GreedyPrepackedDataset``'s rows and Levanter's loss masks, at most 64
     examples a row), its rows in the order ``shuffle``: the fast path's equal of Levanter's packed
-    dataset shuffled as Levanter shuffles it."""
-    options = packed_options(fmt)
-    return PackedDataset(path, seq_len, compat="levanter", max_segments=64, shuffle=shuffle, **options)
+    dataset shuffled as Levanter shuffles it. As Levanter's ``dataset_for_format``, multi-turn chat
+    is ``MultiturnChatDataset`` (``assistant_masks``), single-turn chat and supervised are
+    ``SupervisedDataset`` (``sources_len``), as ``order.packed_order`` names them; ``pack: false``
+    is one example a row (Levanter's ``max_segments_per_example=1``); ``mask_user_turns`` /
+    ``mask_inputs`` is ``mask_prompt``; Levanter's slicing of long examples."""
+    packing = order.packed_order(fmt)
+    if not packing:
+        raise ConfigError(f"format={fmt!r} is not a chat or supervised format: no packed examples")
+    packing["mask_prompt"] = fmt.mask_user_turns if isinstance(fmt, ChatLmDatasetFormat) else fmt.mask_inputs
+    return PackedDataset(path, seq_len, compat="levanter", max_segments=64, shuffle=shuffle, **packing)
 
 
 def source_cache(dataset) -> TokenCache:
@@ -224,6 +230,9 @@ class _CausalFields:
     reshuffle_each_epoch: bool = False
     quick_start: bool = False
 
+    def shuffle_spec(self) -> ShuffleSpec:
+        return shuffle_spec(self, self.shuffle)
+
 
 class _CausalLM:
     """A single source (the config itself: Levanter's URL or Hugging Face source) whose train and
@@ -242,8 +251,8 @@ class _CausalLM:
     def __post_init__(self):
         MeshbatchLMConfig.__post_init__(self)
         refuse(self, self.KIND)
-        _checked(self, lambda: shuffle_spec(self, self.shuffle))  # contradictions fail now, by name
-        spec = shuffle_spec(self, self.shuffle)
+        _checked(self, self.shuffle_spec)  # contradictions fail now, by name
+        spec = self.shuffle_spec()
         if self.quick_start and spec.strategy not in GROWING_ORDERS:
             raise ConfigError(
                 f"quick_start=true with shuffle={self.shuffle!r}: a {spec.strategy} shuffle needs the "
@@ -261,9 +270,6 @@ class _CausalLM:
         if self.quick_start and not isinstance(self.format, TextLmDatasetFormat):
             raise ConfigError(f"quick_start=true needs a text format (got format={self.format!r})")
 
-    def shuffle_spec(self) -> ShuffleSpec:
-        return shuffle_spec(self, self.shuffle)
-
     @property
     def text(self) -> bool:
         return isinstance(self.format, TextLmDatasetFormat)
@@ -274,20 +280,15 @@ class _CausalLM:
 
     def dataset(self, seq_len: int, split: str = "train") -> CausalLMDataset | PackedDataset:
         shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
-        if not self.text:
-            path = self.build_split(self, split, self.cache_dir)
-            if path is None:
-                raise ValueError(f"no {split} urls or cache under cache_dir={self.cache_dir!r}")
-            return packed_dataset(self.format, path, seq_len, shuffle)
         if self.quick_start and split == "train":
-            from .sources import growing_cache
+            from .quick_start import growing_cache
 
             cache = growing_cache(self, self.cache_dir)
-        else:
-            cache = self.cache(split)
-        if cache is None:
+            return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
+        path = self.build_split(self, split, self.cache_dir)
+        if path is None:
             raise ValueError(f"no {split} urls or cache under cache_dir={self.cache_dir!r}")
-        return CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=self.eos, ignore_id=self.ignore)
+        return self.rows(self.format, path, seq_len, shuffle)
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
         path = os.path.join(str(self.cache_dir), "train")
@@ -295,9 +296,10 @@ class _CausalLM:
             raise ValueError("No training set!")
         dataset = self.dataset(Pos.size)
         epochs = epochs if self.text else epochs or 1  # Levanter's packed dataset: one pass unless epochs
-        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
         sources = {"": source_cache(dataset)}
-        return self.announce(self.KIND, self.order(), {"": path}, train, sources, key=key)
+        return self.announce(
+            self.KIND, self.order(), {"": path}, dataset, sources, Pos=Pos, key=key, epochs=epochs
+        )
 
     def order(self) -> dict:
         """The train set's order record (``order.py``): one source."""
@@ -311,12 +313,7 @@ class _CausalLM:
         path = self.build_split(self, "validation", self.cache_dir)
         if path is None:
             return {}
-        none = ShuffleSpec("none")
-        if not self.text:
-            dataset = packed_dataset(self.format, path, Pos.size, none)
-        else:
-            dataset = CausalLMDataset(TokenCache.open(path), Pos.size, shuffle=none, eos_id=self.eos,
-                                      ignore_id=self.ignore)  # fmt: skip
+        dataset = self.rows(self.format, path, Pos.size, ShuffleSpec("none"))
         return {"": MeshbatchDataset(dataset, Pos=Pos, key=0, epochs=1)}
 
 

@@ -19,18 +19,45 @@ in a thread while ``initial_state`` runs, and, when the trainer has no checkpoin
 its stream from step 0 started there too (its programs compile and its first batches are read
 beside the model's init); ``data_loader`` then hands that loader over and ``iter_from_step(0)``
 that stream. A resumed run gets the early loader and a stream from its own step.
+
+Data state in checkpoints: Levanter's checkpoint holds the model, optimizer and step, not the
+data: a ``TokenBalancedMixture`` resumed at step ``k`` would have to replay every plan from step 0
+to rebuild its counts. Within ``saved_with_checkpoints()`` (``fast_path()`` enters it), each
+``Checkpointer.save_checkpoint`` also writes the training pipeline's ``state_dict()`` as
+``meshbatch_data_state.json`` in the checkpoint's own directory (process 0; it is deleted with the
+checkpoint), and on resume ``restore`` finds the file whose ``step`` is the trainer's and loads
+it: no replay::
+
+    checkpoints/run/step-100/{metadata.json, ..., meshbatch_data_state.json}
+    meshbatch_data_state.json = {"version": 1, "step": 101, "datasets": [{"spec": "web", ...}, ...]}
+    resume at trainer step 101 -> pipeline.load_state_dict(that file) -> plans step 101 only
+
+A checkpoint without the file (saved without meshbatch's data state) is said so in an INFO line;
+the plans are then replayed from step 0, which the pipeline says in its one WARNING line, with the
+planner's progress lines.
+
+Every checkpoint also records the train set's data order (``order.py``) and its content
+fingerprint (``Pipeline.content_fingerprint()``) as ``meshbatch_data_order.json``, any dataset,
+stateful or not; a resume checks both (``fast_path()``'s ``initial_state``)::
+
+    meshbatch_data_order.json = {"version": 2, "step": 101, "order": {...},
+                                 "content_fingerprint": "3f9c..."}
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator
 
+import fsspec
 import haliax as hax
-from levanter.checkpoint import discover_latest_checkpoint
+import jax
+from levanter.checkpoint import Checkpointer, discover_latest_checkpoint
 from levanter.layers.attention import AttentionMask
 from levanter.models.lm_model import LmExample
 from levanter.trainer import Trainer
@@ -38,12 +65,14 @@ from levanter.trainer import Trainer
 from meshbatch.kernels import Batch
 from meshbatch.pipeline.pipeline import Pipeline
 
-from . import checkpoint_state, order
+from . import order
 from .async_datasets import MeshbatchDataset
 
 logger = logging.getLogger(__name__)
 _noted: weakref.ref | None = None  # the train set a meshbatch config made last (note_train_set)
 _start = None  # a Levanter config's start line, said by the next initial_state (note_start)
+SAID = (__name__, "meshbatch.pipeline.state_planner")  # loggers whose INFO lines reach Levanter's log
+STATE_FILE = "meshbatch_data_state.json"
 
 
 def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExample:
@@ -67,7 +96,7 @@ class PipelineLoader:
         batch_size: Levanter's ``train_batch_size`` (an int or its schedule).
         batch_axis: the batch axis name.
         checkpoint_path: where the trainer resumes from (``Trainer.checkpoint_path``): a stateful
-            dataset's state is read back from there (``checkpoint_state``).
+            dataset's state is read back from there (``restore``).
         pad_final_batch: with ``dataset.epochs`` set, yield the final partial batch, its rows past
             the end zeros (loss mask 0), as Levanter's ``DataLoader`` does by default (``True``);
             ``False`` drops it, as ``DataLoader(pad_final_batch=False)``.
@@ -110,14 +139,14 @@ class PipelineLoader:
         else:
             if started is not None:
                 started[1].close()
-            checkpoint_state.restore(self.pipeline, start, self.checkpoint_path)
+            restore(self.pipeline, start, self.checkpoint_path)
             stream = self.pipeline.iterate_from(start)
         return self._examples(stream, start)
 
     def start(self, step: int = 0) -> None:
         """Start making the batches from ``step`` now (the stream ``iter_from_step(step)`` then
         returns); another step's ``iter_from_step`` closes it and starts its own."""
-        checkpoint_state.restore(self.pipeline, step, self.checkpoint_path)
+        restore(self.pipeline, step, self.checkpoint_path)
         self._started = (step, self.pipeline.iterate_from(step))
 
     def _examples(self, stream, start: int) -> Iterator[LmExample]:
@@ -143,7 +172,7 @@ class PipelineLoader:
 def fast_path():
     """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
     default) is a ``PipelineLoader``; the training loader's (``batch`` not given, as ``train_lm``
-    asks) state goes into each checkpoint (``checkpoint_state``)."""
+    asks) state goes into each checkpoint (``saved_with_checkpoints``)."""
     global _start
     original, original_initial_state = Trainer.data_loader, Trainer.initial_state
 
@@ -169,7 +198,7 @@ def fast_path():
         state = original_initial_state(self, *args, **kwargs)
         record = order.noted()
         if record is not None and int(state.step) > 0:  # resumed: in the checkpoint's data order?
-            saved, where, file = checkpoint_state.find_record(self.checkpoint_path, int(state.step))
+            saved, where, file = find_record(self.checkpoint_path, int(state.step))
             order.check(saved, record, where, version=file.get("version", order.ORDER_VERSION))
             fingerprint = file.get("content_fingerprint")
             order.check_content(fingerprint, order.noted_fingerprint(), where)  # a WARNING if it differs
@@ -186,12 +215,12 @@ def fast_path():
         if loader is None:
             loader = make_loader(self, dataset, batch)
         if batch is None:
-            checkpoint_state.track(loader.pipeline)
+            track(loader.pipeline)
         return loader
 
     Trainer.data_loader, Trainer.initial_state = data_loader, initial_state
     try:
-        with checkpoint_state.saved_with_checkpoints():
+        with saved_with_checkpoints():
             yield
     finally:
         Trainer.data_loader, Trainer.initial_state = original, original_initial_state
@@ -241,4 +270,123 @@ class _Early:
         return self._loader
 
 
-__all__ = ["PipelineLoader", "batched_lm_example", "fast_path", "note_start"]
+class _Training:
+    pipeline: Pipeline | None = None  # the stateful pipeline the trainer trains from, if any
+
+
+def track(pipeline: Pipeline) -> None:
+    """Make ``pipeline`` the one whose state the next checkpoints hold (stateful datasets only)."""
+    if pipeline.dataset.init_state() is not None:
+        _Training.pipeline = pipeline
+
+
+def write_state(directory: str, step: int) -> str | None:
+    """Write the tracked pipeline's state at the start of ``step`` into ``directory``; the path,
+    or ``None`` when nothing is tracked or (never expected) the pipeline is at another step."""
+    pipeline = _Training.pipeline
+    if pipeline is None:
+        return None
+    state = pipeline.state_dict()
+    if state["step"] != step:
+        logger.warning(
+            "not saving the data state in %s: the pipeline is at step %d, the checkpoint at step %d",
+            directory, state["step"], step,
+        )  # fmt: skip
+        return None
+    path = os.path.join(directory, STATE_FILE)
+    _write_json(path, state)
+    return path
+
+
+@contextlib.contextmanager
+def saved_with_checkpoints():
+    """Within it, Levanter's ``Checkpointer.save_checkpoint`` also writes the tracked pipeline's
+    state into the checkpoint's directory (for the trainer's ``state.step``, the next step); the
+    restore line and a replay's progress lines are logged at INFO (``SAID``) meanwhile."""
+    original = Checkpointer.save_checkpoint
+    levels = {name: logging.getLogger(name).level for name in SAID}
+    for name in SAID:
+        if not logging.getLogger(name).isEnabledFor(logging.INFO):
+            logging.getLogger(name).setLevel(logging.INFO)
+
+    def save_checkpoint(self, info, destination, commit_callback=None, *, is_temporary=False):
+        original(self, info, destination, commit_callback, is_temporary=is_temporary)
+        write_state(os.path.join(self.base_path, destination), int(info.state.step))
+        write_order(os.path.join(self.base_path, destination), int(info.state.step))
+
+    Checkpointer.save_checkpoint = save_checkpoint
+    try:
+        yield
+    finally:
+        Checkpointer.save_checkpoint = original
+        _Training.pipeline = None
+        order.note(None)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _write_json(path: str, value: dict) -> None:
+    if jax.process_index() == 0:
+        fs, plain = fsspec.core.url_to_fs(path)
+        fs.makedirs(os.path.dirname(plain), exist_ok=True)
+        with fs.open(plain, "w") as out:
+            json.dump(value, out)
+
+
+def write_order(directory: str, step: int) -> str | None:
+    """Write the train set's data order (``order.noted()``) and content fingerprint into the
+    checkpoint ``directory`` as ``meshbatch_data_order.json``; the path, or ``None`` when no order
+    was noted."""
+    record = order.noted()
+    if record is None:
+        return None
+    path = os.path.join(directory, order.ORDER_FILE)
+    saved = {"version": order.ORDER_VERSION, "step": step, "order": record}
+    if order.noted_fingerprint() is not None:
+        saved["content_fingerprint"] = order.noted_fingerprint()
+    _write_json(path, saved)
+    return path
+
+
+def _find(checkpoint_path: str, name: str, step: int) -> tuple[str, dict] | None:
+    fs, root = fsspec.core.url_to_fs(checkpoint_path)
+    for path in [os.path.join(root, name), *sorted(fs.glob(os.path.join(root, "*", name)))]:
+        if fs.exists(path):
+            with fs.open(path) as f:
+                saved = json.load(f)
+            if saved.get("step") == step:
+                return path, saved
+    return None
+
+
+def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, dict]:
+    """The data order recorded with the checkpoint of ``step`` under ``checkpoint_path`` (``None``
+    when it has none: written by Levanter's own loader), where it was looked for, and the file's
+    other entries (``version``, ``content_fingerprint``; empty when there is no file)."""
+    found = _find(checkpoint_path, order.ORDER_FILE, step)
+    if found is None:
+        return None, f"{checkpoint_path} (step {step})", {}
+    path, saved = found
+    return saved["order"], os.path.dirname(path), saved
+
+
+def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:
+    """Load ``pipeline``'s state at ``step`` from the checkpoint; ``False`` when it holds none
+    (an INFO line naming what is missing): the pipeline then replays its plans from step 0, and
+    says so in its one WARNING line when the stream starts. Stateless: ``True``."""
+    if step == 0 or pipeline.dataset.init_state() is None:
+        return True
+    # the saved state of ``step`` in a checkpoint or the folder of a run's checkpoints (as
+    # Levanter's load_checkpoint_path)
+    found = None if checkpoint_path is None else _find(checkpoint_path, STATE_FILE, step)
+    if found is None:
+        logger.info(
+            "no %s for step %d under %s (a checkpoint saved without meshbatch's data state): "
+            "replaying the %s's plans of steps 0..%d to rebuild its state",
+            STATE_FILE, step, checkpoint_path, type(pipeline.dataset).__name__, step - 1,
+        )  # fmt: skip
+        return False
+    path, state = found
+    pipeline.load_state_dict(state)
+    logger.info("restored the data state of step %d from %s (no replay)", step, path)
+    return True

@@ -7,7 +7,7 @@ and the reason; an honoured one keeps its meaning. ``refuse`` also fails for a f
 that neither table decides (a meshbatch bug, caught by any test parsing that type), and
 ``tests/levanter/test_levanter_fields.py`` checks both tables against the installed Levanter's classes and
 meshbatch's, so no field, Levanter's or meshbatch's, is silently ignored. ``docs/levanter.md``
-mirrors both tables.
+mirrors both tables (that test's ``fields_markdown`` renders them).
 
     refuse(config, "token_balanced_mixture")   # train_weights={'a': 1.0} -> ConfigError naming it
 """
@@ -59,22 +59,23 @@ _SOURCE = {
     "train_urls": (HONOURED, "Levanter's UrlDataSource: fsspec, brace expansion, .gz/.zst"),
     "validation_urls": (HONOURED, "Levanter's UrlDataSource: the validation set"),
 }
-_HF = {
-    "id": (HONOURED, "Levanter's WrappedHFDataSource"),
-    "name": (HONOURED, "Levanter's WrappedHFDataSource"),
-    "stream": (HONOURED, "Levanter's WrappedHFDataSource"),
-}
+_HF = dict.fromkeys(("id", "name", "stream"), (HONOURED, "Levanter's WrappedHFDataSource"))
 _FORMATS = {
     "text_key": (HONOURED, "Levanter's BatchTokenizer"),
     "messages_field": (HONOURED, "Levanter's ChatProcessor"),
     "single_turn": (HONOURED, "Levanter's SingleTurnChatProcessor; packed as supervised, as Levanter"),
     "pack": (HONOURED, "PackedDataset(pack=...): false is one example a row, as Levanter's"),
     "mask_user_turns": (HONOURED, "PackedDataset(mask_prompt=...): loss on assistant tokens only"),
-    "input_field": (HONOURED, "Levanter's SupervisedProcessor"),
-    "output_field": (HONOURED, "Levanter's SupervisedProcessor"),
-    "separate_with": (HONOURED, "Levanter's SupervisedProcessor"),
+    **dict.fromkeys(
+        ("input_field", "output_field", "separate_with"), (HONOURED, "Levanter's SupervisedProcessor")
+    ),
     "mask_inputs": (HONOURED, "PackedDataset(mask_prompt=...): loss on completion tokens only"),
 }
+_EPOCHING = (
+    REFUSED,
+    "simulated epoching is not implemented by meshbatch (train it with Levanter's own mixture)",
+)
+_NOT_YET = (REFUSED, "not implemented by meshbatch yet (train it with Levanter's own mixture)")
 _MIXTURE = {
     "configs": (
         HONOURED,
@@ -84,19 +85,10 @@ _MIXTURE = {
     "train_weights": (HONOURED, "meshbatch.Mixture weights (staged weights rescaled by the batch schedule)"),
     "stop_strategy": (HONOURED, "meshbatch.Mixture stop_strategy"),
     "mixture_block_size": (HONOURED, "meshbatch.Mixture block_size"),
-    "target_budget": (
-        REFUSED,
-        "simulated epoching is not implemented by meshbatch (train it with Levanter's own mixture)",
-    ),
-    "experiment_budget": (
-        REFUSED,
-        "simulated epoching is not implemented by meshbatch (train it with Levanter's own mixture)",
-    ),
-    "max_train_batches": (REFUSED, "not implemented by meshbatch yet (train it with Levanter's own mixture)"),
-    "num_validation_sequences": (
-        REFUSED,
-        "not implemented by meshbatch yet (train it with Levanter's own mixture)",
-    ),
+    "target_budget": _EPOCHING,
+    "experiment_budget": _EPOCHING,
+    "max_train_batches": _NOT_YET,
+    "num_validation_sequences": _NOT_YET,
 }
 _BALANCED = dict(
     _MIXTURE,
@@ -109,30 +101,26 @@ _BALANCED = dict(
 )
 _TEXT_ONLY = (REFUSED, "meshbatch splices text: a chat/supervised source is refused by name")
 _AS_SPLICE = "as the splice config's own (the cache is built with it): Levanter's default or the same value"
+_SCHEDULE = (REFUSED, "a splice config's order is its schedule's (shuffle_offsets / shuffle_content)")
+_GRID = (REFUSED, "a splice config's validation set is the splice grid (validation_starts/offsets)")
 _SPLICE_BASE = {
-    "shuffle": (REFUSED, "a splice config's order is its schedule's (shuffle_offsets / shuffle_content)"),
-    "permutation_type": (
-        REFUSED,
-        "a splice config's order is its schedule's (shuffle_offsets / shuffle_content)",
+    "shuffle": _SCHEDULE,
+    "permutation_type": _SCHEDULE,
+    **dict.fromkeys(
+        ("stop_strategy", "mixture_block_size"),
+        (REFUSED, "a splice config reads one component (dataset_name)"),
     ),
-    "stop_strategy": (REFUSED, "a splice config reads one component (dataset_name)"),
-    "mixture_block_size": (REFUSED, "a splice config reads one component (dataset_name)"),
     "train_weights": (
         HONOURED,
         "as Levanter's build_caches: dataset_name's weight must be positive (or absent)",
     ),
     "tokenizer": (HONOURED, "as the splice config's own: gpt2 (Levanter's default, unset) or the same name"),
-    "vocab_size": (HONOURED, _AS_SPLICE),
-    "enforce_eos": (HONOURED, _AS_SPLICE),
-    "cache_options": (HONOURED, _AS_SPLICE),
+    **dict.fromkeys(("vocab_size", "enforce_eos", "cache_options"), (HONOURED, _AS_SPLICE)),
     "chat_template": _TEXT_ONLY,
     "ignore_token_id": (REFUSED, "a splice example's loss mask is its schedule's (the copied content)"),
     "format": (HONOURED, "text only (a chat/supervised base is refused by name): text_key"),
-    "tags": (REFUSED, "a splice config's validation set is the splice grid (validation_starts/offsets)"),
-    "validation_urls": (
-        REFUSED,
-        "a splice config's validation set is the splice grid (validation_starts/offsets)",
-    ),
+    "tags": _GRID,
+    "validation_urls": _GRID,
     "max_train_batches": (
         HONOURED,
         "max_train_batches[dataset_name] bounds the training subset (restrict_to_training_subset)",
@@ -144,17 +132,11 @@ FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "causal_lm": {**_TASK, **_SOURCE, **_FORMATS},
     "hf_causal_lm": {**_TASK, "tags": _SOURCE["tags"], "format": _SOURCE["format"], **_HF, **_FORMATS},
     "stable_mixture": {**_TASK, **_MIXTURE, **_SOURCE, **_HF, **_FORMATS},
-    "token_balanced_mixture": {
-        **_TASK,
-        **_BALANCED,
-        **_SOURCE,
-        **_HF,
-        **_FORMATS,
-    },
+    "token_balanced_mixture": {**_TASK, **_BALANCED, **_SOURCE, **_HF, **_FORMATS},
     "splice": {  # the splice config itself (its text is base's)
         **_TASK,
-        "shuffle": _SPLICE_BASE["shuffle"],
-        "permutation_type": _SPLICE_BASE["permutation_type"],
+        "shuffle": _SCHEDULE,
+        "permutation_type": _SCHEDULE,
         "cache_dir": (REFUSED, "a splice config's caches are its base's (base.cache_dir)"),
         "chat_template": _TEXT_ONLY,
         "ignore_token_id": _SPLICE_BASE["ignore_token_id"],
@@ -204,8 +186,10 @@ _SPLICE_OWN = {
             "max_train_batches doc_key initial_batch_size selection_seed"
         ).split()
     },
-    "validation_starts": (HONOURED, "the splice validation grid (splice_validation_set)"),
-    "validation_offsets": (HONOURED, "the splice validation grid (splice_validation_set)"),
+    **dict.fromkeys(
+        ("validation_starts", "validation_offsets"),
+        (HONOURED, "the splice validation grid (splice_validation_set)"),
+    ),
     "base": (HONOURED, "the text: url_single_dataset or mixture (the splice base column)"),
     "dataset_name": (HONOURED, "the component read (a mixture base's configs key)"),
 }
@@ -235,6 +219,12 @@ OWN: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+def default(config, name: str):
+    """The dataclass default of ``config``'s field ``name`` (Levanter's, for Levanter's fields)."""
+    f = config.__dataclass_fields__[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
     """Raises ``ConfigError`` for the first refused field of ``FIELDS[kind]`` / ``OWN[kind]`` that
     ``config`` sets to anything but its dataclass default (the Levanter default), and
@@ -249,31 +239,6 @@ def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
         status, why = table[f.name]
         if status != REFUSED or f.name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         value = getattr(config, f.name)
-        if value != default:
+        if value != default(config, f.name):
             raise ConfigError(f"{f.name}={value!r} is refused by {kind}: {why}")
-
-
-def fields_markdown(tables: dict[str, dict[str, tuple[str, str]]] | None = None) -> str:
-    """A table of docs/levanter.md (``FIELDS`` by default, or ``OWN``): a row per field (fields
-    decided alike share one), a column per config type (``honoured``, ``honoured: how`` where it
-    differs from the row's, ``refused: why``, or ``-`` where the type has no such field)."""
-    tables = FIELDS if tables is None else tables
-    kinds = list(tables)
-    rows = ["| field | " + " | ".join(f"`{k}`" for k in kinds) + " | how it is honoured |",
-            "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
-    names = list(dict.fromkeys(name for table in tables.values() for name in table))
-    grouped: dict[tuple[str, ...], list[str]] = {}  # fields decided alike share a row
-    for name in names:
-        notes = [tables[kind].get(name, ("-", "")) for kind in kinds]
-        how = next((note for status, note in notes if status == HONOURED), "")
-        cells = [
-            f"refused: {note}" if status == REFUSED else "honoured" if status != HONOURED or note == how
-            else f"honoured: {note}"
-            for status, note in notes
-        ]  # fmt: skip
-        cells = [cell if status != "-" else "-" for cell, (status, _) in zip(cells, notes, strict=True)]
-        grouped.setdefault((*cells, how), []).append(f"`{name}`")
-    rows += [f"| {', '.join(group)} | " + " | ".join(cells) + " |" for cells, group in grouped.items()]
-    return "\n".join(rows)

@@ -23,7 +23,6 @@ from typing import Literal
 import jax
 from haliax import Axis
 from levanter.data.dataset import AsyncDataset
-from levanter.data.text import LMMixtureDatasetConfig, TextLmDatasetFormat
 from levanter.models.lm_model import LmExample
 from levanter.utils.jax_utils import key_iterator
 
@@ -35,7 +34,7 @@ from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
 from . import order
 from .async_datasets import MeshbatchDataset
-from .config import MeshbatchLMConfig, _CausalFields, packed_dataset, shuffle_spec, source_cache
+from .config import MeshbatchLMConfig, _CausalFields, source_cache
 from .fields import refuse
 from .sources import ConfigError, MixtureBaseConfig, _checked
 
@@ -88,10 +87,7 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
             raise ConfigError(
                 "quick_start=true is for causal_lm (one source); a mixture needs its caches built"
             )
-        _checked(self, lambda: shuffle_spec(self, self.shuffle))
-
-    def shuffle_spec(self) -> ShuffleSpec:
-        return shuffle_spec(self, self.shuffle)
+        _checked(self, self.shuffle_spec)
 
     def weighted(self, split: str) -> list[str]:
         """The components built for ``split``: Levanter's rule (train: a positive weight in
@@ -116,14 +112,10 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
 
     def children(self, seq_len: int, split: str = "train") -> dict[str, CausalLMDataset | PackedDataset]:
         shuffle = self.shuffle_spec() if split == "train" else ShuffleSpec("none")
-        out = {}
-        for name, (source, path) in self.paths(split).items():
-            if isinstance(source.format, TextLmDatasetFormat):
-                cache, eos, ignore = TokenCache.open(path), self.eos, self.ignore
-                out[name] = CausalLMDataset(cache, seq_len, shuffle=shuffle, eos_id=eos, ignore_id=ignore)
-            else:
-                out[name] = packed_dataset(source.format, path, seq_len, shuffle)
-        return out
+        return {
+            name: self.rows(source.format, path, seq_len, shuffle)
+            for name, (source, path) in self.paths(split).items()
+        }
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None, **kwargs):
         """Each built component's (shuffled) windows by name, as Levanter's ``train_sets``
@@ -153,9 +145,9 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
         dataset = self.dataset(Pos.size, batch_schedule)
         named = zip(dataset.names, dataset.children, strict=True)
         sources = {name: source_cache(child) for name, child in named}
-        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=None, fast_path=self.fast_path)
         paths = {name: cache.path for name, cache in sources.items()}
-        return self.announce(self.KIND, self.order(dataset.names), paths, train, sources, key=key)
+        record = self.order(dataset.names)
+        return self.announce(self.KIND, record, paths, dataset, sources, Pos=Pos, key=key, epochs=None)
 
     def order(self, names: list[str]) -> dict:
         """The train set's order record (``order.py``) over the built components ``names``."""
@@ -228,7 +220,7 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
     """The token-balanced least-consumed interleave (``meshbatch.TokenBalancedMixture``) of every
     component (``train_weights``, ``stop_strategy``, ``mixture_block_size`` refused). It is
     sequential, so it trains on the fast path only; a resumed run replays its plans from step 0
-    (host planning only, no reads) only when its checkpoint lacks the saved state (``checkpoint_state``)."""
+    (host planning only, no reads) only when its checkpoint lacks the saved state (``fast.restore``)."""
 
     KIND = "token_balanced_mixture"
     baseline: Literal["zero", "min", "mean"] = "zero"
@@ -243,11 +235,3 @@ class TokenBalancedMixtureLMConfig(_MixtureConfig):
 
     def order(self, names: list[str]) -> dict:
         return super().order(names) | {"config": "token_balanced_mixture", "baseline": self.baseline}
-
-
-__all__ = [
-    "LMMixtureDatasetConfig",
-    "LevanterKeyedMixture",
-    "StableMixtureLMConfig",
-    "TokenBalancedMixtureLMConfig",
-]

@@ -10,7 +10,7 @@ the line to add::
 
 A Levanter config (no meshbatch ``type:``) run through ``meshbatch.levanter.train_lm`` gets the
 same record (``levanter_order``), so a block trained with and without ``type:`` records the same
-order. Each checkpoint holds it as ``meshbatch_data_order.json`` (``checkpoint_state``); a resume
+order. Each checkpoint holds it as ``meshbatch_data_order.json`` (``fast.write_order``); a resume
 compares it with the run's own (``check``): another order is refused by name, with the lines to
 add; a checkpoint without one was written by Levanter's own loader (or meshbatch before these
 records), so its order is Levanter's: a run asking for another (``compat: strong``,
@@ -317,18 +317,3 @@ def describe(record: Mapping) -> tuple[str, dict[str, str]]:
     else:
         return f"{config} schedule (meshbatch's own)", per_source
     return head + " sources: " + "; ".join(f"{n}={d}" for n, d in per_source.items()), per_source
-
-
-__all__ = [
-    "ORDER_FILE",
-    "DataOrderMismatch",
-    "check",
-    "check_content",
-    "describe",
-    "levanter_order",
-    "note",
-    "noted",
-    "noted_fingerprint",
-    "packed_order",
-    "source_order",
-]

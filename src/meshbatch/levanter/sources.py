@@ -1,5 +1,5 @@
 """The ``base:`` of a splice config (Levanter's own single-dataset or mixture config),
-and ``ConfigError`` (quick start's growing train cache: ``quick_start.py``).
+and ``ConfigError``.
 
 ``base: {type: url_single_dataset, ...}`` is Levanter's ``UrlSingleDatasetLMConfig`` and ``base:
 {type: mixture, configs: ..., train_weights: ...}`` its ``LMMixtureDatasetConfig`` (plus the
@@ -109,10 +109,3 @@ class MixtureBaseConfig(LMMixtureDatasetConfig, BaseDataConfig):
             return None if self.cache_dir is None else os.path.join(self.cache_dir, name)
 
         return {name: (source, cache_dir(name, source)) for name, source in self.configs.items()}
-
-
-def growing_cache(config, cache_dir: str | None):
-    """Quick start's train cache, open while Levanter's processor writes it (``quick_start.py``)."""
-    from .quick_start import growing_cache as grow
-
-    return grow(config, cache_dir)

@@ -24,15 +24,14 @@ from meshbatch.datasets.splice.splice_spec import SpliceSpec
 
 from .async_datasets import lm_examples, loader_key
 from .config import MeshbatchLMConfig
-from .fields import refuse
-from .hints import source_type
+from .fields import default, refuse
 from .sources import BaseDataConfig, ConfigError, MixtureBaseConfig, UrlBaseConfig, _checked
 
 
-def _default(config, name: str):
-    """The dataclass default of ``config``'s field ``name`` (Levanter's, for Levanter's fields)."""
-    (f,) = (f for f in dataclasses.fields(config) if f.name == name)
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+def source_type(source) -> str:
+    """The single-source type that trains ``source`` (a Levanter source config): ``hf_causal_lm``
+    for a Hugging Face ``id:``, else ``causal_lm``."""
+    return "hf_causal_lm" if getattr(source, "id", None) is not None else "causal_lm"
 
 
 SPLICE_FIELDS = tuple(f.name for f in dataclasses.fields(SpliceSpec) if f.name != "seq_len")
@@ -126,7 +125,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
             )
         for name in ("vocab_size", "enforce_eos", "cache_options"):  # the cache is built with ours
             value, mine = getattr(self.base, name), getattr(self, name)
-            if value not in (_default(self.base, name), mine):
+            if value not in (default(self.base, name), mine):
                 raise ConfigError(
                     f"base.{name}={value!r} differs from {name}={mine!r}: a splice config builds its cache "
                     f"with the top-level {name}; set it there (or both alike)"
@@ -164,9 +163,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
                     f"{name}={value!r} bounds the training subset: set restrict_to_training_subset: true "
                     "(or drop it)"
                 )
-        batches = self.max_train_batches
-        if batches is None and base_batches is not None:
-            batches = base_batches.get(self.component[0])
+        batches = self.train_batches
         if batches is not None and self.initial_batch_size is None:
             raise ConfigError(
                 f"restrict_to_training_subset with max_train_batches={batches} needs initial_batch_size "
@@ -195,6 +192,14 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         return (self.dataset_name, *components[self.dataset_name])
 
     @property
+    def train_batches(self) -> int | None:
+        """The training subset's batches: ``max_train_batches``, else a mixture base's
+        ``max_train_batches[dataset_name]``."""
+        if self.max_train_batches is not None:
+            return self.max_train_batches
+        return (getattr(self.base, "max_train_batches", None) or {}).get(self.component[0])
+
+    @property
     def sources(self) -> Mapping[str, object]:
         name, source, _ = self.component
         return {name: source}
@@ -209,10 +214,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         return {} if cache is None else {self.component[0]: cache}
 
     def train_set(self, Pos: Axis, batch_schedule=None, monitors=True, *, key, epochs: int | None = None):
-        from .async_datasets import MeshbatchDataset
-
         dataset = self.dataset(Pos.size)
-        train = MeshbatchDataset(dataset, Pos=Pos, key=key, epochs=epochs, fast_path=self.fast_path)
         name, _, cache_dir = self.component
         path = os.path.join(str(cache_dir), "train")
         kind = type(self).__name__
@@ -220,7 +222,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
         selection = {f.name: getattr(self, f.name) for f in dataclasses.fields(_SelectionFields)}
         record = {"config": kind, "component": name, "splice": {f: getattr(self, f) for f in SPLICE_FIELDS},
                   "selection": selection}  # fmt: skip
-        return self.announce(kind, record, {name: path}, train, sources, key=key)
+        return self.announce(kind, record, {name: path}, dataset, sources, Pos=Pos, key=key, epochs=epochs)
 
     def train_sets(self, Pos: Axis, monitors=True, *, key, epochs: int | None = None):
         return {self.component[0]: self.train_set(Pos, None, monitors, key=key, epochs=epochs)}
@@ -234,10 +236,7 @@ class _SpliceConfig(MeshbatchLMConfig, _SelectionFields, _SpliceFields):
     def selected(self, cache: TokenCache, seq_len: int):
         from jax.random import key
 
-        name = self.component[0]
-        batches = self.max_train_batches
-        if batches is None and isinstance(self.base, MixtureBaseConfig):
-            batches = (self.base.max_train_batches or {}).get(name)
+        batches = self.train_batches
         restrict = self.restrict_to_training_subset and batches is not None  # else: the whole cache
         keys = {}
         if self.doc_key is not None:
