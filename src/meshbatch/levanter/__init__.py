@@ -14,7 +14,6 @@
 from .async_datasets import BlockShufflingDataset as BlockShufflingDataset
 from .async_datasets import MeshbatchDataset as MeshbatchDataset
 from .async_datasets import MultiSpliceDocumentDataset as MultiSpliceDocumentDataset
-from .async_datasets import ShuffledDataset as ShuffledDataset
 from .async_datasets import SpliceDocumentDataset as SpliceDocumentDataset
 from .async_datasets import lm_examples as lm_examples
 from .async_datasets import loader_key as loader_key
