@@ -21,7 +21,7 @@ deletes the lock files no live writer holds before a cache writer's first write.
 
 At an object-store URL (``gs://``, ``s3://``) the file is one object written with one PUT through
 TensorStore's kvstore: a reader sees the old object or the new one, so no temp file is needed.
-A ``file://`` URL is the local path it names (``localpaths.local_path``): the same temp files, lock
+A ``file://`` URL is the local path it names (``stores.local_path``): the same temp files, lock
 files and cleanup as a plain path.
 """
 

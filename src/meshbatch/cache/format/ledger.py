@@ -21,10 +21,10 @@ Every value is type-checked on read: ``"total_num_rows": null`` or ``"is_finishe
 ``shard_table`` checks a sharded ledger's table and gives its finished shards in global row order
 (above: ``[ShardEntry("part-0", rows=2, tokens=7), ShardEntry("part-1", rows=3, tokens=9)]``).
 A shard name is a relative path of plain names (``check_relative_path``, as ``write_shard`` takes
-it), so two names never spell one directory: ``"./p0"``, ``"p0/"`` and ``".//p0"`` beside ``"p0"``
-served p0's rows twice before they were refused. ``shard_root`` joins a name to the cache root and
-refuses a local shard directory that a symlink leads out of the root (``check_inside``);
-``check_distinct_shards`` refuses two names that symlinks resolve to one directory.
+it), so two names never spell one directory: ``"./p0"``, ``"p0/"`` and ``".//p0"`` are refused.
+``shard_root`` joins a name to the cache root and refuses a local shard directory that a symlink
+leads out of the root (``check_inside``); ``check_distinct_shards`` refuses two names that
+symlinks resolve to one directory.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class LedgerFile:
 
     On a local disk the stamp is the file's ``stat`` (device, inode, size, mtime in ns), taken just
     before the read, so it is never newer than the content read; elsewhere it is TensorStore's
-    storage generation. ``changed(stamp)`` costs a ``stat`` (about 3 us) locally and a conditional
+    storage generation. ``changed(stamp)`` costs a ``stat`` locally and a conditional
     read that transfers nothing while the file is unchanged on an object store: how an open
     ``TokenCache`` notices, after every batch of reads, that its cache was replaced.
     """
@@ -272,12 +272,7 @@ class LedgerFile:
 
 
 def read_ledger(root: str, *, context: ts.Context | None = None) -> Ledger:
-    """Reads and parses ``<root>/shard_ledger.json``.
-
-    Raises:
-        FileNotFoundError: no ledger at ``root``.
-        CacheIntegrityError: the ledger is not valid JSON or not a valid ledger.
-    """
+    """Reads and parses ``<root>/shard_ledger.json`` (raising as ``LedgerFile.read``)."""
     return LedgerFile(root, context=context).read()[0]
 
 
@@ -314,13 +309,9 @@ class ShardEntry:
     tokens: int
 
 
-def shard_table(ledger: Ledger, field_name: str, *, where: str | None = None) -> list[ShardEntry]:
-    """Validates a sharded ledger and returns its finished shards in global row order.
-
-    Args:
-        ledger: the parsed ledger.
-        field_name: the field read.
-        where: the ledger file, named in messages.
+def shard_table(ledger: Ledger, field_name: str, *, root: str | None = None) -> list[ShardEntry]:
+    """Validates a sharded ledger (of the cache at ``root``, named in messages) and returns its
+    finished shards in global row order.
 
     Raises:
         CacheIntegrityError: a shard path that is absolute, a URL, empty, has a ``.``, ``..`` or empty
@@ -328,7 +319,7 @@ def shard_table(ledger: Ledger, field_name: str, *, where: str | None = None) ->
             not summing to ``total_num_rows``; a non-empty shard without a ``field_name`` count;
             counts for unknown shards; aggregate counts that disagree.
     """
-    sharded = f"sharded ledger {where}" if where else "sharded ledger"
+    sharded = f"sharded ledger {posixpath.join(root, LEDGER_FILE_NAME)}" if root else "sharded ledger"
     entries: list[ShardEntry] = []
     seen: set[str] = set()
     for name in ledger.finished_shards:

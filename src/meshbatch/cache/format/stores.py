@@ -20,9 +20,6 @@ A store that stops answering is retried by TensorStore with exponential backoff 
 ``store_context``), and every read meshbatch waits on has a deadline; past either, the read
 raises ``StoreUnavailableError`` (never zeros, never a hang).
 
-A cache on the local disk: ``file://`` URLs are the path they name, and no directory inside a
-cache leaves it.
-
 ``file:///data/c`` and ``/data/c`` are one cache: TensorStore's ``file`` kvstore serves both, so
 everything meshbatch does to local files (stale lock and temp file cleanup, fsynced JSON writes,
 the ledger's ``stat`` stamp) goes to ``local_path(path)`` for either spelling::

@@ -135,20 +135,6 @@ def sidecar_path(field_root: str) -> str:
     return posixpath.join(field_root, SIDECAR_FILE_NAME)
 
 
-def read_checksums(field_root: str, *, context: ts.Context | None = None) -> Checksums | None:
-    """The sidecar of the field at ``field_root``, or None when there is none (a Levanter cache)."""
-    kvstore = ts.KvStore.open(kvstore_spec(field_root), context=context or shared_context()).result()
-    found = kvstore.read(SIDECAR_FILE_NAME).result()
-    if found.state != "value":
-        return None
-    where = sidecar_path(field_root)
-    try:
-        raw = json.loads(bytes(found.value))
-    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
-        raise CacheIntegrityError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from e
-    return Checksums.from_dict(raw, where=where)
-
-
 def check_sidecar(
     field_root: str,
     *,
@@ -162,35 +148,35 @@ def check_sidecar(
     """The field's checksum sidecar, checked against what the ledger and offsets say (no chunk read).
 
     An unfinished cache's sidecar may be ahead of its ledger (it is written first), never behind.
-    A part whose ledger says ``meshbatch_checksums: true`` was written by ``CacheWriter``, which
-    commits the sidecar before every ledger: for it a missing sidecar is damage (deleted checksums),
-    not a cache without checksums::
+    A part whose ledger says ``meshbatch_checksums: true`` (``required``) was written by
+    ``CacheWriter``, which commits the sidecar before every ledger: for it a missing sidecar is damage
+    (deleted checksums), not a cache without checksums::
 
         ledger {"meshbatch_checksums": true, ...}, no sidecar   -> CacheIntegrityError naming both files
         ledger without the key (Levanter's), no sidecar         -> None: read without checksums
-
-    Args:
-        required: the part's own ledger says ``meshbatch_checksums: true``.
-
-    Returns:
-        The sidecar, or None where there is none and it is not ``required``.
 
     Raises:
         CacheIntegrityError: the sidecar is missing though ``required``, is malformed, records
             another dtype (``data_type`` edited in ``zarr.json``), or other row and token counts
             (offsets moved past the data written).
     """
-    sums = read_checksums(field_root, context=context)
+    kvstore = ts.KvStore.open(kvstore_spec(field_root), context=context or shared_context()).result()
+    found = kvstore.read(SIDECAR_FILE_NAME).result()
     where = sidecar_path(field_root)
-    if sums is None:
+    if found.state != "value":
         if not required:
-            return None
+            return None  # no sidecar: a Levanter cache
         ledger = posixpath.join(posixpath.dirname(field_root), LEDGER_FILE_NAME)
         raise CacheIntegrityError(
             f"{where} is missing, but the ledger {ledger} says meshbatch_checksums=true: its writer "
             "wrote the checksums with every commit, so they were deleted (or the cache is being "
             "overwritten); its tokens cannot be verified: rebuild it"
         )
+    try:
+        raw = json.loads(bytes(found.value))
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a >4300-digit integer, deep nesting
+        raise CacheIntegrityError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from e
+    sums = Checksums.from_dict(raw, where=where)
     if sums.dtype != np.dtype(dtype):
         raise CacheIntegrityError(
             f"{field_root}/data has dtype {np.dtype(dtype)}, but {where} records that its writer wrote "

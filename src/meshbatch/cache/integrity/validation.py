@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from meshbatch.arguments import check_bool
 from meshbatch.cache.format.arrays import DEFAULT_CHUNK_SIZE, open_field
 from meshbatch.cache.format.checks import CacheIntegrityError, check_component, check_path
-from meshbatch.cache.format.ledger import CONSOLIDATED, LEDGER_FILE_NAME, shard_root, shard_table
+from meshbatch.cache.format.ledger import CONSOLIDATED, shard_root, shard_table
 from meshbatch.cache.integrity.checksums import Checksums, check_sidecar, checksum_mismatch
 from meshbatch.cache.read.reader import TokenCache
 
@@ -145,7 +145,7 @@ def _parts(cache: TokenCache) -> list[Part]:
         return [Part(cache.path, cache.num_rows, cache.num_tokens, ledger.is_finished)]
     return [
         Part(shard_root(cache.path, e.name), e.rows, e.tokens, True)
-        for e in shard_table(ledger, cache.field, where=posixpath.join(cache.path, LEDGER_FILE_NAME))
+        for e in shard_table(ledger, cache.field, root=cache.path)
     ]
 
 
@@ -191,13 +191,8 @@ def part_sidecar(part: Part, field: str, dtype: np.dtype) -> Checksums | None:
 def verify_parts(
     parts: list[tuple[Part, Checksums | None]], field: str, *, progress: bool | None = None
 ) -> DeepResult:
-    """Reads every chunk of every part (see the module docstring).
-
-    Args:
-        parts: each part with its checked sidecar (or None).
-        field: the field read.
-        progress: show a tqdm bar over bytes; ``None`` shows it only on a terminal.
-    """
+    """Reads every chunk of every part (each with its checked sidecar, or None): see the module
+    docstring; ``progress`` as ``validate_cache``'s."""
     start = time.perf_counter()
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})  # decode from disk, cache nothing
     arrays = [open_field(part.root, field, context=context) for part, _ in parts]

@@ -45,7 +45,6 @@ from meshbatch.cache.format.checks import (
 )
 from meshbatch.cache.format.ledger import (
     CONSOLIDATED,
-    LEDGER_FILE_NAME,
     Ledger,
     check_distinct_shards,
     shard_root,
@@ -177,7 +176,7 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
 
 
 def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify, required) -> Contents:
-    entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
+    entries = shard_table(ledger, field, root=path)
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
         raise CacheIntegrityError(

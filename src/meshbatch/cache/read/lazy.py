@@ -33,7 +33,6 @@ import tensorstore as ts
 from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
 from meshbatch.cache.format.checks import CacheIntegrityError, check_monotone
 from meshbatch.cache.format.ledger import (
-    LEDGER_FILE_NAME,
     SHARDED,
     Ledger,
     check_distinct_shards,
@@ -181,7 +180,7 @@ class LazyContents:
         self._all_offsets: np.ndarray | None = None
         self.dtype: np.dtype | None = None
         if ledger.layout == SHARDED:
-            entries = shard_table(ledger, field, where=posixpath.join(path, LEDGER_FILE_NAME))
+            entries = shard_table(ledger, field, root=path)
             check_distinct_shards(path, [e.name for e in entries])
             self.parts = tuple(e.name for e in entries)
             rows = np.array([e.rows for e in entries], dtype=np.int64)

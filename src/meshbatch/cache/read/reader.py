@@ -313,25 +313,20 @@ class TokenCache:
         return RunRead(buffer, runs.run_starts, runs.run_offsets, runs.span_starts, lengths)
 
     def prepare_read(self, starts, lengths, out: np.ndarray, at: int) -> PendingRead:
-        """Plans reading token spans, coalesced, into ``out[at:]``; ``run_reads`` issues it.
+        """Plans reading token spans (as ``read_runs`` takes them), coalesced, into ``out[at:]``;
+        ``run_reads`` issues it.
 
         Reads planned on several caches (or for several devices) and run together share one
         TensorStore batch. ``out`` may be int32 whatever the on-disk dtype: narrower integer
         dtypes are widened as they are decoded; wider ones are read aside and checked to fit.
 
-        Args:
-            starts: int ``[n]`` global token offsets, any order, duplicates allowed.
-            lengths: int ``[n]`` span lengths.
-            out: the destination buffer; the unique runs go to ``out[at : result.end]``.
-            at: where in ``out`` this read's tokens begin.
-
         Returns:
-            A ``PendingRead`` whose ``span_starts`` say where each span will lie in ``out``.
+            A ``PendingRead`` whose ``span_starts`` say where each span will lie in ``out``; the
+            unique runs go to ``out[at : result.end]``.
 
         Raises:
-            TypeError: spans that are not integers, ``out`` not an integer numpy array, ``at`` not an int.
-            ValueError: malformed or negative spans, or ``out`` too small.
-            IndexError: a span ends beyond ``num_tokens``.
+            TypeError, ValueError, IndexError: as ``read_runs``; also ``out`` not a 1-D integer
+                numpy array (TypeError) or too small (ValueError), ``at`` not an int >= 0.
         """
         check_out_buffer("out", out, at=at)
         starts, lengths = as_spans(starts, lengths)

@@ -24,7 +24,6 @@ passes read the cache its reader loaded.
 
 from __future__ import annotations
 
-import posixpath
 import threading
 from collections.abc import Callable, Collection
 
@@ -78,11 +77,7 @@ def shard_ledgers(
     """
     if ledger.layout != SHARDED:
         return {}
-    names = [
-        entry.name
-        for entry in shard_table(ledger, field, where=posixpath.join(root, LEDGER_FILE_NAME))
-        if entry.name not in skip
-    ]
+    names = [entry.name for entry in shard_table(ledger, field, root=root) if entry.name not in skip]
     return read_shard_ledgers(root, names, context)
 
 
