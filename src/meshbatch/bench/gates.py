@@ -14,24 +14,15 @@ from typing import Any
 
 import jax
 
-from .compile_count import count_compiles
-
-
-def recompiles(fn: Callable, args: tuple, variants: Sequence[tuple[str, tuple]]) -> dict[str, int]:
-    """Programs ``jax.jit(fn)`` compiles for each variant after one call on ``args``."""
-    jitted = jax.jit(fn)
-    jax.block_until_ready(jitted(*args))
-    out = {}
-    for label, variant in variants:
-        with count_compiles() as compiled:
-            jax.block_until_ready(jitted(*variant))
-        out[label] = len(compiled)
-    return out
+from .compile_count import variant_compiles
 
 
 def assert_no_recompiles(fn: Callable, args: tuple, variants: Sequence[tuple[str, tuple]]) -> None:
-    """Raises ``AssertionError`` naming each variant that made ``jax.jit(fn)`` compile again."""
-    found = {label: n for label, n in recompiles(fn, args, variants).items() if n}
+    """Raises ``AssertionError`` naming each variant that made ``jax.jit(fn)`` compile again
+    after one call on ``args``."""
+    jitted = jax.jit(fn)
+    jax.block_until_ready(jitted(*args))
+    found = {label: n for label, n in variant_compiles(jitted, variants).items() if n}
     if found:
         raise AssertionError(
             f"{getattr(fn, '__name__', fn)!r} recompiled: {found} (variant: programs compiled)"
