@@ -229,9 +229,10 @@ class Pipeline:
         step = check_step(step)
         if self._planner is not None:
             self._planner.warn_if_replay(step)
-        batch = self._take_warm(step)
-        if batch is None:
-            batch = self._make(step)
+        with self._warm_lock:
+            warm = self._claim_warm_locked(step)
+        # the warm batch is taken outside the lock (waiting for it; raising what making it raised)
+        batch = self._make(step) if warm is None else warm.take()
         self._took(step)
         return batch
 
@@ -275,18 +276,15 @@ class Pipeline:
         if warm is not None:
             warm.done.wait()
 
-    def _take_warm(self, step: int) -> Batch | None:
-        """The warm batch if it is ``step``'s (waiting for it; raising what making it raised),
-        else ``None``, the warm batch of another step discarded."""
-        with self._warm_lock:
-            warm = self._warm
-            if warm is None:
-                return None
-            if warm.step != step:
-                self._discard_warm_locked()
-                return None
-            self._warm = None
-        return warm.take()
+    def _claim_warm_locked(self, step: int) -> Warm | None:
+        """The warm-up, no longer the pipeline's, if it is ``step``'s; else ``None``, the warm
+        batch of another step discarded."""
+        warm = self._warm
+        if warm is not None and warm.step != step:
+            self._discard_warm_locked()
+            return None
+        self._warm = None
+        return warm
 
     def _grow(self, step: int) -> None:
         """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
@@ -499,11 +497,7 @@ class Pipeline:
         if self._planner is not None:
             self._planner.warn_if_replay(start)
         with self._warm_lock:  # the warm batch goes to the stream if it is its first step's
-            warm = self._warm
-            if warm is not None and warm.step != start:
-                self._discard_warm_locked()
-                warm = None
-            self._warm = None
+            warm = self._claim_warm_locked(start)
             # counted before the workers start (shared programs: a step may read at once), or
             # before the warm batch the stream takes was read
             self._stream_counters = warm.counters if warm is not None else read_counters(self.dataset)
