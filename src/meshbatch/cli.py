@@ -158,10 +158,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.baseline:
         from .bench.gates import assert_no_regression
 
-        with open(args.baseline) as f:
-            baseline = json.load(f)
         try:
-            assert_no_regression(report["results"], baseline, tolerance=args.tolerance)
+            assert_no_regression(report["results"], args.baseline, tolerance=args.tolerance)
         except AssertionError as failed:
             print(f"meshbatch bench: regression against {args.baseline}: {failed}", file=sys.stderr)
             return 1

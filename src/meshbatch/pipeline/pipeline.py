@@ -380,12 +380,8 @@ class Pipeline:
         else:
             if state is None:
                 before = self._planner.state(step)
-            elif not isinstance(state, dict):
-                raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
             else:
-                resume_step(state.get("step"), step)
-                saved = {k: v for k, v in state.items() if k not in ("version", "step", "content")}
-                before = self._host.load_state_dict(saved)
+                before = self._host.load_state_dict(split_state(state, step)[2])
             plan, _ = self._plan_rows(step, rows, before)
         plan = jax.tree.map(np.asarray, plan)
         sources = self._host.provenance(plan)
@@ -448,16 +444,7 @@ class Pipeline:
         Raises:
             TypeError, ValueError: a malformed checkpoint, naming what is wrong.
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
-        rest = dict(state)
-        version = rest.pop("version", None)
-        if version is None and "step" in rest:
-            raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
-        if version is not None and version != STATE_VERSION:
-            raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
-        step = resume_step(rest.pop("step", None), step)
-        content = rest.pop("content", None)
+        step, content, rest = split_state(state, step)
         if content is not None and content != self.content_fingerprint():
             logger.warning(
                 "resuming at step %d from a checkpoint of other data: its content fingerprint is %s, this "
@@ -660,17 +647,27 @@ class Warm:
         return value
 
 
-def resume_step(saved, given) -> int:
-    """The step a checkpoint resumes at: its own ``step`` (``saved``), the caller's (``given``),
-    both when they agree; refused when neither says."""
+def split_state(state, given: int | None) -> tuple[int, str | None, dict[str, Any]]:
+    """A ``state_dict()`` (or a bare ``{"datasets": [...]}``) checked and split into the step it
+    resumes at (its own ``step``, the caller's ``given``, both when they agree; refused when
+    neither says), its content fingerprint and the dataset's own state."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
+    rest = dict(state)
+    version = rest.pop("version", None)
+    if version is None and "step" in rest:
+        raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
+    if version is not None and version != STATE_VERSION:
+        raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
+    saved, content = rest.pop("step", None), rest.pop("content", None)
     if saved is None and given is None:
         raise ValueError(
             "the state has no 'step' (a bare {'datasets': [...]} token-balanced checkpoint): pass the "
             "step to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
         )
     if saved is None:
-        return check_step(given)
+        return check_step(given), content, rest
     saved = check_int("state['step']", saved, low=0)
     if given is not None and check_step(given) != saved:
         raise ValueError(f"step={given} differs from the state's step={saved}")
-    return saved
+    return saved, content, rest
