@@ -85,9 +85,10 @@ class BatchSchedule:
         i = self._segment(step)
         return self._offsets[i] + (step - self._starts[i]) * self._sizes[i]
 
-    def steps_within(self, total: int) -> int:
+    def steps_within(self, total: int, pad: bool = False) -> int:
         """Steps whose batches all fit in the first ``total`` examples: the first step that does
-        not fit. O(log steps)."""
+        not fit; with ``pad``, plus that step when it holds some of them (Levanter's
+        ``DataLoader`` count: ``find_step_containing_offset(total)``, + 1 when it pads). O(log steps)."""
         low, high = 0, 1
         while self.offset(high) + self.batch_size(high) <= total:
             high *= 2
@@ -97,7 +98,11 @@ class BatchSchedule:
                 low = mid + 1
             else:
                 high = mid
-        return low
+        return low + (pad and self.offset(low) < total)
+
+    def rows_within(self, step: int, total: int) -> int:
+        """Rows of ``step``'s batch that hold examples of a ``total``-example stream (the rest pad)."""
+        return max(0, min(self.batch_size(step), total - self.offset(step)))
 
     def rows(self, step: int, rows: np.ndarray, num_examples: int) -> tuple[np.ndarray, np.ndarray]:
         """The uint32 ``(position, epoch)`` of batch rows ``rows`` of ``step`` in a stream of epochs of

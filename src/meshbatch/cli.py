@@ -158,10 +158,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.baseline:
         from .bench.gates import assert_no_regression
 
-        with open(args.baseline) as f:
-            baseline = json.load(f)
         try:
-            assert_no_regression(report["results"], baseline, tolerance=args.tolerance)
+            assert_no_regression(report["results"], args.baseline, tolerance=args.tolerance)
         except AssertionError as failed:
             print(f"meshbatch bench: regression against {args.baseline}: {failed}", file=sys.stderr)
             return 1
@@ -184,27 +182,20 @@ def _add_provenance(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_provenance)
 
 
-def load_factory(spec: str):
-    """The callable ``module:function`` names.
-
-    Raises:
-        ValueError: ``spec`` without a colon, or naming nothing callable.
-    """
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"factory={spec!r} must be module:function (e.g. my_project.data:make_pipeline)")
-    found = getattr(importlib.import_module(module), name, None)
-    if not callable(found):
-        raise ValueError(f"{spec!r} names no function in {module} (got {found!r})")
-    return found
-
-
 def _provenance(args: argparse.Namespace) -> int:
     from .pipeline import Pipeline
 
     if not args.step and not args.fingerprint:
         raise ValueError("give --step N (one or more) or --fingerprint")
-    pipeline = load_factory(args.factory)()
+    module, _, name = args.factory.partition(":")
+    if not module or not name:
+        raise ValueError(
+            f"factory={args.factory!r} must be module:function (e.g. my_project.data:make_pipeline)"
+        )
+    factory = getattr(importlib.import_module(module), name, None)
+    if not callable(factory):
+        raise ValueError(f"{args.factory!r} names no function in {module} (got {factory!r})")
+    pipeline = factory()
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"{args.factory} returned {type(pipeline).__name__}, not a meshbatch Pipeline")
     state = None

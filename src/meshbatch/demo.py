@@ -54,24 +54,7 @@ def write_corpus(path: pathlib.Path) -> list[str]:
     return names
 
 
-def splice_spec(seq_len: int) -> dict:
-    return dict(
-        seq_len=seq_len,
-        content_length=seq_len * 5 // 8,  # room in front of each copy for the offset jitter
-        content_start_mode="coverage_balanced",
-        alpha=0.8,
-        offset_jitter=16,
-        jitter_mode="low_discrepancy",
-        balance_mode="by_temperature",
-        balance_tau=0.7,
-        epoch_length=2048,
-        shuffle_per_epoch=True,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-    )
-
-
-def coverage_table(dataset, schedule, names, selection, streamed_docs) -> list[dict]:
+def coverage_table(schedule, names, selection, streamed_docs) -> list[dict]:
     rows_per_epoch = pairs_per_doc(schedule)
     table = []
     for d, (index, length) in enumerate(zip(selection.indices, selection.lengths, strict=True)):
@@ -162,7 +145,22 @@ def main(argv=None) -> int:
     )
     print(f"selected ({selection.reason}): " + ", ".join(names[i] for i in selection.indices))
 
-    dataset = SpliceLMDataset.from_cache(cache, selection.indices, **splice_spec(args.seq_len))
+    dataset = SpliceLMDataset.from_cache(
+        cache,
+        selection.indices,
+        seq_len=args.seq_len,
+        content_length=args.seq_len * 5 // 8,  # room in front of each copy for the offset jitter
+        content_start_mode="coverage_balanced",
+        alpha=0.8,
+        offset_jitter=16,
+        jitter_mode="low_discrepancy",
+        balance_mode="by_temperature",
+        balance_tau=0.7,
+        epoch_length=2048,
+        shuffle_per_epoch=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     key = jax.random.key(0)
     pipeline = Pipeline(dataset, mesh=mesh, batch_size=args.batch_size, key=key)
@@ -213,7 +211,7 @@ def main(argv=None) -> int:
     if not np.array_equal(doc, streamed):
         raise AssertionError("the streamed doc_idx disagrees with the schedule's plan")
 
-    table = coverage_table(dataset, schedule, names, selection, streamed)
+    table = coverage_table(schedule, names, selection, streamed)
     print(
         f"\n{'doc':>3} {'topic':<20} {'length':>7} {'rows/epoch':>10} {'streamed':>8} {'covered':>8} "
         f"{'copies min/mean/max':>20} {'edge/middle':>11}"

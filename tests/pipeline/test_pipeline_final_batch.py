@@ -11,7 +11,6 @@ from test_pipeline import SEQ, expected_stream
 
 from meshbatch import BatchSchedule, CausalLMDataset, Pipeline, ShuffleSpec
 from meshbatch.cache import TokenCache
-from meshbatch.pipeline.final_batch import steps_in
 
 SPEC = ShuffleSpec("full")
 SCHEDULE = BatchSchedule([(0, 8), (3, 16)])
@@ -26,12 +25,12 @@ def pipelines(path: str) -> tuple[Pipeline, Pipeline, int]:
     return drop, Pipeline(dataset, **common, pad_final_batch=True), 2 * dataset.num_examples
 
 
-def test_steps_in_counts_like_levanter():
+def test_steps_within_counts_like_levanter():
     schedule = BatchSchedule(8)
-    assert [steps_in(schedule, total, pad) for total in (104, 105, 106) for pad in (False, True)] == [
+    assert [schedule.steps_within(total, pad) for total in (104, 105, 106) for pad in (False, True)] == [
         13, 13, 13, 14, 13, 14,
     ]  # fmt: skip
-    assert steps_in(SCHEDULE, 3 * 8 + 16 + 1, True) == 5 and steps_in(SCHEDULE, 3 * 8 + 16, True) == 4
+    assert SCHEDULE.steps_within(3 * 8 + 16 + 1, True) == 5 and SCHEDULE.steps_within(3 * 8 + 16, True) == 4
 
 
 def test_the_final_partial_step_is_dropped_or_padded(cache_path):

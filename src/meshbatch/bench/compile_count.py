@@ -88,6 +88,16 @@ def count_compiles(*, this_thread: bool = False) -> Iterator[list[str]]:
         yield programs.events
 
 
+def variant_compiles(jitted, variants) -> dict[str, int]:
+    """Programs each ``(label, args)`` variant makes an already-called ``jitted`` compile again."""
+    out = {}
+    for label, variant in variants:
+        with count_compiles() as compiled:
+            jax.block_until_ready(jitted(*variant))
+        out[label] = len(compiled)
+    return out
+
+
 @contextlib.contextmanager
 def compile_seconds(*, this_thread: bool = False) -> Iterator[dict[str, float]]:
     """Yields ``{"trace_s", "lower_s", "compile_s", "compiles"}`` summed over the compiles inside

@@ -9,29 +9,23 @@ The pytest fixture ``jit_bench`` (``meshbatch.bench.pytest_plugin``) hands both 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from .compile_count import count_compiles
-
-
-def recompiles(fn: Callable, args: tuple, variants: Sequence[tuple[str, tuple]]) -> dict[str, int]:
-    """Programs ``jax.jit(fn)`` compiles for each variant after one call on ``args``."""
-    jitted = jax.jit(fn)
-    jax.block_until_ready(jitted(*args))
-    out = {}
-    for label, variant in variants:
-        with count_compiles() as compiled:
-            jax.block_until_ready(jitted(*variant))
-        out[label] = len(compiled)
-    return out
+from .compile_count import variant_compiles
+from .measure import Measurement
 
 
 def assert_no_recompiles(fn: Callable, args: tuple, variants: Sequence[tuple[str, tuple]]) -> None:
-    """Raises ``AssertionError`` naming each variant that made ``jax.jit(fn)`` compile again."""
-    found = {label: n for label, n in recompiles(fn, args, variants).items() if n}
+    """Raises ``AssertionError`` naming each variant that made ``jax.jit(fn)`` compile again
+    after one call on ``args``."""
+    jitted = jax.jit(fn)
+    jax.block_until_ready(jitted(*args))
+    found = {label: n for label, n in variant_compiles(jitted, variants).items() if n}
     if found:
         raise AssertionError(
             f"{getattr(fn, '__name__', fn)!r} recompiled: {found} (variant: programs compiled)"
@@ -39,24 +33,31 @@ def assert_no_recompiles(fn: Callable, args: tuple, variants: Sequence[tuple[str
 
 
 def assert_no_regression(
-    results: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], *, tolerance: float = 0.25
+    results: Sequence[Mapping[str, Any] | Measurement],
+    baseline: Mapping[str, Any] | str | os.PathLike,
+    *,
+    tolerance: float = 0.25,
 ) -> None:
-    """Raises ``AssertionError`` for each result whose median run time exceeds the baseline's
-    (a ``meshbatch bench`` JSON, by benchmark name) by more than ``tolerance``, or that
-    recompiles where the baseline did not. Names missing from the baseline are not compared.
+    """Raises ``AssertionError`` for each result (a ``Measurement`` or its JSON row) whose median
+    run time exceeds the baseline's (a ``meshbatch bench`` JSON, or its path, by benchmark name)
+    by more than ``tolerance``, or that recompiles where the baseline did not. Names missing from
+    the baseline are not compared.
 
     Raises:
         ValueError: a negative ``tolerance`` or a baseline without ``results``.
     """
     if tolerance < 0:
         raise ValueError(f"tolerance={tolerance} must be >= 0")
+    if not isinstance(baseline, Mapping):
+        with open(baseline) as f:
+            baseline = json.load(f)
     if "results" not in baseline:
         raise ValueError(
             f"the baseline has no 'results' (keys: {sorted(baseline)}): not a meshbatch bench JSON"
         )
     before = {r["name"]: r for r in baseline["results"]}
     failures = []
-    for r in results:
+    for r in (r.to_json() if isinstance(r, Measurement) else r for r in results):
         old = before.get(r["name"])
         if old is None:
             continue

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .compile_count import count_compiles
+from .compile_count import variant_compiles
 
 logger = logging.getLogger(__name__)
 MIN_REPEATS = 20
@@ -302,11 +302,7 @@ def measure(
     elapsed = time.perf_counter() - t0
     dispatch = {"calls": dispatch_calls, "seconds": elapsed, "calls_per_s": dispatch_calls / elapsed}
 
-    by_variant = {}
-    for label, variant in variants:
-        with count_compiles() as compiled_now:
-            jax.block_until_ready(jitted(*variant))
-        by_variant[label] = len(compiled_now)
+    by_variant = variant_compiles(jitted, variants)
     cost, memory = cost_of(compiled), memory_of(compiled)
     bandwidth = bandwidth if bandwidth is not None else copy_bandwidth()
     seconds = (device_run or run)["median_s"]

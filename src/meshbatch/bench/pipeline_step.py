@@ -81,7 +81,10 @@ def measure_pipeline_step(cache: TokenCache, shapes: Shapes, *, repeats: int = M
         for _ in range(steps):
             jax.block_until_ready(next(stream))
         elapsed = time.perf_counter() - t0
-    compiled = _build_compiled(pipeline, repeats + 1)
+    # the build program of the next step, its inputs made as ``Pipeline._make`` makes them
+    layout = pipeline._layouts[rows]
+    kernel, _ = pipeline._build[rows]
+    compiled = kernel.lower(pipeline._build_arrays, *pipeline._host_inputs(repeats + 1, layout)).compile()
     names = sorted({k for p in phases for k in p})
     return {
         "name": "pipeline_step",
@@ -117,11 +120,3 @@ def measure_pipeline_step(cache: TokenCache, shapes: Shapes, *, repeats: int = M
         "bandwidth_fraction": None,
         "output_bandwidth_fraction": None,
     }
-
-
-def _build_compiled(pipeline: Pipeline, step: int):
-    """The compiled build program of ``step`` (its inputs made as ``Pipeline._make`` makes them),
-    for XLA's cost and memory analysis."""
-    layout = pipeline._layouts[pipeline.schedule.batch_size(step)]
-    kernel, _ = pipeline._build[layout.batch_size]
-    return kernel.lower(pipeline._build_arrays, *pipeline._host_inputs(step, layout)).compile()

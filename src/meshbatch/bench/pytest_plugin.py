@@ -14,14 +14,11 @@ Load it in a ``conftest.py``::
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from .compile_count import count_compiles
 from .gates import assert_no_recompiles, assert_no_regression
-from .measure import Measurement, measure
+from .measure import measure
 
 
 class JitBench:
@@ -30,16 +27,7 @@ class JitBench:
     count_compiles = staticmethod(count_compiles)
     measure = staticmethod(measure)
     assert_no_recompiles = staticmethod(assert_no_recompiles)
-
-    @staticmethod
-    def assert_no_regression(results, baseline: str | os.PathLike | dict, *, tolerance: float = 0.25) -> None:
-        """``gates.assert_no_regression`` of ``Measurement``s (or JSON rows) against a baseline
-        ``meshbatch bench`` JSON (a path or its loaded dict)."""
-        if not isinstance(baseline, dict):
-            with open(baseline) as f:
-                baseline = json.load(f)
-        rows = [r.to_json() if isinstance(r, Measurement) else r for r in results]
-        assert_no_regression(rows, baseline, tolerance=tolerance)
+    assert_no_regression = staticmethod(assert_no_regression)
 
 
 @pytest.fixture

@@ -167,7 +167,6 @@ def _bytes(n: float | None) -> str:
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _pct(fraction: float | None) -> str:

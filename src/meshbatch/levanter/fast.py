@@ -7,7 +7,7 @@ and places them on the mesh. ``PipelineLoader`` has the ``DataLoader``'s interfa
 no per-example objects, no host stacking. A ``MeshbatchDataset``'s row ``g`` is the pipeline's
 stream position ``g``, so the batches equal the ``DataLoader``'s bit for bit (tested), the last
 one of a finite stream (``epochs``) included: padded with zero rows, as the ``DataLoader`` pads it
-(``pad_final_batch``, ``meshbatch.pipeline.final_batch``).
+(``pad_final_batch``, ``meshbatch.pipeline.pipeline``).
 
 ``fast_path()`` makes ``Trainer.data_loader`` return one for a ``MeshbatchDataset`` (the entry
 point ``meshbatch.levanter.train_lm`` runs inside it); any other dataset gets Levanter's loader.

@@ -35,6 +35,14 @@ hold the pipeline weakly (``_weak_produce``), the pipeline holds its latest stre
 stream holds its pipeline (so a stream alone keeps making batches). A dropped stream stops its
 workers (``Prefetcher``'s finalizer); a dropped pipeline with no stream is collected, its warm
 batch with it.
+
+The end of a finite stream (``max_epochs``): ``total = max_epochs * n`` rarely ends on a step
+boundary. ``pad_final_batch=False`` stops before the step it ends inside; ``True`` yields that
+step too, its rows past the end zeros in every leaf (``_pad_rows``), as Levanter's
+``DataLoader(pad_final_batch=True)`` pads (``tree_zeros_like`` of an example). Same shape, same
+compiled build: the zeroing is host work on the few shards that hold padding rows.
+
+    total 106, batch 8:  drop -> 13 steps;  pad -> 14 steps, step 13 holds rows 104, 105 and 6 zero rows
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -56,9 +65,8 @@ from meshbatch.kernels import Batch
 
 from ..batch_schedule import BatchSchedule
 from .fetch import fetch
-from .final_batch import pad_rows, real_rows, steps_in
 from .prefetch import EndOfStream, Prefetcher, check_prefetch, host_work_done, join_at_exit
-from .programs import build_program, plan_program, split_program
+from .programs import build_program, plan_program
 from .row_layout import RowLayout
 from .state_planner import StatePlanner
 from .telemetry import StreamLog, bind, phase, read_counters, record_read
@@ -84,7 +92,7 @@ class Pipeline:
         pad_final_batch: with ``max_epochs``, where the last epoch ends inside a step: ``False``
             (the default) stops before that step; ``True`` yields it too, its rows past the end
             zeros in every leaf (loss mask 0), as Levanter's ``DataLoader(pad_final_batch=True)``
-            pads (``final_batch``; same shapes, nothing recompiles).
+            pads (see the module docstring; same shapes, nothing recompiles).
         stages: build stages applied per shard after ``build`` (``BuildStage``), in order.
         state: a ``state_dict()`` to start from (a stateful dataset's checkpoint).
         warmup: start making the first step's batch (step 0, or ``state``'s step) at once, in the
@@ -163,7 +171,7 @@ class Pipeline:
         if self._host_plans:
             self._plan_device = jax.device_put(device, self._cpu)
         local_mesh = next(iter(self._layouts.values())).local_mesh
-        arrays, static = split_program(device, self.stages)
+        arrays, static = eqx.partition((device, self.stages), eqx.is_array)  # inputs; the program's key
         self._build_arrays = jax.device_put(arrays, NamedSharding(local_mesh, PartitionSpec()))
         self._build = {b: build_program(static, layout.local_mesh, self._host_plans)
                        for b, layout in self._layouts.items()}  # fmt: skip
@@ -186,13 +194,13 @@ class Pipeline:
     def _count_steps(self) -> int | None:
         if self.max_epochs is None or not self._host.length_is_final:
             return None
-        return steps_in(self.schedule, self.max_epochs * self._host.num_examples, self.pad_final_batch)
+        return self.schedule.steps_within(self.max_epochs * self._host.num_examples, self.pad_final_batch)
 
     def _real_rows(self, step: int) -> int:
         """Rows of ``step`` that hold examples: all but in a padded final step."""
         if self._num_steps is None:  # endless, or a length not final yet
             return self.schedule.batch_size(step)
-        return real_rows(self.schedule, step, self.max_epochs * self._host.num_examples)
+        return self.schedule.rows_within(step, self.max_epochs * self._host.num_examples)
 
     def _rows(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.schedule.rows(step, rows, self._host.num_examples)
@@ -221,9 +229,10 @@ class Pipeline:
         step = check_step(step)
         if self._planner is not None:
             self._planner.warn_if_replay(step)
-        batch = self._take_warm(step)
-        if batch is None:
-            batch = self._make(step)
+        with self._warm_lock:
+            warm = self._claim_warm_locked(step)
+        # the warm batch is taken outside the lock (waiting for it; raising what making it raised)
+        batch = self._make(step) if warm is None else warm.take()
         self._took(step)
         return batch
 
@@ -267,18 +276,15 @@ class Pipeline:
         if warm is not None:
             warm.done.wait()
 
-    def _take_warm(self, step: int) -> Batch | None:
-        """The warm batch if it is ``step``'s (waiting for it; raising what making it raised),
-        else ``None``, the warm batch of another step discarded."""
-        with self._warm_lock:
-            warm = self._warm
-            if warm is None:
-                return None
-            if warm.step != step:
-                self._discard_warm_locked()
-                return None
-            self._warm = None
-        return warm.take()
+    def _claim_warm_locked(self, step: int) -> Warm | None:
+        """The warm-up, no longer the pipeline's, if it is ``step``'s; else ``None``, the warm
+        batch of another step discarded."""
+        warm = self._warm
+        if warm is not None and warm.step != step:
+            self._discard_warm_locked()
+            return None
+        self._warm = None
+        return warm
 
     def _grow(self, step: int) -> None:
         """Quick start: wait until the rows of ``step`` are written; once the dataset's length is
@@ -325,7 +331,7 @@ class Pipeline:
         real = self._real_rows(step)
         if real < layout.batch_size:  # the padded final step (pad_final_batch)
             with phase("pad"):
-                batch = pad_rows(batch, real)
+                batch = _pad_rows(batch, real)
         return batch
 
     def _host_inputs(self, step: int, layout: RowLayout) -> tuple[Plan, Content | None]:
@@ -374,12 +380,8 @@ class Pipeline:
         else:
             if state is None:
                 before = self._planner.state(step)
-            elif not isinstance(state, dict):
-                raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
             else:
-                resume_step(state.get("step"), step)
-                saved = {k: v for k, v in state.items() if k not in ("version", "step", "content")}
-                before = self._host.load_state_dict(saved)
+                before = self._host.load_state_dict(split_state(state, step)[2])
             plan, _ = self._plan_rows(step, rows, before)
         plan = jax.tree.map(np.asarray, plan)
         sources = self._host.provenance(plan)
@@ -442,16 +444,7 @@ class Pipeline:
         Raises:
             TypeError, ValueError: a malformed checkpoint, naming what is wrong.
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
-        rest = dict(state)
-        version = rest.pop("version", None)
-        if version is None and "step" in rest:
-            raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
-        if version is not None and version != STATE_VERSION:
-            raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
-        step = resume_step(rest.pop("step", None), step)
-        content = rest.pop("content", None)
+        step, content, rest = split_state(state, step)
         if content is not None and content != self.content_fingerprint():
             logger.warning(
                 "resuming at step %d from a checkpoint of other data: its content fingerprint is %s, this "
@@ -491,11 +484,7 @@ class Pipeline:
         if self._planner is not None:
             self._planner.warn_if_replay(start)
         with self._warm_lock:  # the warm batch goes to the stream if it is its first step's
-            warm = self._warm
-            if warm is not None and warm.step != start:
-                self._discard_warm_locked()
-                warm = None
-            self._warm = None
+            warm = self._claim_warm_locked(start)
             # counted before the workers start (shared programs: a step may read at once), or
             # before the warm batch the stream takes was read
             self._stream_counters = warm.counters if warm is not None else read_counters(self.dataset)
@@ -559,6 +548,31 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate_from(0)
+
+
+def _pad_rows(tree, real: int):
+    """``tree`` of global ``[batch, ...]`` arrays with rows ``real`` and on set to zero.
+
+    Every process zeroes its own shards: a shard wholly before ``real`` stays as built; one
+    holding padding rows is copied to the host, zeroed there and put back on its device.
+    """
+
+    def leaf(array: jax.Array) -> jax.Array:
+        by_device = {}
+        for shard in array.addressable_shards:
+            start, stop, _ = shard.index[0].indices(array.shape[0])
+            if stop <= real:
+                by_device[shard.device] = shard.data
+                continue
+            host = np.array(shard.data)  # a writable copy
+            host[max(real - start, 0) :] = 0
+            by_device[shard.device] = jax.device_put(host, shard.device)
+        order = array.sharding.addressable_devices_indices_map(array.shape)
+        return jax.make_array_from_single_device_arrays(
+            array.shape, array.sharding, [by_device[device] for device in order]
+        )
+
+    return jax.tree.map(leaf, tree)
 
 
 def _weak_produce(ref: weakref.ref[Pipeline], warm: Warm | None):
@@ -633,17 +647,27 @@ class Warm:
         return value
 
 
-def resume_step(saved, given) -> int:
-    """The step a checkpoint resumes at: its own ``step`` (``saved``), the caller's (``given``),
-    both when they agree; refused when neither says."""
+def split_state(state, given: int | None) -> tuple[int, str | None, dict[str, Any]]:
+    """A ``state_dict()`` (or a bare ``{"datasets": [...]}``) checked and split into the step it
+    resumes at (its own ``step``, the caller's ``given``, both when they agree; refused when
+    neither says), its content fingerprint and the dataset's own state."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from state_dict() (got state={state!r})")
+    rest = dict(state)
+    version = rest.pop("version", None)
+    if version is None and "step" in rest:
+        raise ValueError(f"state has a 'step' but no 'version' (keys: {sorted(state)})")
+    if version is not None and version != STATE_VERSION:
+        raise ValueError(f"state version={version!r} is not {STATE_VERSION} (keys: {sorted(state)})")
+    saved, content = rest.pop("step", None), rest.pop("content", None)
     if saved is None and given is None:
         raise ValueError(
             "the state has no 'step' (a bare {'datasets': [...]} token-balanced checkpoint): pass the "
             "step to resume at, load_state_dict(state, step=k) or iterate_from(k, state=state)"
         )
     if saved is None:
-        return check_step(given)
+        return check_step(given), content, rest
     saved = check_int("state['step']", saved, low=0)
     if given is not None and check_step(given) != saved:
         raise ValueError(f"step={given} differs from the state's step={saved}")
-    return saved
+    return saved, content, rest

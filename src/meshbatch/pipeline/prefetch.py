@@ -88,7 +88,7 @@ class _Workers:
 
     def work(self) -> None:
         bind(self.log)
-        bind_turn(self.turn_after_reads, self.work_done)
+        _local.wait, _local.done = self.turn_after_reads, self.work_done  # for wait_turn, host_work_done
         while True:
             with self.lock:
                 while not self.stopped and self.next_claim - self.consumed >= self.depth:
@@ -457,12 +457,6 @@ class Shadow:
         if since <= last or since >= (1 + f) * high:
             return 0.0
         return (1 + f) * high - since
-
-
-def bind_turn(wait: Callable[[], None] | None, done: Callable[[], None] | None = None) -> None:
-    """Makes ``wait`` what ``wait_turn`` calls in this thread (a producer thread of a stream), and
-    ``done`` what ``host_work_done`` calls."""
-    _local.wait, _local.done = wait, done
 
 
 def wait_turn() -> None:

@@ -64,16 +64,10 @@ def build_program_single(device: DeviceDataset, plan: Plan, content):
     return device.build(plan, content)
 
 
-def split_program(device: DeviceDataset, stages: tuple) -> tuple:
-    """``(arrays, static)`` of a build's device half and stages: the arrays go in as inputs, the
-    (hashable) rest selects the program (``build_program``)."""
-    return eqx.partition((device, stages), eqx.is_array)
-
-
 @functools.cache
 def build_program(static, mesh: Mesh, host_plans: bool):
-    """The per-shard build of ``static`` (``split_program``'s second half) over ``mesh``'s
-    ``"local"`` axis: ``program(arrays, plan, content)`` when the host plans, else
+    """The per-shard build of ``static`` (``eqx.partition``'s second half of ``(device, stages)``)
+    over ``mesh``'s ``"local"`` axis: ``program(arrays, plan, content)`` when the host plans, else
     ``program(arrays, rows)`` (plan and build together on the devices)."""
 
     def per_shard(arrays, *inputs):
