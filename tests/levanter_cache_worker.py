@@ -76,15 +76,15 @@ quick = CausalLMConfig(
 )  # fmt: skip
 opened_early = []
 if process_id == 0:
-    remove_leftover = quick_start._remove_leftover
+    remove_leftover = quick_start.remove_commit
 
     def remove_once_the_reader_had_time_to_look(*args):
-        quick_start._remove_leftover = remove_leftover  # only this build's
+        quick_start.remove_commit = remove_leftover  # only this build's
         signal("locked")
         opened_early.append(signalled("opened", 1.5))
         remove_leftover(*args)
 
-    quick_start._remove_leftover = remove_once_the_reader_had_time_to_look
+    quick_start.remove_commit = remove_once_the_reader_had_time_to_look
 else:
     assert signalled("locked", 60), "process 0 never took the lock"
 grown = growing_cache(quick, quick.cache_dir)  # one process (or run) builds, the others read it grow

@@ -22,6 +22,7 @@ from levanter.store.cache import CacheOptions, TreeCache
 from threads import error_within
 
 from meshbatch.cache import ByteTokenizer, CacheWaitTimeout, TokenCache
+from meshbatch.cache.builds import quick_start_running
 from meshbatch.cache.format.ledger import Ledger, LedgerFile, try_read_ledger, write_ledger
 from meshbatch.levanter import CausalLMConfig, MeshbatchDataset, PipelineLoader, quick_start
 from meshbatch.levanter.quick_start import QuickStartBuildError, growing_cache
@@ -189,7 +190,7 @@ def test_a_cache_published_while_taking_the_lock_is_opened_not_rebuilt(root, mon
     assert published.is_finished and cache.is_finished and not builders()
     time.sleep(0.3)  # a rebuild would have rewritten the ledger by now
     assert try_read_ledger(path) == published
-    assert opened[0].refresh() == 300 and not quick_start.quick_start_running(path)
+    assert opened[0].refresh() == 300 and not quick_start_running(path)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +213,7 @@ def test_closing_the_cache_stops_the_background_build_unfinished(root, long_corp
     assert not ledger.is_finished and ledger.total_num_rows < 20_000
     with pytest.raises(QuickStartBuildError, match="stopped"):
         cache.refresh()
-    assert not quick_start.quick_start_running(path)  # the lock went with the builder
+    assert not quick_start_running(path)  # the lock went with the builder
 
 
 def test_a_process_whose_consumer_fails_ends_without_finishing_the_build(root, long_corpus, tmp_path):

@@ -13,10 +13,10 @@ unfinished, on ``GrowingCache.close`` or as the process ends (its main thread ha
 ``cache_builder: ray`` is refused (Levanter's Ray build shows no row before it finishes).
 
 Who builds: process 0 of a ``jax.distributed`` run, and on a local path only the run holding the
-path's lock (``build_once.quick_start_lock``). The others read its build as it grows: the build
+path's lock (``build_news.quick_start_lock``). The others read its build as it grows: the build
 announces its ``cache_id`` (``build_news``) and every reader, this process's included, waits
-(``poll_until``: backoff to 1 s, bounded by ``MESHBATCH_CACHE_WAIT_S``) for a ledger of that
-build, or a finished one, before it opens any row, so a killed build's leftover is never read.
+(``poll_until``) for a ledger of that build, or a finished one, before it opens any row, so a
+killed build's leftover is never read.
 
 Failures: a build failing (or stopped) before its first commit raises from ``growing_cache``; one
 failing later is kept, reported to the other processes and runs (``build_news.release``), and
@@ -54,7 +54,6 @@ from meshbatch.cache.builds import (
     release,
     take_lock,
 )
-from meshbatch.cache.builds import quick_start_running as quick_start_running
 from meshbatch.cache.format.ledger import (
     Ledger,
     ledger_metadata,
@@ -138,12 +137,10 @@ def growing_cache(config, cache_dir: str | None) -> TokenCache:
     try:
         cache = finished()  # another run may have published it before we got the lock
     except BaseException:
-        if lock is not None:
-            lock.close()
+        release(path, lock, cache_id, None)
         raise
     if cache is not None:
-        if lock is not None:
-            lock.close()
+        release(path, lock, cache_id, None)
         return cache
     failed: list[BaseException] = []
     try:

@@ -5,10 +5,9 @@ missing cache; two builders writing one place tear it. Three verbs cover every c
 
 * **claim**: who builds. ``builds_here()``: process 0 of a distributed run (or a lone process).
   ``build_once(path, build)``: builds where no finished cache is, one build at a time: at a local
-  path a hidden copy renamed into place when finished (an ``fcntl`` lock marks a copy alive, so the
-  next build removes killed ones); at an object-store URL in place under a lease lock object
-  (``store_lock``: TensorStore's conditional writes, renewed while building).
-  ``quick_start_lock(path)``: a quick-start build, which grows the cache in place.
+  path a hidden copy renamed into place when finished; at an object-store URL in place under a
+  lease lock object (``store_lock``). ``quick_start_lock(path)``: a quick-start build, which grows
+  the cache in place. Every local lock is one ``build_news.flock``.
 * **publish** (``build_news``): how the others learn how it ended. A finished build publishes its
   ledger (the cache itself); a failure goes through ``jax.distributed``'s key-value store
   (``report_failure``; ``clear_failure`` before a new build); a quick-start build announces its
@@ -44,7 +43,6 @@ from .build_news import quick_start_lock as quick_start_lock
 from .build_news import quick_start_running as quick_start_running
 from .build_news import release as release
 from .build_news import report_failure as report_failure
-from .build_news import reported_failure as reported_failure
 from .build_news import take_lock as take_lock
 from .build_news import wait_for_finished as wait_for_finished
 from .build_once import build_once as build_once

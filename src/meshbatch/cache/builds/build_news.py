@@ -1,28 +1,20 @@
-"""How the processes and runs that wait for a build hear of it: which build it is, and how it ended.
+"""Claim and publish for a build (the package docstring tells who builds and who waits): the local
+``flock``s, and the news a build leaves for its waiters, which build it is and how it ended.
 
-Between the processes of a ``jax.distributed`` run a build's failure goes through its key-value
-store (``meshbatch/cache_build_failed/<path>``): process 0 (or a lone process: ``builds_here``) builds,
-and every other process waits for the finished ledger (``wait_for_finished``, bounded by
-``MESHBATCH_CACHE_WAIT_S``) or raises ``CacheBuildFailed`` with process 0's error as soon as it is
-reported::
+The news goes two ways, read through one interface (``cache_id()``, ``failure()``): to the other
+processes of a ``jax.distributed`` run through its key-value store (``RemoteNews``: keys
+``meshbatch/quick_start_build/<path>``, set by ``announce``, and ``meshbatch/cache_build_failed/<path>``,
+set by ``report_failure``), and to the other runs on this machine through a state file beside a
+local cache (``LocalNews``). A quick-start build, which grows the cache in place, tells its readers
+its ``cache_id`` so a reader opens only that build's rows (never a killed build's leftover at the
+path, which the builder is about to delete).
 
-    clear_failure("gs://b/c/train")           # process 0, before it builds
-    report_failure("gs://b/c/train", error)   # process 0, when its build raised
-    wait_for_finished("gs://b/c/train")       # the others: the finished ledger, or CacheBuildFailed
-
-A quick-start build, which grows the cache in place, also tells its readers which build it is
-(the ``cache_id`` its ledgers carry), so a reader opens only that build's rows (never a killed
-build's leftover at the path, which the builder is about to delete):
-
-* in a ``jax.distributed`` run process 0 sets ``meshbatch/quick_start_build/<path>`` in the
-  key-value store to its build's ``cache_id`` before the builder starts (``announce``), and reports
-  a failure, or a stop, as above (the others raise ``CacheBuildFailed``);
-* on a local path only the run holding the path's build lock (``quick_start_lock``: an ``flock``
-  on ``.<split>.quick-start.lock``) builds; it writes ``{"cache_id": ...}`` to
-  ``.<split>.quick-start.state`` beside it, and adds ``"error"`` when it ends unfinished. The state
-  file's own ``flock`` keeps the pair (lock held, state) consistent: a run takes the build lock and
-  writes the state holding it exclusively, a reader looks at both holding it shared, so it never
-  pairs a new build's lock with a killed build's state.
+On a local path only the run holding the path's build lock (``quick_start_lock``: an ``flock``
+on ``.<split>.quick-start.lock``) builds; it writes ``{"cache_id": ...}`` to
+``.<split>.quick-start.state`` beside it, and adds ``"error"`` when it ends unfinished. The state
+file's own ``flock`` keeps the pair (lock held, state) consistent: a run takes the build lock and
+writes the state holding it exclusively, a reader looks at both holding it shared, so it never
+pairs a new build's lock with a killed build's state.
 
     lock = take_lock("cache/owt/train", "3f9c...")  # None: another run builds it
     news = LocalNews("cache/owt/train")              # in that other run
@@ -33,7 +25,6 @@ build's leftover at the path, which the builder is about to delete):
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
@@ -67,18 +58,24 @@ def lock_path(path: str) -> str:
     return os.path.join(parent, f".{name}.quick-start.lock")
 
 
-def quick_start_lock(path: str):
-    """The open lock file of ``path``'s quick-start build if this process got it, else ``None``
-    (another run is building it in place). The lock goes with the file (``close``) or the process."""
-    lock = lock_path(path)
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    f = open(lock, "a")
+def flock(path: str, mode: int = fcntl.LOCK_EX, *, wait: bool = True, opening: str = "a"):
+    """``path`` opened (``opening``) and ``flock``ed (``LOCK_EX``, or ``LOCK_SH`` to read), or
+    ``None`` when ``wait`` is false and another process holds it: every local lock of a build. The
+    lock goes with the file (``close``) or the process."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    f = open(path, opening)
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f.fileno(), mode if wait else mode | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
         return None
     return f
+
+
+def quick_start_lock(path: str):
+    """The open lock file of ``path``'s quick-start build if this process got it, else ``None``
+    (another run is building it in place)."""
+    return flock(lock_path(path), wait=False)
 
 
 def quick_start_running(path: str) -> bool:
@@ -144,11 +141,6 @@ def clear_failure(path: str) -> None:
             pass
 
 
-def reported_failure(path: str) -> str | None:
-    """The failure process 0 reported for ``path``'s build, or None."""
-    return _get(_key("cache_build_failed", path))
-
-
 def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "process 0 builds it") -> Ledger:
     """Polls ``path``'s ledger until it is finished (``poll_until``: backoff, a log line a
     minute); returns it.
@@ -168,7 +160,7 @@ def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "pr
         return f"is not finished ({rows})"
 
     def failure() -> CacheBuildFailed | None:
-        reported = reported_failure(path)
+        reported = RemoteNews(path).failure()
         if reported is None:
             return None
         return CacheBuildFailed(f"process 0 failed to build cache {path} this process waits for: {reported}")
@@ -180,19 +172,10 @@ def wait_for_finished(path: str, *, timeout: float | None = None, why: str = "pr
     return poll_until(done, path=path, status=status, why=why, failure=failure, timeout=timeout, hint=hint)
 
 
-def state_path(path: str) -> str:
-    """``path``'s quick-start state file, beside its lock: ``.<split>.quick-start.state``."""
-    return lock_path(path).removesuffix(".lock") + ".state"
-
-
-@contextlib.contextmanager
 def _guard(path: str, mode: int):
-    """The state file, ``flock``ed (``LOCK_EX`` to change it, ``LOCK_SH`` to read it)."""
-    state = state_path(path)
-    os.makedirs(os.path.dirname(state), exist_ok=True)
-    with open(state, "a+") as f:
-        fcntl.flock(f.fileno(), mode)
-        yield f
+    """``path``'s quick-start state file beside its lock (``.<split>.quick-start.state``), ``flock``ed
+    (``LOCK_EX`` to change it, ``LOCK_SH`` to read it)."""
+    return flock(lock_path(path).removesuffix(".lock") + ".state", mode, opening="a+")
 
 
 def _write(f, state: dict) -> None:
@@ -253,7 +236,8 @@ class OwnNews:
 
 
 class RemoteNews:
-    """Process 0's build, read by another process of its ``jax.distributed`` run."""
+    """Process 0's build, read by another process of its ``jax.distributed`` run (the key-value
+    store; no news outside a distributed run)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -262,7 +246,7 @@ class RemoteNews:
         return _get(_key("quick_start_build", self.path))
 
     def failure(self) -> str | None:
-        return reported_failure(self.path)
+        return _get(_key("cache_build_failed", self.path))
 
 
 class LocalNews:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import shutil
 import uuid
 from collections.abc import Callable
 
-from meshbatch.cache.builds.build_news import is_local, quick_start_running, wait_for_finished
+from meshbatch.cache.builds.build_news import flock, is_local, quick_start_running, wait_for_finished
 from meshbatch.cache.builds.store_build import build_in_place
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME, try_read_ledger
 from meshbatch.cache.integrity.checksums import SIDECAR_FILE_NAME
@@ -48,8 +47,7 @@ def build_once(path: str, build: Callable[[str], object]) -> bool:
     os.makedirs(parent, exist_ok=True)
     _remove_dead_builds(parent, name)
     tmp = os.path.join(parent, f".{name}.building-{uuid.uuid4().hex[:12]}")
-    alive = open(f"{tmp}.lock", "w")  # held while this build lives (the process's death frees it)
-    fcntl.flock(alive.fileno(), fcntl.LOCK_EX)
+    alive = flock(f"{tmp}.lock", opening="w")  # held while this build lives (the process's death frees it)
     try:
         build(tmp)
         return _publish(tmp, path)
@@ -69,14 +67,12 @@ def _remove_dead_builds(parent: str, name: str) -> None:
             continue
         lock = os.path.join(parent, entry)
         try:
-            f = open(lock)
+            f = flock(lock, wait=False, opening="r")
         except FileNotFoundError:  # its build just finished
             continue
+        if f is None:  # a live build
+            continue
         with f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # a live build
-                continue
             copy = lock.removesuffix(".lock")
             logger.warning("meshbatch: removing %s, the copy of a build that was killed", copy)
             shutil.rmtree(copy, ignore_errors=True)

@@ -6,9 +6,8 @@ written only through TensorStore's conditional writes (``KvStore.write(key, valu
 
 * taking a free lock writes it *only if it does not exist* (``if_equal`` = the no-value generation:
   ``ifGenerationMatch=0`` on GCS, ``If-None-Match: *`` on S3); of two runs, one write succeeds, the
-  other gets the unknown generation (``b""``) back and reads the winner's lock (a refused write
-  is read back first: one whose reply was lost is retried by TensorStore and refused by its own
-  first attempt, so a key holding exactly the bytes written, unique to each write, was ours);
+  other gets the unknown generation (``b""``) back and reads the winner's lock (``_write_if``: a
+  refused write whose reply was lost was ours);
 * the holder rewrites it every ``lease_s / 4`` seconds against the generation it last wrote
   (``If-Match`` / ``ifGenerationMatch=<gen>``), and deletes it the same way when done;
 * another run takes it over only once the generation it read has stayed the same for a whole lease
