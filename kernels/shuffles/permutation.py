@@ -34,7 +34,6 @@ INVALID = feistel.INVALID
 Kind = Literal["feistel", "linear"]
 Compat = Literal["levanter"] | None
 KINDS = ("feistel", "linear")
-COMPATS = ("levanter", None)
 
 
 class LinearNetwork(eqx.Module):

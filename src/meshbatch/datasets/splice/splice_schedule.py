@@ -71,16 +71,10 @@ def schedule_key(spec: SpliceSpec, key) -> PRNGKeyArray | None:
 def splice_schedule(doc_lengths: Sequence[int] | np.ndarray, *, key=None, **spec) -> SpliceSchedule:
     """The device schedule of a splice dataset over documents of the given lengths.
 
-    Args:
-        doc_lengths: length of every document (e.g. ``TokenCache.doc_lengths()`` of a selection).
-        key: the key of the spec's shuffles and uniform jitter (a typed key or an int seed);
-            required when the spec uses one.
-        **spec: ``SpliceSpec`` fields (``seq_len``, ``content_length``, ``content_start_mode``, ...).
-
-    Returns:
-        A ``SpliceSchedule``: ``len()`` rows per epoch and a jitted ``lookup(rows, epoch) -> (doc,
-        t, s, copy_len)``. With no shuffle, row ``i`` is the ``i``-th pair in the seed's default
-        order (document, then ``t`` ascending, then ``s`` ascending).
+    ``key`` (a typed key or an int seed) drives the spec's shuffles and uniform jitter, and is
+    required when the spec uses one; ``spec`` takes ``SpliceSpec``'s fields. With no shuffle, row
+    ``i`` of the schedule is the ``i``-th pair in the seed's default order (document, then ``t``
+    ascending, then ``s`` ascending).
 
     Raises:
         TypeError, ValueError: naming the bad value, for an invalid spec or key, no usable
@@ -161,17 +155,13 @@ def _placement(lengths, spec: SpliceSpec, key: PRNGKeyArray | None, *, keyed: bo
 
 
 def _quotas(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:
-    if not (items > 0).any():
+    """Rows per document: the balance mode's weights, largest remainder over ``epoch_length``."""
+    valid = items > 0
+    if not valid.any():
         raise _no_pairs_error(spec, lengths)
     if int(items.max()) > MAX_ROWS:
         doc = int(items.argmax())
         raise ValueError(f"document {doc} (length {lengths[doc]}) has {int(items.max())} pairs, >= 2^32")
-    return quotas_of(spec, lengths, items)
-
-
-def quotas_of(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:
-    """Rows per document: the balance mode's weights, largest remainder over ``epoch_length``."""
-    valid = items > 0
     if spec.balance_mode == "by_coverage":
         weights, default = items.astype(np.float64), int(items.sum())
     elif spec.balance_mode == "by_document":  # equal rows per document, no replicated list
