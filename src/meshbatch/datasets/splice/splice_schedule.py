@@ -118,39 +118,18 @@ def epoch_rows(lengths: np.ndarray, spec: SpliceSpec) -> int:
 def _placement(lengths, spec: SpliceSpec, key: PRNGKeyArray | None, *, keyed: bool, log_summary: bool):
     """``(placement, items)``; ``keyed=False`` leaves out everything keyed (lane shuffles, the
     uniform jitter key): only ``items`` is then meant to be used."""
-    if spec.content_start_mode == "coverage_balanced":
-        uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform" and keyed
-        placement, items = balanced_placement(
-            lengths,
-            seq_len=spec.seq_len,
-            content_length=spec.content_length,
-            content_stride=spec.content_stride,
-            min_copy_len=spec.min_copy_len,
-            alpha=float(spec.alpha),
-            adaptive_k=spec.adaptive_k,
-            offset_jitter=spec.offset_jitter,
-            jitter_mode=spec.jitter_mode,
-            jitter_key=subkey(key, "jitter") if uniform_jitter else None,
-        )
-        short = int(((np.asarray(placement.jitter) <= spec.offset_jitter) & (items > 0)).sum())
-        if spec.offset_jitter and short and log_summary:
-            logger.warning(
-                "offset_jitter=%d: %d documents have seq_len - K_i < offset_jitter and get fewer "
-                "placements (s stays >= 0)", spec.offset_jitter, short,
-            )  # fmt: skip
-    else:
-        slide = spec.mode == "slide"
-        placement, items = pair_placement(
-            lengths,
-            start_mode="slide" if slide else spec.content_start_mode,
-            seq_len=spec.seq_len,
-            content_length=spec.content_length,
-            content_stride=spec.window_stride if slide else spec.content_stride,
-            offset_stride=spec.offset_stride,
-            min_copy_len=spec.min_copy_len,
-            content_perm=axis_permutation(spec, key, "content") if keyed else None,
-            offset_perm=axis_permutation(spec, key, "offsets") if keyed else None,
-        )
+    if spec.content_start_mode != "coverage_balanced":
+        content_perm = axis_permutation(spec, key, "content") if keyed else None
+        offset_perm = axis_permutation(spec, key, "offsets") if keyed else None
+        return pair_placement(lengths, spec, content_perm, offset_perm)
+    uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform" and keyed
+    placement, items = balanced_placement(lengths, spec, subkey(key, "jitter") if uniform_jitter else None)
+    short = int(((np.asarray(placement.jitter) <= spec.offset_jitter) & (items > 0)).sum())
+    if spec.offset_jitter and short and log_summary:
+        logger.warning(
+            "offset_jitter=%d: %d documents have seq_len - K_i < offset_jitter and get fewer "
+            "placements (s stays >= 0)", spec.offset_jitter, short,
+        )  # fmt: skip
     return placement, items
 
 
