@@ -32,7 +32,6 @@ from .preblocked.structure import block_batch as block_batch
 from .preblocked.structure import validate_blocks as validate_blocks
 from .shuffles.era_block import BlockShuffle as BlockShuffle
 from .shuffles.era_block import EraShuffle as EraShuffle
-from .shuffles.permutation import COMPATS as COMPATS
 from .shuffles.permutation import INVALID as INVALID
 from .shuffles.permutation import KINDS as KINDS
 from .shuffles.permutation import Permutation as Permutation

@@ -41,14 +41,15 @@ U32 = jnp.uint32
 MAX_TABLE_GROUPS = 8
 
 
-def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"]):
-    """``make(group)`` (a batched network), derived once per distinct group when they are few.
+def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"], per_lane_key: bool):
+    """``make(group)`` (a batched network), derived once per distinct group when they are few and
+    share one key (not ``per_lane_key``).
 
     Out-of-range lanes (their result is discarded) take a valid lane's group, so they do not
     widen the span.
     """
     n = group.shape[0]
-    if n <= 2 * MAX_TABLE_GROUPS:
+    if per_lane_key or n <= 2 * MAX_TABLE_GROUPS:
         return make(group)
     group = jnp.where(valid, group, group[jnp.argmax(valid)])
     low = jnp.min(group)
@@ -93,16 +94,11 @@ class EraShuffle(KeyedShuffle):
             remaining = self.length - jnp.minimum(e * self.era_length, self.length - U32(1))
             return jnp.minimum(self.era_length, remaining)
 
-        if per_lane_key:
-            size = era_size(era)
-            net = derive_network(self.kind, self.compat, _fold_in(base, era, True), size)
-        else:
+        def make(eras):
+            return derive_network(self.kind, self.compat, _fold_in(base, eras, per_lane_key), era_size(eras))
 
-            def make(eras):
-                return derive_network(self.kind, self.compat, _fold_in(base, eras, False), era_size(eras))
-
-            net, size = _per_lane(make, era, valid), era_size(era)
-        y = apply_network(self.kind, net, x - start, size, batched=True)
+        net = _per_lane(make, era, valid, per_lane_key)
+        y = apply_network(self.kind, net, x - start, era_size(era), batched=True)
         return jnp.where(valid, start + y, U32(INVALID)).reshape(indices.shape)
 
 
@@ -143,20 +139,17 @@ class BlockShuffle(KeyedShuffle):
         else:
             block_key, full_key, tail_key = jax.random.split(base, 3)
 
-        def stage_network(group, full_key, tail_key, per_lane):
+        def stage_network(group):
             w, is_tail = group // U32(2), (group & U32(1)) == 1
             _, full_w, tail_w = layout(w)
             size = jnp.maximum(jnp.where(is_tail, tail_w, full_w), U32(1))
-            keys_full = _fold_in(full_key, w, per_lane)
-            keys_tail = _fold_in(tail_key, w, per_lane)
+            keys_full = _fold_in(full_key, w, per_lane_key)
+            keys_tail = _fold_in(tail_key, w, per_lane_key)
             data = jnp.where(is_tail[:, None], jax.random.key_data(keys_tail), jax.random.key_data(keys_full))
             return derive_network(self.kind, self.compat, rewrap(data, full_key), size)
 
         group = window * U32(2) + in_tail.astype(U32)
-        if per_lane_key:
-            net = stage_network(group, full_key, tail_key, True)
-        else:
-            net = _per_lane(lambda g: stage_network(g, full_key, tail_key, False), group, valid)
+        net = _per_lane(stage_network, group, valid, per_lane_key)
         permuted = apply_network(self.kind, net, stage_x, jnp.maximum(stage_size, U32(1)), batched=True)
 
         block = block_start + permuted // io

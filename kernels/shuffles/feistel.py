@@ -183,8 +183,8 @@ def cycle_walk(
     or one bound per lane. With ``batched=True`` every leaf of ``network`` carries a leading
     per-lane axis of size ``n``; otherwise the network is shared by all lanes.
 
-    Lanes are laid out in groups of ``GROUP`` (XLA:CPU vectorises that for any ``n``, whereas a
-    loop over an odd 1-D length can run ten times slower). One dense pass computes the network,
+    Lanes are laid out in groups of ``GROUP`` (XLA:CPU vectorises that for any ``n``, and a loop
+    over an odd 1-D length not). One dense pass computes the network,
     the range masks and the output at once; dense steps continue while more than 1/``COMPACT_AT``
     of the groups hold a straggler; then only those groups are gathered and walked, recursively,
     so lanes that landed early do not pay for the slowest one. (A mixed-radix strong network

@@ -164,7 +164,7 @@ class PCG64Stream:
         """The first ``count`` uint32 draws of a fresh generator, stacked on a new last axis.
 
         A scan, not a Python loop: stacking outputs of one fused expression makes XLA CPU re-derive
-        the whole state per output element, hundreds of times slower.
+        the whole state per output element.
         """
 
         def step(state, _):

@@ -34,7 +34,6 @@ INVALID = feistel.INVALID
 Kind = Literal["feistel", "linear"]
 Compat = Literal["levanter"] | None
 KINDS = ("feistel", "linear")
-COMPATS = ("levanter", None)
 
 
 class LinearNetwork(eqx.Module):
@@ -207,14 +206,8 @@ def _shuffle(shuffle: IndexShuffle, indices, epoch):
 
 
 class Permutation(KeyedShuffle):
-    """A keyed bijection of ``[0, length)``; see the module docstring.
-
-    Attributes:
-        length: uint32 scalar.
-        key: the base key (typed), for per-epoch reshuffles.
-        network: the key schedule of the plain key, computed once at construction.
-        kind: ``"feistel"`` or ``"linear"``.
-        compat: ``"levanter"`` or ``None`` (the strong default).
+    """A keyed bijection of ``[0, length)``; see the module docstring. ``network`` is the key
+    schedule of the plain ``key``, derived once at construction; ``key`` serves per-epoch reshuffles.
     """
 
     network: eqx.Module

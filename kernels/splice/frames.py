@@ -42,13 +42,6 @@ from .splice_rows import sharded_like_rows
 SegmentMode = Literal["prefix", "isolate"]
 
 
-def _check_static(seq_len: int, segment_mode: str) -> None:
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1 (got {seq_len=})")
-    if segment_mode not in get_args(SegmentMode):
-        raise ValueError(f"{segment_mode=} is not one of {get_args(SegmentMode)}")
-
-
 @partial(jax.jit, static_argnames=("seq_len", "pad_token_id", "eos_token_id", "segment_mode", "margin"))
 def splice_frames(
     buffer: Int[Array, " buffer"],
@@ -72,22 +65,23 @@ def splice_frames(
         src_start: ``int32[batch]`` buffer position of each row's first copied token.
         s: ``int32[batch]`` frame position of the first copied token, ``0 <= s < seq_len``.
         copy_len: ``int32[batch]`` tokens copied, ``0 <= copy_len <= seq_len - s``.
-        seq_len: frame length (static).
-        pad_token_id: filler token (static).
         eos_token_id: if given, written at ``s - 1`` for rows with ``s > 0`` (static).
         segment_mode: ``"prefix"``: segment 0 on ``[0, s)``, 1 on ``[s, seq_len)``;
             ``"isolate"``: 1 only on ``[s, s + copy_len)`` (static).
         wrap_after: optional ``int32[batch]``; content position ``i >= wrap_after`` reads
             ``src_start + i - wrap_by`` (a cyclic document).
         wrap_by: ``int32[batch]``, required with ``wrap_after``.
-        doc_idx: optional ``int32[batch]`` carried into the batch.
         margin: tokens at each end of ``buffer`` that no row copies (static); with
             ``margin >= seq_len`` the buffer is not padded.
 
     Returns:
-        A ``Batch`` of ``int32[batch, seq_len]`` tokens, loss_mask and segment_ids, and ``doc_idx``.
+        A ``Batch`` of ``int32[batch, seq_len]`` tokens, loss_mask and segment_ids, and ``doc_idx``
+        (carried through when given).
     """
-    _check_static(seq_len, segment_mode)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1 (got {seq_len=})")
+    if segment_mode not in get_args(SegmentMode):
+        raise ValueError(f"{segment_mode=} is not one of {get_args(SegmentMode)}")
     if (wrap_after is None) != (wrap_by is None):
         raise ValueError("wrap_after and wrap_by must be given together")
     static = dict(seq_len=seq_len, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
@@ -166,16 +160,9 @@ def pool_frames(
     segment_mode: SegmentMode = "prefix",
     cyclic: bool = False,
 ) -> Batch:
-    """Splice frames for ``(doc, t, s, copy_len)`` rows of a device-resident ``DocumentPool``.
-
-    Args:
-        pool: the documents.
-        doc, t, s, copy_len: ``int32[batch]`` as returned by a schedule's ``lookup``.
-        seq_len, pad_token_id, eos_token_id, segment_mode: as in ``splice_frames`` (static).
-        cyclic: read past the document end back to its start (``cyclic_roll``; static).
-
-    Returns:
-        A ``Batch`` whose ``doc_idx`` is ``doc``.
+    """Splice frames for ``(doc, t, s, copy_len)`` rows (a schedule's ``lookup``) of a device-resident
+    ``DocumentPool``, with ``doc`` as ``doc_idx``; ``cyclic`` reads past the document end back to its
+    start (``cyclic_roll``). The static arguments are ``splice_frames``'.
     """
     doc = doc.astype(jnp.int32)
     src_start, wrap_after, wrap_by = sharded_like_rows(

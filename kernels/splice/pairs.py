@@ -58,7 +58,6 @@ from .splice_rows import U32, midpoint_item, search_last
 
 JitterMode = Literal["uniform", "low_discrepancy"]
 PairLayout = Literal["uniform", "ragged"]
-StartMode = Literal["anchor_start", "slide_within", "cyclic_roll", "slide"]
 UNBOUNDED = 2**31 - 1  # content_length=None: as many tokens as fit
 
 

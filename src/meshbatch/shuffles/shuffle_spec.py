@@ -31,7 +31,7 @@ Strategy = Literal["none", "full", "era", "block"]
 
 def _u32(value: int) -> jax.Array:
     """A uint32 scalar on the default device: placed, not converted there (a mixture makes one
-    per child, and an on-device conversion costs several times a placement)."""
+    per child, and a placement is cheaper than an on-device conversion)."""
     return jax.device_put(np.uint32(value))
 
 
@@ -39,6 +39,12 @@ def _check_common(length: int, kind: str, compat: str | None) -> int:
     check_choice("kind", kind, Kind)
     check_choice("compat", compat, Compat)
     return check_int("length", length, low=1, high=MAX_LENGTH)
+
+
+def _keyed_fields(length: int, key: PRNGKeyArray, kind: str, compat: str | None) -> tuple[dict, int]:
+    """The checked fields every ``KeyedShuffle`` has, and the checked length as an int."""
+    length = _check_common(length, kind, compat)
+    return dict(length=_u32(length), key=as_key(key), kind=kind, compat=compat), length
 
 
 def permutation(kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
@@ -78,15 +84,9 @@ def era_shuffle(
     Raises:
         ValueError: for a non-positive ``era_length`` or any ``permutation`` argument error.
     """
-    length = _check_common(length, kind, compat)
+    fields, length = _keyed_fields(length, key, kind, compat)
     era_length = min(check_int("era_length", era_length, low=1), length)
-    return EraShuffle(
-        length=_u32(length),
-        key=as_key(key),
-        kind=kind,
-        compat=compat,
-        era_length=_u32(era_length),
-    )
+    return EraShuffle(**fields, era_length=_u32(era_length))
 
 
 def block_shuffle(
@@ -109,7 +109,7 @@ def block_shuffle(
         ValueError: for non-positive block or window sizes, or a block layout whose padded size
             does not fit 32 bits, or any ``permutation`` argument error.
     """
-    length = _check_common(length, kind, compat)
+    fields, length = _keyed_fields(length, key, kind, compat)
     io_block_size = check_int("io_block_size", io_block_size, low=1)
     window_blocks = check_int("window_blocks", window_blocks, low=1)
     total_blocks = -(-length // io_block_size)
@@ -119,14 +119,7 @@ def block_shuffle(
         )
     # A window wider than the dataset is the whole dataset; clamping keeps io * window in 32 bits.
     window_blocks = min(window_blocks, total_blocks)
-    return BlockShuffle(
-        length=_u32(length),
-        key=as_key(key),
-        kind=kind,
-        compat=compat,
-        io_block_size=_u32(io_block_size),
-        window_blocks=_u32(window_blocks),
-    )
+    return BlockShuffle(**fields, io_block_size=_u32(io_block_size), window_blocks=_u32(window_blocks))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,20 +111,11 @@ def select_documents(
 ) -> DocumentSelection:
     """Select ``num_docs`` documents by the seed's rules (module docstring); host, O(num_docs_in_cache).
 
-    Args:
-        doc_lengths: int lengths of every cached document, in cache order.
-        num_docs: how many documents to select (``doc_index`` selects exactly one).
-        doc_index: a specific document; honoured when it passes every filter.
-        doc_key, doc_keys: keep documents whose key equals ``doc_key`` (or satisfies it, if callable).
-        min_doc_length, max_doc_length: inclusive length thresholds.
-        doc_select_mode: policy among candidates; ``random`` is seeded by the lengths, ``num_docs``
-            and ``key`` (default ``jax.random.key(0)``), so it is reproducible.
-        key: optional key for ``random``.
-        restrict_to_training_subset, max_train_batches, initial_batch_size, seq_len: keep only
-            documents inside the first ``max_train_batches * initial_batch_size * seq_len`` tokens.
-
-    Returns:
-        A ``DocumentSelection``; ``reason`` says which rule chose it (also logged).
+    ``doc_lengths`` are every cached document's, in cache order; ``doc_index`` selects exactly one
+    document, honoured when it passes every filter; ``doc_keys`` holds one key per document for
+    ``doc_key``; the length thresholds are inclusive. ``random`` is seeded by the lengths,
+    ``num_docs`` and ``key`` (default ``jax.random.key(0)``), so it is reproducible. The returned
+    ``reason`` says which rule chose the documents (also logged).
 
     Raises:
         ValueError: naming the value, for an out-of-range ``doc_index``, unknown mode, bad

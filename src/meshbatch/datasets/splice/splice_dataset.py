@@ -178,13 +178,9 @@ class SpliceLMDataset(Dataset):
                 docs = cache.read_rows(indices)
             else:
                 docs, self.source = None, cache
-                lengths = offsets[indices + 1] - offsets[indices]
-                self.doc_lengths = check_lengths(np.asarray(lengths, np.int64))
-        if docs is None:
-            self.pool = None
-        else:
-            self.pool = document_pool(docs, margin=self.spec.seq_len)
-            self.doc_lengths = check_lengths([len(d) for d in docs])
+                lengths = np.asarray(offsets[indices + 1] - offsets[indices], np.int64)
+        self.pool = None if docs is None else document_pool(docs, margin=self.spec.seq_len)
+        self.doc_lengths = check_lengths(lengths if docs is None else [len(d) for d in docs])
         if selection is None:  # provenance of arrays: their concatenation, document d at its start
             self.doc_source, self.doc_rows = None, np.arange(len(self.doc_lengths), dtype=np.int64)
             self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
@@ -232,11 +228,7 @@ class SpliceLMDataset(Dataset):
     def make(self, key: PRNGKeyArray | None) -> tuple[SpliceDevice, SpliceLMDataset]:
         """The schedule for ``key`` (``None`` when the spec draws nothing), the pool, the frames;
         the host half is the dataset itself."""
-        args = self.frame_args
-        frame = FrameBuild(
-            args["seq_len"], args["pad_token_id"], args["eos_token_id"], args["segment_mode"],
-            self.cyclic, self.content_margin,
-        )  # fmt: skip
+        frame = FrameBuild(**self.frame_args, cyclic=self.cyclic, margin=self.content_margin)
         return SpliceDevice(build_schedule(self.doc_lengths, self.spec, key), self.pool, frame), self
 
     def spans(self, plan: Plan) -> Spans:

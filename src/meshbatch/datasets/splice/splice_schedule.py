@@ -71,16 +71,10 @@ def schedule_key(spec: SpliceSpec, key) -> PRNGKeyArray | None:
 def splice_schedule(doc_lengths: Sequence[int] | np.ndarray, *, key=None, **spec) -> SpliceSchedule:
     """The device schedule of a splice dataset over documents of the given lengths.
 
-    Args:
-        doc_lengths: length of every document (e.g. ``TokenCache.doc_lengths()`` of a selection).
-        key: the key of the spec's shuffles and uniform jitter (a typed key or an int seed);
-            required when the spec uses one.
-        **spec: ``SpliceSpec`` fields (``seq_len``, ``content_length``, ``content_start_mode``, ...).
-
-    Returns:
-        A ``SpliceSchedule``: ``len()`` rows per epoch and a jitted ``lookup(rows, epoch) -> (doc,
-        t, s, copy_len)``. With no shuffle, row ``i`` is the ``i``-th pair in the seed's default
-        order (document, then ``t`` ascending, then ``s`` ascending).
+    ``key`` (a typed key or an int seed) drives the spec's shuffles and uniform jitter, and is
+    required when the spec uses one; ``spec`` takes ``SpliceSpec``'s fields. With no shuffle, row
+    ``i`` of the schedule is the ``i``-th pair in the seed's default order (document, then ``t``
+    ascending, then ``s`` ascending).
 
     Raises:
         TypeError, ValueError: naming the bad value, for an invalid spec or key, no usable
@@ -124,54 +118,29 @@ def epoch_rows(lengths: np.ndarray, spec: SpliceSpec) -> int:
 def _placement(lengths, spec: SpliceSpec, key: PRNGKeyArray | None, *, keyed: bool, log_summary: bool):
     """``(placement, items)``; ``keyed=False`` leaves out everything keyed (lane shuffles, the
     uniform jitter key): only ``items`` is then meant to be used."""
-    if spec.content_start_mode == "coverage_balanced":
-        uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform" and keyed
-        placement, items = balanced_placement(
-            lengths,
-            seq_len=spec.seq_len,
-            content_length=spec.content_length,
-            content_stride=spec.content_stride,
-            min_copy_len=spec.min_copy_len,
-            alpha=float(spec.alpha),
-            adaptive_k=spec.adaptive_k,
-            offset_jitter=spec.offset_jitter,
-            jitter_mode=spec.jitter_mode,
-            jitter_key=subkey(key, "jitter") if uniform_jitter else None,
-        )
-        short = int(((np.asarray(placement.jitter) <= spec.offset_jitter) & (items > 0)).sum())
-        if spec.offset_jitter and short and log_summary:
-            logger.warning(
-                "offset_jitter=%d: %d documents have seq_len - K_i < offset_jitter and get fewer "
-                "placements (s stays >= 0)", spec.offset_jitter, short,
-            )  # fmt: skip
-    else:
-        slide = spec.mode == "slide"
-        placement, items = pair_placement(
-            lengths,
-            start_mode="slide" if slide else spec.content_start_mode,
-            seq_len=spec.seq_len,
-            content_length=spec.content_length,
-            content_stride=spec.window_stride if slide else spec.content_stride,
-            offset_stride=spec.offset_stride,
-            min_copy_len=spec.min_copy_len,
-            content_perm=axis_permutation(spec, key, "content") if keyed else None,
-            offset_perm=axis_permutation(spec, key, "offsets") if keyed else None,
-        )
+    if spec.content_start_mode != "coverage_balanced":
+        content_perm = axis_permutation(spec, key, "content") if keyed else None
+        offset_perm = axis_permutation(spec, key, "offsets") if keyed else None
+        return pair_placement(lengths, spec, content_perm, offset_perm)
+    uniform_jitter = spec.offset_jitter > 0 and spec.jitter_mode == "uniform" and keyed
+    placement, items = balanced_placement(lengths, spec, subkey(key, "jitter") if uniform_jitter else None)
+    short = int(((np.asarray(placement.jitter) <= spec.offset_jitter) & (items > 0)).sum())
+    if spec.offset_jitter and short and log_summary:
+        logger.warning(
+            "offset_jitter=%d: %d documents have seq_len - K_i < offset_jitter and get fewer "
+            "placements (s stays >= 0)", spec.offset_jitter, short,
+        )  # fmt: skip
     return placement, items
 
 
 def _quotas(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:
-    if not (items > 0).any():
+    """Rows per document: the balance mode's weights, largest remainder over ``epoch_length``."""
+    valid = items > 0
+    if not valid.any():
         raise _no_pairs_error(spec, lengths)
     if int(items.max()) > MAX_ROWS:
         doc = int(items.argmax())
         raise ValueError(f"document {doc} (length {lengths[doc]}) has {int(items.max())} pairs, >= 2^32")
-    return quotas_of(spec, lengths, items)
-
-
-def quotas_of(spec: SpliceSpec, lengths: np.ndarray, items: np.ndarray) -> np.ndarray:
-    """Rows per document: the balance mode's weights, largest remainder over ``epoch_length``."""
-    valid = items > 0
     if spec.balance_mode == "by_coverage":
         weights, default = items.astype(np.float64), int(items.sum())
     elif spec.balance_mode == "by_document":  # equal rows per document, no replicated list

@@ -129,8 +129,6 @@ class SpliceSpec:
                 raise ValueError(f"{name}={getattr(self, name)!r} only applies to {where}")
         if self.mode == "slide" and self.content_start_mode != "anchor_start":
             raise ValueError(f"content_start_mode={self.content_start_mode!r} does not apply to mode='slide'")
-        if balanced and self.mode == "slide":
-            raise ValueError("content_start_mode='coverage_balanced' does not apply to mode='slide'")
 
     def _check_axis_shuffle(self, axis: str) -> None:
         shuffle, seed_name = _AXES[axis]

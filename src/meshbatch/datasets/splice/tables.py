@@ -19,6 +19,8 @@ from jaxtyping import PRNGKeyArray
 
 from meshbatch.kernels.internal import UNBOUNDED, BalancedPlacement, DocumentPool, PairPlacement, pair_count
 
+from .splice_spec import SpliceSpec
+
 U32 = jnp.uint32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_STARTS = 2**24  # starts a float32 CDF tells apart (integers exact up to 2^24)
@@ -78,24 +80,20 @@ def host_table(v: np.ndarray, table: np.ndarray, cap: int, kt: int) -> np.ndarra
 
 def pair_placement(
     lengths: np.ndarray,
-    *,
-    start_mode: str,
-    seq_len: int,
-    content_length: int | None,
-    content_stride: int,
-    offset_stride: int,
-    min_copy_len: int,
+    spec: SpliceSpec,
     content_perm: eqx.Module | None = None,
     offset_perm: eqx.Module | None = None,
 ) -> tuple[PairPlacement, np.ndarray]:
     """Tables of an enumerated pair schedule; returns ``(placement, items)``.
 
     ``items`` (int64) counts each document's pairs; documents whose copies would all be shorter
-    than ``min_copy_len`` get 0. For ``start_mode="slide"`` ``content_stride`` is the window
-    stride and each window copies ``seq_len`` tokens at ``s = 0``.
+    than ``min_copy_len`` get 0. With ``mode="slide"`` starts step by ``window_stride`` and each
+    window copies ``seq_len`` tokens at ``s = 0``.
     """
-    big = UNBOUNDED if content_length is None else min(int(content_length), UNBOUNDED)
-    ks, kt, S = int(offset_stride), int(content_stride), int(seq_len)
+    start_mode = "slide" if spec.mode == "slide" else spec.content_start_mode
+    big = UNBOUNDED if spec.content_length is None else min(spec.content_length, UNBOUNDED)
+    ks, S, min_copy_len = spec.offset_stride, spec.seq_len, spec.min_copy_len
+    kt = spec.window_stride if start_mode == "slide" else spec.content_stride
     copy = np.minimum(np.minimum(lengths, big), S)
     per_slot = pair_count(lengths, seq_len=S, content_length=big, offset_stride=ks)
     valid = copy >= min_copy_len
@@ -145,17 +143,7 @@ def pair_placement(
 
 
 def balanced_placement(
-    lengths: np.ndarray,
-    *,
-    seq_len: int,
-    content_length: int | None,
-    content_stride: int,
-    min_copy_len: int,
-    alpha: float,
-    adaptive_k: bool,
-    offset_jitter: int,
-    jitter_mode: str,
-    jitter_key: PRNGKeyArray | None = None,
+    lengths: np.ndarray, spec: SpliceSpec, jitter_key: PRNGKeyArray | None = None
 ) -> tuple[BalancedPlacement, np.ndarray]:
     """Tables of a coverage-balanced schedule; returns ``(placement, items)``.
 
@@ -166,12 +154,12 @@ def balanced_placement(
         ValueError: an ``alpha`` so large that the edge weights (``K_i ** alpha`` times the
             table) overflow the float32 the kernel sums them in.
     """
-    S, kt = int(seq_len), int(content_stride)
-    K = S if content_length is None else min(int(content_length), S)
-    content = np.minimum(lengths, K) if adaptive_k else np.full_like(lengths, K)
-    valid = (lengths >= content) & (content >= min_copy_len)
+    S, kt, alpha = spec.seq_len, spec.content_stride, float(spec.alpha)
+    K = S if spec.content_length is None else min(spec.content_length, S)
+    content = np.minimum(lengths, K) if spec.adaptive_k else np.full_like(lengths, K)
+    valid = (lengths >= content) & (content >= spec.min_copy_len)
     items = np.where(valid, (lengths - content) // kt + 1, 0)
-    jitter = np.minimum(offset_jitter, S - content) + 1
+    jitter = np.minimum(spec.offset_jitter, S - content) + 1
     weighted = alpha > 0
     if weighted:
         table = np.zeros(S + 1, dtype=np.float64)
@@ -207,7 +195,7 @@ def balanced_placement(
         seq_len=S,
         t_stride=kt,
         weighted=weighted,
-        jitter_mode=jitter_mode,
+        jitter_mode=spec.jitter_mode,
         search_steps=bit_length(int(items.max(initial=1))),
     )
     return placement, items.astype(np.int64)
