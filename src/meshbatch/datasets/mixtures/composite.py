@@ -339,15 +339,7 @@ class Composite(Dataset):
 
     def spans(self, plan: Plan) -> Spans:
         """The rows' children's spans, their sources renumbered to ``self.sources``."""
-        source = np.asarray(plan.source)
-        if source.size and source.min() < 0:
-            bad = int(np.flatnonzero(source < 0)[0])
-            if source[bad] == WRAPPED:
-                raise OverflowError(
-                    f"row {bad} of the batch: its source would start its 2^32-th pass (a source's "
-                    f"epoch is 32 bits; a source of few rows gets there first) in {self!r}"
-                )
-            raise IndexError(f"row {bad} of the batch lies past the end of the mixture ({self!r})")
+        source = self._planned_sources(plan)
         n, width = source.shape[0], self.spans_per_row
         out = Spans(
             np.zeros((n, width), np.int32), np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
@@ -370,10 +362,7 @@ class Composite(Dataset):
     def provenance(self, plan: Plan) -> RowSources:
         """Each row's component (its name; a nested mixture's ``outer/inner``) and where that
         child's row comes from (the child's ``provenance`` of its rows); no token is read."""
-        source = np.asarray(plan.source)
-        if source.size and source.min() < 0:
-            bad = int(np.flatnonzero(source < 0)[0])
-            raise IndexError(f"row {bad} of the batch has no source (source {int(source[bad])}) in {self!r}")
+        source = self._planned_sources(plan)
         parts = []
         for c, (name, child) in enumerate(zip(self.names, self.children, strict=True)):
             mine = np.flatnonzero(source == c)
@@ -393,6 +382,20 @@ class Composite(Dataset):
         same data and weights; a re-bucketed corpus, a rewritten cache or new weights change it.
         (``meshbatch.datasets.provenance.content_fingerprint``)."""
         return content_fingerprint(self)
+
+    def _planned_sources(self, plan: Plan) -> np.ndarray:
+        """The plan's child of each row; a row without one (``-1``: past the end of a finite
+        mixture; ``WRAPPED``) is refused, naming it."""
+        source = np.asarray(plan.source)
+        if source.size and source.min() < 0:
+            bad = int(np.flatnonzero(source < 0)[0])
+            if source[bad] == WRAPPED:
+                raise OverflowError(
+                    f"row {bad} of the batch: its source would start its 2^32-th pass (a source's "
+                    f"epoch is 32 bits; a source of few rows gets there first) in {self!r}"
+                )
+            raise IndexError(f"row {bad} of the batch lies past the end of the mixture ({self!r})")
+        return source
 
     def _span_groups(self, group_of: tuple[int, ...]) -> list[list[int]]:
         """Children whose spans one call reads (equal ``spans_key``, one build group's plan): a
