@@ -29,7 +29,7 @@ rows); ``pack=False`` puts one example in each row, padded (marin#7086's unpacke
 from __future__ import annotations
 
 import logging
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -55,15 +55,6 @@ SliceStrategy = Literal["left", "right", "raise"]
 SLICE_STRATEGIES = ("left", "right", "raise")
 LEVANTER_SLICE = {"chat": "left", "supervised": "right"}  # Levanter's datasets' defaults
 Compat = Literal["levanter"] | None
-
-
-class Packing(NamedTuple):
-    """A packing on the host: ``members`` (examples grouped by packed row), ``row_start``
-    (``[n + 1]``, where each packed row's members begin), ``num_rows``."""
-
-    members: np.ndarray
-    row_start: np.ndarray
-    num_rows: int
 
 
 class PackedPlan(eqx.Module):
@@ -224,7 +215,7 @@ class PackedDataset(Dataset):
     segments: int  # member slots per row
     spans_per_row: int
     max_row_tokens: int
-    packing: Packing | None  # the packed rows; ``None`` until made for a key (keyed packing)
+    packing: K.PackTables | None  # numpy, on the host; ``None`` until made for a key (keyed packing)
 
     def __init__(
         self,
@@ -311,11 +302,9 @@ class PackedDataset(Dataset):
 
     # -- packing --------------------------------------------------------------------------------
 
-    def _pack(self, key: PRNGKeyArray | None) -> Packing:
+    def _pack(self, key: PRNGKeyArray | None) -> K.PackTables:
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            tables = self._pack_on_cpu(key)
-        members, row_start, num_rows = jax.device_get((tables.members, tables.row_start, tables.num_rows))
-        return Packing(np.asarray(members), np.asarray(row_start), int(num_rows))
+            return jax.device_get(self._pack_on_cpu(key))
 
     def _pack_on_cpu(self, key: PRNGKeyArray | None) -> K.PackTables:
         n = self.examples.num_examples
