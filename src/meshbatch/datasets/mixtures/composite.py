@@ -222,14 +222,10 @@ def _gather(stack: DeviceDataset, member: Int[Array, " n"]) -> DeviceDataset:
     return jax.tree.map(lambda leaf: leaf[member] if eqx.is_array(leaf) else leaf, stack)
 
 
-def _one_row(rows: Rows) -> Rows:
-    return Rows(rows.position[None], rows.epoch[None])
-
-
 @eqx.filter_vmap
 def _plan_per_row(device: DeviceDataset, rows: Rows) -> Plan:
     """Each row planned by its own device half (``_gather``'s ``[n, ...]`` tables)."""
-    plan, _ = device.plan(_one_row(rows), None)
+    plan, _ = device.plan(Rows(rows.position[None], rows.epoch[None]), None)
     return jax.tree.map(lambda leaf: leaf[0] if eqx.is_array(leaf) else leaf, plan)
 
 
@@ -250,24 +246,15 @@ def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDa
         members ((0, 1, 3), (2,)): A, B, D stacked (keys and lengths [3]); C on its own
     """
     parts = [eqx.partition(device, eqx.is_array) for device in devices]  # (arrays, the rest)
-    members: list[list[int]] = []
-    keys: list[tuple] = []
-    for c, (arrays, rest) in enumerate(parts):
+
+    def shapes(arrays) -> tuple:
         leaves, treedef = jax.tree.flatten(arrays)
-        key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
-        same = next(
-            (
-                i
-                for i, k in enumerate(keys)
-                if k == key and bool(eqx.tree_equal(parts[members[i][0]][1], rest))
-            ),
-            None,
-        )
-        if same is None:
-            members.append([c])
-            keys.append(key)
-        else:
-            members[same].append(c)
+        return treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves)
+
+    members = _group_alike(
+        [(shapes(arrays), rest) for arrays, rest in parts],
+        lambda a, b: a[0] == b[0] and bool(eqx.tree_equal(a[1], b[1])),
+    )
     stacks = []
     for part in members:
         if len(part) == 1:
@@ -460,15 +447,21 @@ def _stack(leaves) -> Array:
 
 def _build_groups(devices) -> tuple[tuple[int, ...], ...]:
     """Children sharing a build call: equal builders (``eqx.tree_equal``), first child leads."""
-    builders = [device.builder() for device in devices]
+    groups = _group_alike([device.builder() for device in devices], lambda a, b: bool(eqx.tree_equal(a, b)))
+    return tuple(tuple(g) for g in groups)
+
+
+def _group_alike(items: list, alike) -> list[list[int]]:
+    """The indices of ``items`` in groups: each item joins the first group whose first item it is
+    ``alike``, else starts one."""
     groups: list[list[int]] = []
-    for c, builder in enumerate(builders):
-        same = next((g for g in groups if bool(eqx.tree_equal(builders[g[0]], builder))), None)
+    for c, item in enumerate(items):
+        same = next((g for g in groups if alike(items[g[0]], item)), None)
         if same is None:
             groups.append([c])
         else:
             same.append(c)
-    return tuple(tuple(g) for g in groups)
+    return groups
 
 
 def _select(where: Array, new, old):
