@@ -10,11 +10,11 @@ from .batch import Batch as Batch
 from .causal_lm import causal_lm_batch as causal_lm_batch
 from .causal_lm import gather_windows as gather_windows
 from .keys import typed_key as typed_key
-from .mixtures.interleave import Counts as Counts
-from .mixtures.interleave import Selection as Selection
-from .mixtures.interleave import source_salts as source_salts
-from .mixtures.interleave import tie_hash as tie_hash
+from .mixtures.interleave_tree import Counts as Counts
+from .mixtures.interleave_tree import Selection as Selection
 from .mixtures.interleave_tree import select_tournament as select_tournament
+from .mixtures.interleave_tree import source_salts as source_salts
+from .mixtures.interleave_tree import tie_hash as tie_hash
 from .packed.packed_rows import LOSS_RULES as LOSS_RULES
 from .packed.packed_rows import LossRule as LossRule
 from .packed.packed_rows import PackedRows as PackedRows
