@@ -364,10 +364,7 @@ class Composite(Dataset):
         return out
 
     def content_fingerprint(self) -> str:
-        """A hash of what the mixture draws from: its components' names, kinds and the identities
-        of their caches (``cache_id``, path, rows and tokens), and its weights. Equal for the
-        same data and weights; a re-bucketed corpus, a rewritten cache or new weights change it.
-        (``meshbatch.datasets.provenance.content_fingerprint``)."""
+        """``meshbatch.datasets.provenance.content_fingerprint`` of the mixture."""
         return content_fingerprint(self)
 
     def _planned_sources(self, plan: Plan) -> np.ndarray:

@@ -283,12 +283,8 @@ class PackedDataset(Dataset):
         self.sources = (self.examples.tokens,) + ((self.examples.masks,) if self.format == "chat" else ())
         self.spans_per_row = self.segments * len(self.sources)
         self.max_row_tokens = self.seq_len * len(self.sources)
-        self.packing = None if self.keyed_packing else self._pack(None)
-
-    @property
-    def keyed_packing(self) -> bool:
-        """Whether the packing depends on the key (the default policy's shuffle of examples)."""
-        return self.pack and self.compat is None and self.shuffle_examples
+        keyed = self.pack and self.compat is None and self.shuffle_examples  # the default's shuffle
+        self.packing = None if keyed else self._pack(None)
 
     @property
     def num_examples(self) -> int:
@@ -330,18 +326,6 @@ class PackedDataset(Dataset):
             members=order[tables.members], row_start=tables.row_start, num_rows=tables.num_rows
         )
 
-    def packed_for(self, key: PRNGKeyArray) -> PackedDataset:
-        """The host half for the pipeline's ``key``: itself when the packing needs no key, else a
-        new value packed for it (``num_examples``: the packed rows)."""
-        if self.packing is not None:
-            return self
-        host = replace(self, packing=self._pack(key))
-        logger.info(
-            "packed %d %s examples into %d rows of %d tokens (fill %.4f)",
-            self.examples.num_examples, self.format, host.num_examples, self.seq_len, host.fill(),
-        )  # fmt: skip
-        return host
-
     def fill(self) -> float:
         """Real tokens over slots of the packed rows (packing efficiency); needs the packing."""
         if self.packing is None:
@@ -353,9 +337,14 @@ class PackedDataset(Dataset):
 
     def make(self, key: PRNGKeyArray) -> tuple[PackedDevice, PackedDataset]:
         """The packed rows' order for ``key`` and the packing's tables; the host half is a new
-        value packed for ``key`` when the packing depends on it (``packed_for``)."""
+        value packed for ``key`` when the packing depends on it."""
         if self.packing is None:
-            return self.packed_for(key).make(key)
+            host = replace(self, packing=self._pack(key))
+            logger.info(
+                "packed %d %s examples into %d rows of %d tokens (fill %.4f)",
+                self.examples.num_examples, self.format, host.num_examples, self.seq_len, host.fill(),
+            )  # fmt: skip
+            return host.make(key)
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         n = self.examples.num_examples
