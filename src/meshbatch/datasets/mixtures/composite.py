@@ -280,21 +280,22 @@ class Composite(Dataset):
     spans_per_row: int
     span_group_cache: dict  # group_of -> _span_groups (filled on first use)
 
-    def __init__(self, datasets: Mapping[str, Dataset], *, what: str = "datasets"):
+    def __init__(self, datasets: Mapping[str, Dataset]):
         if not isinstance(datasets, Mapping) or not datasets:
-            raise ValueError(f"{what} must be a non-empty dict of name -> Dataset (got {datasets!r})")
+            raise ValueError(f"datasets must be a non-empty dict of name -> Dataset (got {datasets!r})")
         for name, child in datasets.items():
             if not isinstance(name, str):
-                raise TypeError(f"{what} names must be strings (got {name!r})")
+                raise TypeError(f"datasets names must be strings (got {name!r})")
             if not isinstance(child, Dataset):
-                raise TypeError(f"{what}[{name!r}] must be a meshbatch Dataset (got {type(child).__name__})")
+                got = type(child).__name__
+                raise TypeError(f"datasets[{name!r}] must be a meshbatch Dataset (got {got})")
             if child.init_state() is not None:
-                raise ValueError(f"{what}[{name!r}] carries state; a mixture's children must be stateless")
+                raise ValueError(f"datasets[{name!r}] carries state; a mixture's children must be stateless")
         crcs = [zlib.crc32(name.encode()) for name in datasets]
         if len(set(crcs)) != len(crcs):
             raise ValueError(f"two names of {list(datasets)} share a crc32: their keys would collide")
         self.names = list(datasets)
-        for field, value in _children_fields(self.names, list(datasets.values()), what).items():
+        for field, value in _children_fields(self.names, list(datasets.values())).items():
             setattr(self, field, value)
 
     # -- for subclasses -------------------------------------------------------------------------
@@ -303,10 +304,11 @@ class Composite(Dataset):
         """``(mixture key, {name: child key})``; override to map another library's derivation."""
         return derive_keys(key, self.names)
 
-    def make_children(self, keys: Mapping[str, PRNGKeyArray]) -> tuple[dict, Composite]:
-        """The children's halves for their keys: ``CompositeDevice``'s fields (``stacks``,
-        ``members``, ``groups``, ``child_spans``) and the host half (``self`` unless a child's host half is
-        another value, e.g. made for its key)."""
+    def make_children(self, key: PRNGKeyArray) -> tuple[PRNGKeyArray, dict, Composite]:
+        """The mixture's key (``derive_keys``) and the children's halves for theirs:
+        ``CompositeDevice``'s fields (``stacks``, ``members``, ``groups``, ``child_spans``) and the
+        host half (``self`` unless a child's host half is another value, e.g. made for its key)."""
+        mixture_key, keys = self.derive_keys(key)
         made = [child.make(keys[name]) for name, child in zip(self.names, self.children, strict=True)]
         devices = tuple(device for device, _ in made)
         hosts = [host for _, host in made]
@@ -320,7 +322,7 @@ class Composite(Dataset):
             groups=_build_groups(devices),
             child_spans=tuple(h.spans_per_row if h.fetches else 0 for h in hosts),
         )
-        return fields, host
+        return mixture_key, fields, host
 
     # -- the dataset protocol -------------------------------------------------------------------
 
@@ -397,14 +399,14 @@ class Composite(Dataset):
         return f"{type(self).__name__}({dict(zip(self.names, self.children, strict=True))})"
 
 
-def _children_fields(names: list[str], children: list[Dataset], what: str = "datasets") -> dict:
+def _children_fields(names: list[str], children: list[Dataset]) -> dict:
     """A composite's fields that derive from its children: ``seq_len`` (theirs, one value), the
     union of their sources (each once, by identity) and a table from each child's source indices
     into it, and the fetch shape (the widest child's)."""
     lengths = {child.seq_len for child in children}
     if len(lengths) != 1:
         seq = {name: getattr(child, "seq_len", None) for name, child in zip(names, children, strict=True)}
-        raise ValueError(f"{what} build rows of different seq_len: {seq}")
+        raise ValueError(f"datasets build rows of different seq_len: {seq}")
     sources, source_maps = [], []
     for child in children:
         indices = []

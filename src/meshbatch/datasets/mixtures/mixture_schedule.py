@@ -442,8 +442,7 @@ class Mixture(Composite):
 
     def make(self, key: PRNGKeyArray) -> tuple[MixtureDevice, Composite]:
         """The mixture's schedule under its key and the children's halves under theirs."""
-        mixture_key, child_keys = self.derive_keys(key)
-        fields, host = self.make_children(child_keys)
+        mixture_key, fields, host = self.make_children(key)
         return MixtureDevice(schedule=MixtureSchedule(key=as_key(mixture_key), **self.rows), **fields), host
 
     def __repr__(self) -> str:

@@ -108,13 +108,12 @@ class PackedDevice(DeviceDataset):
     Attributes:
         shuffle_spec: the order of packed rows (static).
         shuffle: its module for the key, or ``None``.
-        members: ``int32[n]`` examples grouped by packed row.
-        row_start: ``int32[n + 1]`` where each packed row's members begin.
+        members, row_start: the packing's ``PackTables``.
         lengths: ``int32[n]`` tokens per example (untruncated).
         sources_len: ``int32[n]`` prompt tokens per example (zeros for chat).
         max_segments: member slots per row (static).
         keep_end: long examples keep their last ``seq_len`` tokens (``slice_strategy="right"``).
-        build: the build's configuration.
+        row_build: the build's configuration.
     """
 
     shuffle_spec: ShuffleSpec = eqx.field(static=True)
@@ -306,10 +305,8 @@ class PackedDataset(Dataset):
         n = self.examples.num_examples
         seq_len = jnp.int32(self.seq_len)
         lengths = jnp.asarray(np.minimum(self.examples.lengths, 2**31 - 1).astype(np.int32))
-        if not self.pack:
-            index = jnp.arange(n, dtype=jnp.int32)
-            return K.PackTables(members=index, row_start=jnp.arange(n + 1, dtype=jnp.int32),
-                                num_rows=jnp.int32(n))  # fmt: skip
+        if not self.pack:  # example i alone in row i
+            return K.pack_tables(jnp.arange(n, dtype=jnp.int32), lengths)
         if self.compat == "levanter":
             rows = K.greedy_rows(lengths, seq_len, max_segments=self.segments)
             return K.pack_tables(rows, lengths)
