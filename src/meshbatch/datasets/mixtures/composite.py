@@ -136,10 +136,8 @@ class CompositeDevice(DeviceDataset):
     def child_plans(
         self, source: Int[Array, " n"], position: UInt32[Array, " n"], epoch: UInt32[Array, " n"]
     ) -> tuple[Plan, ...]:
-        """Each stack's plan of every row: a row of a child in the stack is planned by that child
-        (its tables gathered from the stack), once; rows of other children read the stack's first
-        child's row 0 and are never used. The work and the program do not grow with the number
-        of children in a stack."""
+        """Each stack's plan of every row (see the module docstring): a row of a child in the stack
+        is planned by that child, its tables gathered from the stack."""
         plans = []
         for s, stack in enumerate(self.stacks):
             mine, member = self._stack_rows(s, source)

@@ -165,7 +165,6 @@ class PackedDataset(Dataset):
 
     Args:
         path: the cache root (holding ``shard_ledger.json`` and the fields).
-        seq_len: tokens per row.
         format: ``"chat"`` (``assistant_masks``) or ``"supervised"`` (``sources_len``); ``None``
             detects it from the fields present.
         pack: ``False``: one example per row, padded.
@@ -188,7 +187,7 @@ class PackedDataset(Dataset):
             Levanter's rule for the format (chat ``"left"``, supervised ``"right"``).
         mask_prompt: loss only on assistant tokens (chat) / completion tokens (supervised);
             Levanter's ``mask_user_turns`` / ``mask_inputs``.
-        attention_metadata: also build ``positions`` and ``cu_seqlens`` (off by default).
+        attention_metadata: also build ``positions`` and ``cu_seqlens``.
         pad_id: the token of padding positions (Levanter pads with 0).
 
     Raises:
