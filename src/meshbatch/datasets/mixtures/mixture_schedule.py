@@ -139,8 +139,14 @@ def mixture_rows(
     """
     compat = check_choice("compat", compat, ("levanter", None))
     stop_strategy = check_choice("stop_strategy", stop_strategy, STRATEGIES)
-    lengths = check_lengths(lengths)
-    names = list(lengths)
+    if not isinstance(lengths, Mapping) or not lengths:
+        raise ValueError(f"lengths must be a non-empty dict of name -> rows (got lengths={lengths!r})")
+    checked = {}
+    for name, length in lengths.items():
+        if not isinstance(name, str):
+            raise TypeError(f"source names must be strings (got {name!r})")
+        checked[name] = check_int(f"lengths[{name!r}]", length, low=1, high=2**32 - 1)
+    lengths, names = checked, list(checked)
     block_size = check_int("block_size", block_size, low=1, high=MAX_BLOCK_SIZE[compat])
     stages = check_stages(names, weights, block_size=block_size)
 
@@ -245,18 +251,6 @@ def _pad(table: np.ndarray, *, fill: int, axis: int = -1) -> jnp.ndarray:
         widths[0] = (0, -table.shape[0] % STAGE_PAD)
     # converted on the host and placed: an on-device conversion would compile once per shape
     return jax.device_put(np.pad(table, widths, constant_values=fill).astype(np.uint32))
-
-
-def check_lengths(lengths: Mapping[str, int]) -> dict[str, int]:
-    """``{name: rows}`` with string names and ``1 <= rows <= 2**32 - 1``."""
-    if not isinstance(lengths, Mapping) or not lengths:
-        raise ValueError(f"lengths must be a non-empty dict of name -> rows (got lengths={lengths!r})")
-    out = {}
-    for name, length in lengths.items():
-        if not isinstance(name, str):
-            raise TypeError(f"source names must be strings (got {name!r})")
-        out[name] = check_int(f"lengths[{name!r}]", length, low=1, high=2**32 - 1)
-    return out
 
 
 def check_stages(names: Sequence[str], weights: Weights, *, block_size: int) -> list[tuple[int, dict]]:
