@@ -10,7 +10,7 @@ the least ``(count, tie_hash(salt[s], count), s)`` among the sources' next rows;
 candidate by ``(key, tie_hash(salt[s], key), s, j)`` makes each source's sequence strictly
 increasing (a zero-token row repeats ``key`` and its hash, and ``j`` grows: a source tied with
 itself keeps winning, as in the scan), so the scan's picks are the merge of those sequences,
-i.e. the ``n`` smallest candidates in that order. The hand-worked trace of ``interleave.py``
+i.e. the ``n`` smallest candidates in that order. The hand-worked trace of ``interleave_tree.py``
 (a: 3 3 3, b: 5 5, c: 2 4 4, all at 0; hash b < a < c at 0 and a < c at 6):
 
     key    a: 0 3 6 9     b: 0 5 10     c: 0 2 6 10
@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from meshbatch.kernels import Counts, Selection, tie_hash
-from meshbatch.kernels.mixtures.interleave import PARKED, add64
+from meshbatch.kernels.mixtures.interleave_tree import PARKED, add64
 
 U32 = jnp.uint32
 

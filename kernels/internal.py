@@ -2,7 +2,7 @@
 tables, enums and helpers its datasets build and pass back in. Not for users: names here may
 change with the datasets that use them. ``meshbatch.kernels`` holds the public kernels."""
 
-from .mixtures.interleave import named_salts as named_salts
+from .mixtures.interleave_tree import named_salts as named_salts
 from .mixtures.stable_mixture import WRAPPED as WRAPPED
 from .mixtures.stable_mixture import MixtureSchedule as MixtureSchedule
 from .mixtures.stable_mixture import mixture_locate as mixture_locate

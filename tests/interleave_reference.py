@@ -2,8 +2,8 @@
 pipeline's kernel (``meshbatch.kernels.select_tournament``) to, and ``select_merge``, the same
 picks as a parallel merge (``benchmarks/select_merge.py``), loaded from the benchmark.
 
-``select_scan`` applies the rule of ``kernels/mixtures/interleave.py`` literally: one ``lax.scan``
-step per row, an argmin over every source (O(sources) a row). Inside a batch it carries 32-bit
+``select_scan`` applies the rule of ``kernels/mixtures/interleave_tree.py`` literally: one
+``lax.scan`` step per row, an argmin over every source (O(sources) a row). Inside a batch it carries 32-bit
 counts relative to the least count at the batch's start: a row adds at most ``max_row_tokens``,
 so while ``n * max_row_tokens < 2^32 - 1`` every count that can still be the least fits a word; a
 count 2^32 or more above the least is parked at ``2^32 - 1`` and cannot be picked.
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from meshbatch.kernels import Counts, Selection, tie_hash
-from meshbatch.kernels.mixtures.interleave import PARKED
+from meshbatch.kernels.mixtures.interleave_tree import PARKED
 
 U32 = jnp.uint32
 

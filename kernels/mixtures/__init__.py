@@ -1,3 +1,3 @@
 """Mixture kernels: the stable mixture's row map (``stable_mixture``) and the token-balanced
-least-consumed interleave (its rule and shared types in ``interleave``, the pipeline's kernel, a
-tournament tree, in ``interleave_tree``). Re-exported by ``meshbatch.kernels``."""
+least-consumed interleave (its rule, shared types and the pipeline's kernel, a tournament tree, in
+``interleave_tree``). Re-exported by ``meshbatch.kernels``."""

@@ -1,11 +1,39 @@
-"""The least-consumed interleave as a tournament (the pipeline's kernel): O(log sources) a row.
+"""Least-consumed interleave: each row goes to the source that has consumed the fewest tokens.
 
-A winner tree over the sources: each internal node holds the source that goes first in its
-subtree by ``(count, tie_hash(salt[source], count), source)`` (``interleave``'s rule: least
-consumed, then the keyed hash, then the lower index). The root is the row's pick; its count grows
-by the row's tokens and its leaf-to-root path is played again, each level against the sibling
-subtree's winner. ``interleave.py``'s trace (a: 3 3 3 .., b: 5 5 .., c: 2 4 4 .., all at 0; hash
-b < a < c at 0 and a < c at 6) on leaves ``a b c pad`` (a padding leaf never wins, see below):
+The rule, row after row: take the source with the smallest consumed-token count; among sources
+tied at that count, the one whose keyed hash ``tie_hash(salt[source], count)`` is smallest (so
+ties are broken by a fixed seed, differently at every count, never "first wins"); add the row's
+real tokens to that source's count. Three sources whose next rows hold ``a: 3, 3, ...``,
+``b: 5, 5, ...``, ``c: 2, 4, ...`` tokens, all starting at 0, with ``hash(b) < hash(a) <
+hash(c)`` at count 0 and ``hash(a) < hash(c)`` at count 6:
+
+    row  counts (a, b, c)   least          takes
+    0    (0, 0, 0)          a, b, c tied   b (hash)  +5
+    1    (0, 5, 0)          a, c tied      a (hash)  +3
+    2    (3, 5, 0)          c              c         +2
+    3    (3, 5, 2)          c              c         +4
+    4    (3, 5, 6)          a              a         +3
+    5    (6, 5, 6)          b              b         +5
+    6    (6, 10, 6)         a, c tied      a (hash)  +3
+
+The row's tokens depend only on the source's next row, so the inputs are, per source, the token
+counts of its next ``n`` rows (``row_tokens[j, s]``: row ``j`` of the table holds every source's
+``j``-th next row; no source takes more than ``n`` of ``n`` rows). Counts are exact 64-bit numbers
+held as two uint32 words (``hi``, ``lo``): no x64.
+
+Within a batch, counts are held as 32-bit words relative to the least count at the batch's
+start: a row adds at most ``max_row_tokens``, so while ``n * max_row_tokens < 2^32 - 1`` (the
+caller checks) every count that can still be the least fits a word; a count 2^32 or more above
+the least is parked at ``PARKED`` (``2^32 - 1``) and cannot be picked.
+
+The rule row by row (one ``lax.scan`` step, an argmin over every source), the tests' reference,
+is ``tests/interleave_reference.py``. The pipeline's kernel, ``select_tournament``, is a
+tournament, O(log sources) a row: a winner tree over the sources, each internal node holding the
+source that goes first in its subtree by ``(count, tie_hash(salt[source], count), source)`` (the
+rule: least consumed, then the keyed hash, then the lower index). The root is the row's pick; its
+count grows by the row's tokens and its leaf-to-root path is played again, each level against the
+sibling subtree's winner. The trace above on leaves ``a b c pad`` (a padding leaf never wins, see
+below):
 
     row  takes  its count  the climb: sibling winner, then the other pair's      root after
     0    b      0 -> 5     a (0) over b (5); a over c, tied at 0, by hash        a
@@ -36,28 +64,81 @@ and ``nth`` stays small (about ``n / sources``), so the batch's reads fall in th
 few rows, a few pages (a row per source would touch a page per source).
 
 Inline: XLA:CPU runs a cheap program (by its flops estimate, a loop's body counted once) on the
-caller's thread and hands any other to a worker thread, a hand-off that costs a third of the
-selection at 256 sources. So every per-source step is a scalar loop too, the new counts included:
-the estimate does not grow with the sources. ``bench_mixture.py --part compiled`` checks both
-properties of the compiled kernel; the figures are in ``benchmarks/RESULTS.md`` ("Mixtures").
+caller's thread and hands any other to a worker thread, a costly hand-off. So every per-source
+step is a scalar loop too, the new counts included: the estimate does not grow with the sources.
+``bench_mixture.py --part compiled`` checks both properties of the compiled kernel; the figures
+are in ``benchmarks/RESULTS.md`` ("Mixtures").
 
-Counts, as in ``interleave``: 32-bit words relative to the least count at the batch's start, a
-count 2^32 or more above it parked at ``2^32 - 1``. With ``n * max_row_tokens < 2^32 - 1`` (the
-caller checks) a pick's count stays below ``n * max_row_tokens``: parked sources and the padding
-leaves (parked, salt 0) never win (a parked source's key made ahead may wrap: it is never
-read). The new counts are exact 64-bit (two words).
+Counts: a pick's count stays below ``n * max_row_tokens``, so parked sources and the padding
+leaves (parked, salt 0) never win (a parked source's key made ahead may wrap: it is never read).
+The new counts are exact 64-bit (two words).
 """
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Int, UInt32
 
-from .interleave import PARKED, Counts, Selection, add64, tie_hash
+from ..uint32 import fmix32
 
 U32 = jnp.uint32
+
+
+class Counts(eqx.Module):
+    """Consumed tokens per source (or one count: the least), exact: ``hi * 2^32 + lo``."""
+
+    hi: UInt32[Array, "*sources"]
+    lo: UInt32[Array, "*sources"]
+
+
+class Selection(eqx.Module):
+    """What a batch's selection decided.
+
+    Attributes:
+        source: ``int32[n]`` the source of each row.
+        nth: ``uint32[n]`` which of the source's next rows it is (0 = its next row).
+        taken: ``uint32[sources]`` rows each source gave.
+        counts: the counts after the batch.
+        tokens: ``int32[n]`` the real tokens of each row.
+    """
+
+    source: Int[Array, " n"]
+    nth: UInt32[Array, " n"]
+    taken: UInt32[Array, " sources"]
+    counts: Counts
+    tokens: Int[Array, " n"]
+
+
+def source_salts(seed: UInt32[Array, ""], sources: int) -> UInt32[Array, " sources"]:
+    """Distinct per-source salts from one seed word (``fmix32`` is a bijection)."""
+    return fmix32(seed + jnp.arange(sources, dtype=U32) * U32(0x9E3779B9))
+
+
+def named_salts(seed: UInt32[Array, ""], ids: UInt32[Array, " sources"]) -> UInt32[Array, " sources"]:
+    """Per-source salts from one seed word and a distinct id per source (e.g. a name's crc32):
+    distinct ids give distinct salts, and a source keeps its salt when others come or go."""
+    return fmix32(seed ^ fmix32(ids))
+
+
+def tie_hash(salt: UInt32[Array, "..."], count_lo: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """Keyed tie-break of a source at a count: ``fmix32(count_lo ^ salt)``.
+
+    Only equal counts are ever compared by hash, so their low word suffices, and distinct salts
+    give distinct hashes (``fmix32`` is a bijection): no two tied sources hash alike.
+    """
+    return fmix32(count_lo ^ salt)
+
+
+def add64(counts: Counts, tokens: UInt32[Array, "..."]) -> Counts:
+    """``counts + tokens`` with the carry into ``hi``."""
+    lo = counts.lo + tokens
+    return Counts(counts.hi + (lo < counts.lo).astype(U32), lo)
+
+
+PARKED = 0xFFFFFFFF  # a relative count that can never be the least within a batch
 CHUNK = 2  # levels a step climbs per inner-loop iteration (above SINGLE_CLIMB levels)
 SINGLE_CLIMB = 8  # up to this many levels (256 sources) a step climbs all of them at once
 
@@ -125,8 +206,8 @@ def _climb(tree, keys, node, winner, count, hash_, levels: int):
 def select_tournament(
     counts: Counts, row_tokens: Int[Array, "n sources"], salts: UInt32[Array, " sources"]
 ) -> Selection:
-    """The least-consumed selection of ``n`` rows (``interleave``'s rule), a tournament-tree climb
-    per row. Jitted; a table's shape compiles once.
+    """The least-consumed selection of ``n`` rows (the module docstring's rule), a tournament-tree
+    climb per row. Jitted; a table's shape compiles once.
 
     Args:
         counts: consumed tokens per source at the start of the batch.

@@ -117,23 +117,6 @@ class MixtureSchedule(eqx.Module):
         return _locate(self, jnp.asarray(rows).astype(U32), jnp.asarray(epoch).astype(U32))
 
 
-def mixture_block_ids(
-    schedule: MixtureSchedule, block: UInt32[Array, " n"], position: UInt32[Array, " n"]
-) -> UInt32[Array, " n"]:
-    """The in-block id at ``position`` of ``block``: the block's keyed permutation."""
-    size = schedule.block_size
-    if schedule.compat == "levanter":
-        return _levanter_ids(schedule.key, block, position, schedule.sort_size)
-
-    # Round keys of block b: a keyed hash of (b, round); one network per row, no table.
-    words = jax.random.key_data(schedule.key).astype(U32)
-    rounds = jnp.arange(STRONG_ROUNDS, dtype=U32)
-    keys = fmix32((fmix32(block ^ words[0])[:, None] + rounds[None, :] * U32(0x9E3779B9)) ^ words[1])
-    a, b = strong_halves(size)
-    network = StrongNetwork(keys, jnp.broadcast_to(a, block.shape), jnp.broadcast_to(b, block.shape))
-    return apply_network("feistel", network, position, size, batched=True)
-
-
 def _levanter_ids(key, block, position, block_size: int):
     """``jax.random.permutation(fold_in(key, b), block_size)[position]`` for each row's block ``b``.
 
@@ -226,7 +209,16 @@ def mixture_locate(
     position = rows - (rows // size) * size
     block = jnp.where(valid, block, U32(0))
     stage = (jnp.sum(block[:, None] >= schedule.stage_start[None, :], axis=1) - 1).astype(jnp.int32)
-    q = mixture_block_ids(schedule, block, position)
+    # q: the in-block id at ``position`` of ``block``, the block's keyed permutation
+    if schedule.compat == "levanter":
+        q = _levanter_ids(schedule.key, block, position, schedule.sort_size)
+    else:  # round keys of block b: a keyed hash of (b, round); one network per row, no table
+        words = jax.random.key_data(schedule.key).astype(U32)
+        rounds = jnp.arange(STRONG_ROUNDS, dtype=U32)
+        keys = fmix32((fmix32(block ^ words[0])[:, None] + rounds[None, :] * U32(0x9E3779B9)) ^ words[1])
+        a, b = strong_halves(size)
+        network = StrongNetwork(keys, jnp.broadcast_to(a, block.shape), jnp.broadcast_to(b, block.shape))
+        q = apply_network("feistel", network, position, size, batched=True)
     source = _last_at_most(schedule.first, stage, q)
 
     def pick(table):

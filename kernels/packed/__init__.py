@@ -1,1 +1,1 @@
-"""Packed examples: the packing rules (``pack_rows``) and the build of packed rows (``packed_rows``)."""
+"""Packed examples: the packing plans and the build of packed rows (``packed_rows``)."""

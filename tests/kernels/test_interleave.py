@@ -19,7 +19,7 @@ U32 = jnp.uint32
 
 @KERNELS
 def test_hand_worked_trace(select):
-    """Must-show 2, literally (the trace in kernels/mixtures/interleave.py's docstring).
+    """Must-show 2, literally (the trace in kernels/mixtures/interleave_tree.py's docstring).
 
     Sources a, b, c; next rows a: 3 3 3 .., b: 5 5 .., c: 2 4 4 ..; seed 4, whose tie-break
     order is b < a < c at count 0 and a < c at count 6.

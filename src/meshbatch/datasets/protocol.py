@@ -45,7 +45,6 @@ from meshbatch.kernels import Batch
 
 from .provenance import RowSources, from_spans
 
-Tables = PyTree
 State = PyTree
 
 

@@ -122,8 +122,7 @@ class Provenance:
             (``offset(step) + row``; any size).
         position, epoch: ``int64[n]`` the row's position in its epoch and the epoch.
         padding: ``bool[n]`` rows of a padded final step that hold zeros, not an example.
-        rows: the ``RowSources`` (component, example, source, doc, doc_start, start, length,
-            row_offset); padding rows have no spans.
+        rows: the ``RowSources``; padding rows have no spans.
     """
 
     step: int

@@ -136,10 +136,8 @@ class CompositeDevice(DeviceDataset):
     def child_plans(
         self, source: Int[Array, " n"], position: UInt32[Array, " n"], epoch: UInt32[Array, " n"]
     ) -> tuple[Plan, ...]:
-        """Each stack's plan of every row: a row of a child in the stack is planned by that child
-        (its tables gathered from the stack), once; rows of other children read the stack's first
-        child's row 0 and are never used. The work and the program do not grow with the number
-        of children in a stack."""
+        """Each stack's plan of every row (see the module docstring): a row of a child in the stack
+        is planned by that child, its tables gathered from the stack."""
         plans = []
         for s, stack in enumerate(self.stacks):
             mine, member = self._stack_rows(s, source)
@@ -222,14 +220,10 @@ def _gather(stack: DeviceDataset, member: Int[Array, " n"]) -> DeviceDataset:
     return jax.tree.map(lambda leaf: leaf[member] if eqx.is_array(leaf) else leaf, stack)
 
 
-def _one_row(rows: Rows) -> Rows:
-    return Rows(rows.position[None], rows.epoch[None])
-
-
 @eqx.filter_vmap
 def _plan_per_row(device: DeviceDataset, rows: Rows) -> Plan:
     """Each row planned by its own device half (``_gather``'s ``[n, ...]`` tables)."""
-    plan, _ = device.plan(_one_row(rows), None)
+    plan, _ = device.plan(Rows(rows.position[None], rows.epoch[None]), None)
     return jax.tree.map(lambda leaf: leaf[0] if eqx.is_array(leaf) else leaf, plan)
 
 
@@ -250,24 +244,15 @@ def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDa
         members ((0, 1, 3), (2,)): A, B, D stacked (keys and lengths [3]); C on its own
     """
     parts = [eqx.partition(device, eqx.is_array) for device in devices]  # (arrays, the rest)
-    members: list[list[int]] = []
-    keys: list[tuple] = []
-    for c, (arrays, rest) in enumerate(parts):
+
+    def shapes(arrays) -> tuple:
         leaves, treedef = jax.tree.flatten(arrays)
-        key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
-        same = next(
-            (
-                i
-                for i, k in enumerate(keys)
-                if k == key and bool(eqx.tree_equal(parts[members[i][0]][1], rest))
-            ),
-            None,
-        )
-        if same is None:
-            members.append([c])
-            keys.append(key)
-        else:
-            members[same].append(c)
+        return treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves)
+
+    members = _group_alike(
+        [(shapes(arrays), rest) for arrays, rest in parts],
+        lambda a, b: a[0] == b[0] and bool(eqx.tree_equal(a[1], b[1])),
+    )
     stacks = []
     for part in members:
         if len(part) == 1:
@@ -293,21 +278,22 @@ class Composite(Dataset):
     spans_per_row: int
     span_group_cache: dict  # group_of -> _span_groups (filled on first use)
 
-    def __init__(self, datasets: Mapping[str, Dataset], *, what: str = "datasets"):
+    def __init__(self, datasets: Mapping[str, Dataset]):
         if not isinstance(datasets, Mapping) or not datasets:
-            raise ValueError(f"{what} must be a non-empty dict of name -> Dataset (got {datasets!r})")
+            raise ValueError(f"datasets must be a non-empty dict of name -> Dataset (got {datasets!r})")
         for name, child in datasets.items():
             if not isinstance(name, str):
-                raise TypeError(f"{what} names must be strings (got {name!r})")
+                raise TypeError(f"datasets names must be strings (got {name!r})")
             if not isinstance(child, Dataset):
-                raise TypeError(f"{what}[{name!r}] must be a meshbatch Dataset (got {type(child).__name__})")
+                got = type(child).__name__
+                raise TypeError(f"datasets[{name!r}] must be a meshbatch Dataset (got {got})")
             if child.init_state() is not None:
-                raise ValueError(f"{what}[{name!r}] carries state; a mixture's children must be stateless")
+                raise ValueError(f"datasets[{name!r}] carries state; a mixture's children must be stateless")
         crcs = [zlib.crc32(name.encode()) for name in datasets]
         if len(set(crcs)) != len(crcs):
             raise ValueError(f"two names of {list(datasets)} share a crc32: their keys would collide")
         self.names = list(datasets)
-        for field, value in _children_fields(self.names, list(datasets.values()), what).items():
+        for field, value in _children_fields(self.names, list(datasets.values())).items():
             setattr(self, field, value)
 
     # -- for subclasses -------------------------------------------------------------------------
@@ -316,10 +302,11 @@ class Composite(Dataset):
         """``(mixture key, {name: child key})``; override to map another library's derivation."""
         return derive_keys(key, self.names)
 
-    def make_children(self, keys: Mapping[str, PRNGKeyArray]) -> tuple[dict, Composite]:
-        """The children's halves for their keys: ``CompositeDevice``'s fields (``stacks``,
-        ``members``, ``groups``, ``child_spans``) and the host half (``self`` unless a child's host half is
-        another value, e.g. made for its key)."""
+    def make_children(self, key: PRNGKeyArray) -> tuple[PRNGKeyArray, dict, Composite]:
+        """The mixture's key (``derive_keys``) and the children's halves for theirs:
+        ``CompositeDevice``'s fields (``stacks``, ``members``, ``groups``, ``child_spans``) and the
+        host half (``self`` unless a child's host half is another value, e.g. made for its key)."""
+        mixture_key, keys = self.derive_keys(key)
         made = [child.make(keys[name]) for name, child in zip(self.names, self.children, strict=True)]
         devices = tuple(device for device, _ in made)
         hosts = [host for _, host in made]
@@ -333,21 +320,13 @@ class Composite(Dataset):
             groups=_build_groups(devices),
             child_spans=tuple(h.spans_per_row if h.fetches else 0 for h in hosts),
         )
-        return fields, host
+        return mixture_key, fields, host
 
     # -- the dataset protocol -------------------------------------------------------------------
 
     def spans(self, plan: Plan) -> Spans:
         """The rows' children's spans, their sources renumbered to ``self.sources``."""
-        source = np.asarray(plan.source)
-        if source.size and source.min() < 0:
-            bad = int(np.flatnonzero(source < 0)[0])
-            if source[bad] == WRAPPED:
-                raise OverflowError(
-                    f"row {bad} of the batch: its source would start its 2^32-th pass (a source's "
-                    f"epoch is 32 bits; a source of few rows gets there first) in {self!r}"
-                )
-            raise IndexError(f"row {bad} of the batch lies past the end of the mixture ({self!r})")
+        source = self._planned_sources(plan)
         n, width = source.shape[0], self.spans_per_row
         out = Spans(
             np.zeros((n, width), np.int32), np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
@@ -370,10 +349,7 @@ class Composite(Dataset):
     def provenance(self, plan: Plan) -> RowSources:
         """Each row's component (its name; a nested mixture's ``outer/inner``) and where that
         child's row comes from (the child's ``provenance`` of its rows); no token is read."""
-        source = np.asarray(plan.source)
-        if source.size and source.min() < 0:
-            bad = int(np.flatnonzero(source < 0)[0])
-            raise IndexError(f"row {bad} of the batch has no source (source {int(source[bad])}) in {self!r}")
+        source = self._planned_sources(plan)
         parts = []
         for c, (name, child) in enumerate(zip(self.names, self.children, strict=True)):
             mine = np.flatnonzero(source == c)
@@ -388,11 +364,22 @@ class Composite(Dataset):
         return out
 
     def content_fingerprint(self) -> str:
-        """A hash of what the mixture draws from: its components' names, kinds and the identities
-        of their caches (``cache_id``, path, rows and tokens), and its weights. Equal for the
-        same data and weights; a re-bucketed corpus, a rewritten cache or new weights change it.
-        (``meshbatch.datasets.provenance.content_fingerprint``)."""
+        """``meshbatch.datasets.provenance.content_fingerprint`` of the mixture."""
         return content_fingerprint(self)
+
+    def _planned_sources(self, plan: Plan) -> np.ndarray:
+        """The plan's child of each row; a row without one (``-1``: past the end of a finite
+        mixture; ``WRAPPED``) is refused, naming it."""
+        source = np.asarray(plan.source)
+        if source.size and source.min() < 0:
+            bad = int(np.flatnonzero(source < 0)[0])
+            if source[bad] == WRAPPED:
+                raise OverflowError(
+                    f"row {bad} of the batch: its source would start its 2^32-th pass (a source's "
+                    f"epoch is 32 bits; a source of few rows gets there first) in {self!r}"
+                )
+            raise IndexError(f"row {bad} of the batch lies past the end of the mixture ({self!r})")
+        return source
 
     def _span_groups(self, group_of: tuple[int, ...]) -> list[list[int]]:
         """Children whose spans one call reads (equal ``spans_key``, one build group's plan): a
@@ -410,14 +397,14 @@ class Composite(Dataset):
         return f"{type(self).__name__}({dict(zip(self.names, self.children, strict=True))})"
 
 
-def _children_fields(names: list[str], children: list[Dataset], what: str = "datasets") -> dict:
+def _children_fields(names: list[str], children: list[Dataset]) -> dict:
     """A composite's fields that derive from its children: ``seq_len`` (theirs, one value), the
     union of their sources (each once, by identity) and a table from each child's source indices
     into it, and the fetch shape (the widest child's)."""
     lengths = {child.seq_len for child in children}
     if len(lengths) != 1:
         seq = {name: getattr(child, "seq_len", None) for name, child in zip(names, children, strict=True)}
-        raise ValueError(f"{what} build rows of different seq_len: {seq}")
+        raise ValueError(f"datasets build rows of different seq_len: {seq}")
     sources, source_maps = [], []
     for child in children:
         indices = []
@@ -457,15 +444,21 @@ def _stack(leaves) -> Array:
 
 def _build_groups(devices) -> tuple[tuple[int, ...], ...]:
     """Children sharing a build call: equal builders (``eqx.tree_equal``), first child leads."""
-    builders = [device.builder() for device in devices]
+    groups = _group_alike([device.builder() for device in devices], lambda a, b: bool(eqx.tree_equal(a, b)))
+    return tuple(tuple(g) for g in groups)
+
+
+def _group_alike(items: list, alike) -> list[list[int]]:
+    """The indices of ``items`` in groups: each item joins the first group whose first item it is
+    ``alike``, else starts one."""
     groups: list[list[int]] = []
-    for c, builder in enumerate(builders):
-        same = next((g for g in groups if bool(eqx.tree_equal(builders[g[0]], builder))), None)
+    for c, item in enumerate(items):
+        same = next((g for g in groups if alike(items[g[0]], item)), None)
         if same is None:
             groups.append([c])
         else:
             same.append(c)
-    return tuple(tuple(g) for g in groups)
+    return groups
 
 
 def _select(where: Array, new, old):

@@ -1,4 +1,18 @@
-"""``mixture_schedule``: a stable mixture of named sources as a device row map.
+"""``Mixture``: Levanter's stable mixture of datasets, on the pipeline, and its row map
+``mixture_schedule``.
+
+Row ``r`` of the mixture is ``mixture_schedule``'s ``(child, index, child epoch)``; the child's
+own plan turns ``(index, child epoch)`` into its example (so a child's shuffle, and its
+per-epoch reshuffle when a source restarts, stay the child's). Reads, builds and real-token
+counts go through ``Composite``:
+
+    Mixture({"web": CausalLMDataset(web, 512), "code": CausalLMDataset(code, 512)},
+            {"web": 0.75, "code": 0.25}, block_size=4)
+    rows 0..3 (one block)  ->  children [web, code, web, web], indices [0, 0, 2, 1]
+    plan   web's plan of rows 0, 2, 1 (its shuffle), code's of row 0
+    fetch  web's windows from the web cache, code's from the code cache: one ts.Batch
+
+The schedule alone, a stable mixture of named sources as a device row map:
 
     schedule = meshbatch.mixture_schedule({"web": 1000, "code": 300}, {"web": 0.7, "code": 0.3},
                                           block_size=10, key=0)
@@ -28,7 +42,10 @@ A finite mixture repeated over epochs replays the same ``(source, index)`` rows;
 epoch moves on by its wraps per pass, so a source that reshuffles per epoch reads a new order.
 
 Weights are a dict ``{name: weight}`` or stages ``[(start_row, {name: weight}), ...]``; a stage
-applies from its start row until the next stage's. Each block of ``block_size`` rows holds a fixed
+applies from its start row until the next stage's. ``Mixture`` takes stages by training step,
+``[(start_step, {name: weight}), ...]``, and turns them into rows through the batch schedule
+(Levanter's ``rescale_mixture_schedule_for_batch_schedule``): each stage must then start on a
+block boundary. Each block of ``block_size`` rows holds a fixed
 count of rows per source, computed once per stage:
 
     weights = {"a": 0.05, "b": 0.15, "c": 0.8}, block_size = 10    shares = [0.5, 1.5, 8.0]
@@ -58,9 +75,14 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import PRNGKeyArray
 
 from meshbatch.arguments import as_key, check_choice, check_float, check_int
-from meshbatch.kernels.internal import MixtureSchedule
+from meshbatch.batch_schedule import BatchSchedule
+from meshbatch.datasets.protocol import Dataset, Plan, Rows
+from meshbatch.kernels.internal import MixtureSchedule, mixture_locate
+
+from .composite import Composite, CompositeDevice
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +106,8 @@ def mixture_schedule(
 
     Args:
         lengths: ``{name: rows}`` of each source; sources are numbered in this order.
-        weights: ``{name: weight}``, or stages ``[(start_row, {name: weight}), ...]`` with starts
-            on block boundaries (``meshbatch.Mixture`` takes steps and converts them).
-        block_size: rows per block; each block holds a fixed count of rows per source.
+        weights: as ``Mixture``'s, but stages start at rows (on block boundaries), not steps.
         key: a typed key or an int seed (Levanter's ``MixtureDataset(key=...)``).
-        stop_strategy: ``"restart"``, ``"first_exhausted"`` or ``"all_exhausted"``.
         compat: ``"levanter"`` reproduces ``levanter.data.MixtureDataset`` exactly (restart is
             the only strategy Levanter implements); ``None`` is the improved default
             (``docs/mixtures.md``).
@@ -120,8 +139,14 @@ def mixture_rows(
     """
     compat = check_choice("compat", compat, ("levanter", None))
     stop_strategy = check_choice("stop_strategy", stop_strategy, STRATEGIES)
-    lengths = check_lengths(lengths)
-    names = list(lengths)
+    if not isinstance(lengths, Mapping) or not lengths:
+        raise ValueError(f"lengths must be a non-empty dict of name -> rows (got lengths={lengths!r})")
+    checked = {}
+    for name, length in lengths.items():
+        if not isinstance(name, str):
+            raise TypeError(f"source names must be strings (got {name!r})")
+        checked[name] = check_int(f"lengths[{name!r}]", length, low=1, high=2**32 - 1)
+    lengths, names = checked, list(checked)
     block_size = check_int("block_size", block_size, low=1, high=MAX_BLOCK_SIZE[compat])
     stages = check_stages(names, weights, block_size=block_size)
 
@@ -226,18 +251,6 @@ def _pad(table: np.ndarray, *, fill: int, axis: int = -1) -> jnp.ndarray:
         widths[0] = (0, -table.shape[0] % STAGE_PAD)
     # converted on the host and placed: an on-device conversion would compile once per shape
     return jax.device_put(np.pad(table, widths, constant_values=fill).astype(np.uint32))
-
-
-def check_lengths(lengths: Mapping[str, int]) -> dict[str, int]:
-    """``{name: rows}`` with string names and ``1 <= rows <= 2**32 - 1``."""
-    if not isinstance(lengths, Mapping) or not lengths:
-        raise ValueError(f"lengths must be a non-empty dict of name -> rows (got lengths={lengths!r})")
-    out = {}
-    for name, length in lengths.items():
-        if not isinstance(name, str):
-            raise TypeError(f"source names must be strings (got {name!r})")
-        out[name] = check_int(f"lengths[{name!r}]", length, low=1, high=2**32 - 1)
-    return out
 
 
 def check_stages(names: Sequence[str], weights: Weights, *, block_size: int) -> list[tuple[int, dict]]:
@@ -348,3 +361,86 @@ def rows_from_steps(stages: Sequence[tuple[int, Mapping]], offset_of_step) -> li
         step = check_int(f"stages[{i}] start_step", step, low=0)
         out.append((offset_of_step(step), weights))
     return out
+
+
+class MixtureDevice(CompositeDevice):
+    """The device half of ``Mixture``: the schedule under the mixture's key, and the children."""
+
+    schedule: MixtureSchedule
+
+    def plan(self, rows: Rows, state=None) -> tuple[Plan, None]:
+        """Each row's child and the child's plan; rows past a finite mixture get child ``-1``."""
+        source, index, epoch = mixture_locate(self.schedule, rows.position, rows.epoch)
+        detail = self.group_plans(source, self.child_plans(source, index, epoch))
+        return Plan(rows=rows, source=source, example=index, detail=detail), None
+
+
+class Mixture(Composite):
+    """A stable mixture of named datasets; see the module docstring.
+
+    Args:
+        datasets: ``{name: Dataset}``, stateless, all with the same ``seq_len``.
+        weights: ``{name: weight}`` or stages ``[(start_step, {name: weight}), ...]``.
+        block_size: rows per block; every block holds a fixed count of rows of each child.
+        stop_strategy: ``"restart"`` (children wrap), ``"first_exhausted"`` or
+            ``"all_exhausted"`` (see the module docstring).
+        compat: ``"levanter"``: Levanter's ``MixtureDataset`` rows exactly (except where a source
+            reads ``2^31`` rows or more before a later stage: Levanter's int32 count wraps there,
+            meshbatch's stays exact; see docs/mixtures.md); ``None``: the default.
+        batch_size: the pipeline's batch schedule (an int, pairs or a ``BatchSchedule``);
+            needed only to place staged weights, whose starts are steps.
+
+    The mixture takes no key: ``make(key)`` derives its own and each child's from the
+    pipeline's (``derive_keys``; a subclass may override it, as ``LevanterKeyedMixture`` of
+    ``meshbatch.levanter.mixture_config`` does to reproduce ``LMMixtureDatasetConfig``'s keys).
+
+    Raises:
+        ValueError, TypeError: naming the value: bad weights or stages, children of different
+            ``seq_len``, a stateful child, staged weights without ``batch_size``.
+    """
+
+    rows: dict  # mixture_rows: the schedule's tables that do not depend on the key
+    num_examples: int
+    block_size: int
+    stop_strategy: StopStrategy
+    compat: Literal["levanter"] | None
+    weights: object  # as given (stages in rows): part of content_fingerprint
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Dataset],
+        weights: Weights,
+        *,
+        block_size: int = 2048,
+        stop_strategy: StopStrategy = "restart",
+        compat: Literal["levanter"] | None = None,
+        batch_size=None,
+    ):
+        super().__init__(datasets)
+        if not isinstance(weights, Mapping):
+            if batch_size is None:
+                raise ValueError(
+                    "staged weights start at training steps: pass the pipeline's batch_size "
+                    "(an int or its schedule) so they can be placed in rows"
+                )
+            schedule = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
+            weights = rows_from_steps(list(weights), schedule.offset)
+        lengths = {name: child.num_examples for name, child in zip(self.names, self.children, strict=True)}
+        # The rows do not depend on the key (only the in-block orders do): sized without one.
+        self.rows = mixture_rows(
+            lengths, weights, block_size=block_size, stop_strategy=stop_strategy, compat=compat
+        )
+        self.num_examples = int(self.rows["num_rows"])
+        self.block_size, self.stop_strategy, self.compat = block_size, stop_strategy, compat
+        self.weights = weights
+
+    def make(self, key: PRNGKeyArray) -> tuple[MixtureDevice, Composite]:
+        """The mixture's schedule under its key and the children's halves under theirs."""
+        mixture_key, fields, host = self.make_children(key)
+        return MixtureDevice(schedule=MixtureSchedule(key=as_key(mixture_key), **self.rows), **fields), host
+
+    def __repr__(self) -> str:
+        return (
+            f"Mixture({dict(zip(self.names, self.children, strict=True))}, block_size={self.block_size}, "
+            f"stop_strategy={self.stop_strategy!r}, compat={self.compat!r})"
+        )

@@ -148,10 +148,9 @@ class TokenBalancedMixture(Composite):
 
     def make(self, key: PRNGKeyArray) -> tuple[BalancedDevice, Composite]:
         """The children's halves and the tie-break salts (one per spec, from its name)."""
-        mixture_key, child_keys = self.derive_keys(key)
+        mixture_key, fields, host = self.make_children(key)
         word = jax.random.bits(mixture_key, (), U32)
         ids = jnp.asarray([zlib.crc32(name.encode()) for name in self.names], U32)
-        fields, host = self.make_children(child_keys)
         lengths = tuple(child.num_examples for child in host.children)
         device = BalancedDevice(
             salts=named_salts(word, ids),

@@ -29,7 +29,7 @@ rows); ``pack=False`` puts one example in each row, padded (marin#7086's unpacke
 from __future__ import annotations
 
 import logging
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -55,15 +55,6 @@ SliceStrategy = Literal["left", "right", "raise"]
 SLICE_STRATEGIES = ("left", "right", "raise")
 LEVANTER_SLICE = {"chat": "left", "supervised": "right"}  # Levanter's datasets' defaults
 Compat = Literal["levanter"] | None
-
-
-class Packing(NamedTuple):
-    """A packing on the host: ``members`` (examples grouped by packed row), ``row_start``
-    (``[n + 1]``, where each packed row's members begin), ``num_rows``."""
-
-    members: np.ndarray
-    row_start: np.ndarray
-    num_rows: int
 
 
 class PackedPlan(eqx.Module):
@@ -117,13 +108,12 @@ class PackedDevice(DeviceDataset):
     Attributes:
         shuffle_spec: the order of packed rows (static).
         shuffle: its module for the key, or ``None``.
-        members: ``int32[n]`` examples grouped by packed row.
-        row_start: ``int32[n + 1]`` where each packed row's members begin.
+        members, row_start: the packing's ``PackTables``.
         lengths: ``int32[n]`` tokens per example (untruncated).
         sources_len: ``int32[n]`` prompt tokens per example (zeros for chat).
         max_segments: member slots per row (static).
         keep_end: long examples keep their last ``seq_len`` tokens (``slice_strategy="right"``).
-        build: the build's configuration.
+        row_build: the build's configuration.
     """
 
     shuffle_spec: ShuffleSpec = eqx.field(static=True)
@@ -175,7 +165,6 @@ class PackedDataset(Dataset):
 
     Args:
         path: the cache root (holding ``shard_ledger.json`` and the fields).
-        seq_len: tokens per row.
         format: ``"chat"`` (``assistant_masks``) or ``"supervised"`` (``sources_len``); ``None``
             detects it from the fields present.
         pack: ``False``: one example per row, padded.
@@ -198,7 +187,7 @@ class PackedDataset(Dataset):
             Levanter's rule for the format (chat ``"left"``, supervised ``"right"``).
         mask_prompt: loss only on assistant tokens (chat) / completion tokens (supervised);
             Levanter's ``mask_user_turns`` / ``mask_inputs``.
-        attention_metadata: also build ``positions`` and ``cu_seqlens`` (off by default).
+        attention_metadata: also build ``positions`` and ``cu_seqlens``.
         pad_id: the token of padding positions (Levanter pads with 0).
 
     Raises:
@@ -224,7 +213,7 @@ class PackedDataset(Dataset):
     segments: int  # member slots per row
     spans_per_row: int
     max_row_tokens: int
-    packing: Packing | None  # the packed rows; ``None`` until made for a key (keyed packing)
+    packing: K.PackTables | None  # numpy, on the host; ``None`` until made for a key (keyed packing)
 
     def __init__(
         self,
@@ -292,12 +281,8 @@ class PackedDataset(Dataset):
         self.sources = (self.examples.tokens,) + ((self.examples.masks,) if self.format == "chat" else ())
         self.spans_per_row = self.segments * len(self.sources)
         self.max_row_tokens = self.seq_len * len(self.sources)
-        self.packing = None if self.keyed_packing else self._pack(None)
-
-    @property
-    def keyed_packing(self) -> bool:
-        """Whether the packing depends on the key (the default policy's shuffle of examples)."""
-        return self.pack and self.compat is None and self.shuffle_examples
+        keyed = self.pack and self.compat is None and self.shuffle_examples  # the default's shuffle
+        self.packing = None if keyed else self._pack(None)
 
     @property
     def num_examples(self) -> int:
@@ -311,20 +296,16 @@ class PackedDataset(Dataset):
 
     # -- packing --------------------------------------------------------------------------------
 
-    def _pack(self, key: PRNGKeyArray | None) -> Packing:
+    def _pack(self, key: PRNGKeyArray | None) -> K.PackTables:
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            tables = self._pack_on_cpu(key)
-        members, row_start, num_rows = jax.device_get((tables.members, tables.row_start, tables.num_rows))
-        return Packing(np.asarray(members), np.asarray(row_start), int(num_rows))
+            return jax.device_get(self._pack_on_cpu(key))
 
     def _pack_on_cpu(self, key: PRNGKeyArray | None) -> K.PackTables:
         n = self.examples.num_examples
         seq_len = jnp.int32(self.seq_len)
         lengths = jnp.asarray(np.minimum(self.examples.lengths, 2**31 - 1).astype(np.int32))
-        if not self.pack:
-            index = jnp.arange(n, dtype=jnp.int32)
-            return K.PackTables(members=index, row_start=jnp.arange(n + 1, dtype=jnp.int32),
-                                num_rows=jnp.int32(n))  # fmt: skip
+        if not self.pack:  # example i alone in row i
+            return K.pack_tables(jnp.arange(n, dtype=jnp.int32), lengths)
         if self.compat == "levanter":
             rows = K.greedy_rows(lengths, seq_len, max_segments=self.segments)
             return K.pack_tables(rows, lengths)
@@ -341,18 +322,6 @@ class PackedDataset(Dataset):
             members=order[tables.members], row_start=tables.row_start, num_rows=tables.num_rows
         )
 
-    def packed_for(self, key: PRNGKeyArray) -> PackedDataset:
-        """The host half for the pipeline's ``key``: itself when the packing needs no key, else a
-        new value packed for it (``num_examples``: the packed rows)."""
-        if self.packing is not None:
-            return self
-        host = replace(self, packing=self._pack(key))
-        logger.info(
-            "packed %d %s examples into %d rows of %d tokens (fill %.4f)",
-            self.examples.num_examples, self.format, host.num_examples, self.seq_len, host.fill(),
-        )  # fmt: skip
-        return host
-
     def fill(self) -> float:
         """Real tokens over slots of the packed rows (packing efficiency); needs the packing."""
         if self.packing is None:
@@ -364,9 +333,14 @@ class PackedDataset(Dataset):
 
     def make(self, key: PRNGKeyArray) -> tuple[PackedDevice, PackedDataset]:
         """The packed rows' order for ``key`` and the packing's tables; the host half is a new
-        value packed for ``key`` when the packing depends on it (``packed_for``)."""
+        value packed for ``key`` when the packing depends on it."""
         if self.packing is None:
-            return self.packed_for(key).make(key)
+            host = replace(self, packing=self._pack(key))
+            logger.info(
+                "packed %d %s examples into %d rows of %d tokens (fill %.4f)",
+                self.examples.num_examples, self.format, host.num_examples, self.seq_len, host.fill(),
+            )  # fmt: skip
+            return host.make(key)
         chunk = max(1, DEFAULT_CHUNK_SIZE // self.seq_len)
         shuffle = self.shuffle_spec.create(self.num_examples, key, default_block=chunk)
         n = self.examples.num_examples

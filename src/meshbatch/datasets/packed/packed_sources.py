@@ -60,16 +60,6 @@ class Examples:
         return int(self.lengths.shape[0])
 
 
-def _fields_present(path: str) -> dict[str, TokenCache]:
-    present = {}
-    for fmt, field in MASK_FIELD.items():
-        try:
-            present[fmt] = TokenCache.open(path, field)
-        except FileNotFoundError:
-            continue
-    return present
-
-
 def _first(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad)[0])
 
@@ -106,7 +96,12 @@ def open_examples(path: str, format: str | None = None) -> Examples:
     """
     tokens = TokenCache.open(path, "input_ids")
     if format is None:
-        present = _fields_present(path)
+        present = {}
+        for fmt, field in MASK_FIELD.items():
+            try:
+                present[fmt] = TokenCache.open(path, field)
+            except FileNotFoundError:
+                continue
         if len(present) != 1:
             raise ValueError(
                 f"cannot tell the format of the cache at {path}: it has "
