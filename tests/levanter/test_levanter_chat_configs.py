@@ -27,7 +27,7 @@ from levanter.schedule import BatchSchedule
 
 from meshbatch.cache import ByteTokenizer
 from meshbatch.datasets.packed import PackedDataset
-from meshbatch.levanter import MeshbatchDataset, PipelineLoader, order
+from meshbatch.levanter import MeshbatchDataset, PipelineLoader, fast
 from meshbatch.levanter.train_lm import TrainLmConfig
 
 SEQ, BATCH = 32, 4
@@ -160,7 +160,7 @@ def test_a_mixture_of_text_chat_and_supervised_equals_levanter(root, shuffle, pe
     children = dict(zip(ours_set.dataset.names, ours_set.dataset.children, strict=True))
     assert isinstance(children["tulu"], PackedDataset) and isinstance(children["sft"], PackedDataset)
     assert children["sft"].pack is False and children["tulu"].format == "chat"
-    noted = order.noted_fingerprint()  # issue 37: what each checkpoint records, Pipeline's
+    noted = fast._Noted.fingerprint  # issue 37: what each checkpoint records, Pipeline's
     assert noted is not None
     theirs = parse(root, block).train_set(Pos, BatchSchedule(BATCH), False, key=KEY)
     both_paths_equal(ours_set, theirs, 6 * BATCH, f"mixture shuffle={shuffle}", noted)

@@ -81,19 +81,15 @@ def lm_examples(batch: Batch, Pos: hax.Axis) -> list[LmExample]:
 
 
 class _Epochs(AsyncDataset[T]):
-    """Shared length logic: ``_epoch_rows()`` rows per epoch (``num_examples`` unless overridden),
-    ``epochs`` of them or endless."""
+    """Shared length logic: ``num_examples`` rows per epoch, ``epochs`` of them or endless."""
 
     epochs: int | None
     num_examples: int
 
-    async def _epoch_rows(self) -> int:
-        return self.num_examples
-
     async def async_len(self) -> int:
         if self.epochs is None:
             raise ValueError(f"{type(self).__name__} streams every epoch (epochs=None): it has no length")
-        return await self._epoch_rows() * self.epochs
+        return self.num_examples * self.epochs
 
     async def final_length_is_known(self) -> bool:
         return self.epochs is not None
@@ -111,20 +107,12 @@ class MeshbatchDataset(_Epochs[LmExample]):
     Index ``g`` is stream position ``g mod num_examples`` of epoch ``g // num_examples``, exactly
     the row ``Pipeline`` makes at that stream position with the same key.
 
-    Args:
-        dataset: a meshbatch dataset; one that carries state (a ``TokenBalancedMixture``) or
-            whose cache is still being written (quick start) only with ``fast_path``: their
-            rows exist in step order.
-        Pos: the model's position axis; its size must be the dataset's ``seq_len``.
-        key: the data key (typed, raw or an int seed).
-        epochs: see ``loader_epochs``.
-        fast_path: inside ``meshbatch.levanter.fast_path()`` (the entry point),
-            ``Trainer.data_loader`` feeds it through ``Pipeline`` (``PipelineLoader``) instead of
-            Levanter's ``DataLoader``; the batches are the same.
-
-    Raises:
-        ValueError: a stateful or growing dataset off the fast path, or ``Pos.size !=
-            dataset.seq_len``.
+    ``fast_path``: inside ``meshbatch.levanter.fast_path()`` (the entry point),
+    ``Trainer.data_loader`` feeds it through ``Pipeline`` (``PipelineLoader``) instead of
+    Levanter's ``DataLoader``; the batches are the same. A dataset that carries state (a
+    ``TokenBalancedMixture``) or whose cache is still being written (quick start) trains only
+    there (refused with ``fast_path=False``): its rows exist in step order. ``epochs``: see
+    ``loader_epochs``.
     """
 
     def __init__(
@@ -159,12 +147,7 @@ class MeshbatchDataset(_Epochs[LmExample]):
         self.num_examples = self.host.num_examples
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples).
-
-        Raises:
-            ValueError: for a stateful dataset (its rows depend on every earlier step) or one
-                still being written (its order needs the final length).
-        """
+        """The meshbatch ``Batch`` of global indices (what ``get_batch`` turns into examples)."""
         if self.stateful or self.growing:
             raise ValueError(
                 f"{self.dataset!r} is stateful or still being written: its rows exist only in step "
@@ -190,15 +173,8 @@ class MeshbatchDataset(_Epochs[LmExample]):
 
 class MultiSpliceDocumentDataset(_Epochs[LmExample]):
     """The multi-document splice dataset over in-memory documents (every ``SpliceSpec`` field by
-    keyword); for documents in a cache, ``MeshbatchDataset(SpliceLMDataset(...))``.
-
-    Args:
-        Pos: the model's position axis; its size is the frame length.
-        doc_tokens_list: 1-D integer token arrays.
-        pad_token_id: filler token.
-        epochs: see ``loader_epochs`` (``None``: endless).
-        **spec: ``SpliceSpec`` fields (``content_length``, ``content_start_mode``, ``alpha``, ...)
-            and ``key``.
+    keyword, and ``key``; ``Pos.size`` is the frame length); for documents in a cache,
+    ``MeshbatchDataset(SpliceLMDataset(...))``. ``epochs``: see ``loader_epochs``.
     """
 
     def __init__(

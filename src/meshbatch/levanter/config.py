@@ -70,9 +70,8 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
     """log per-source consumption, reads per example and data wait every this many steps (0: never)."""
 
     def build_split(self, source, split: str, cache_dir: str | None) -> str | None:
-        """``cache_dir/split`` of ``source``, built by Levanter's machinery if missing."""
-        if cache_dir is None:
-            raise ValueError("cache_dir must be set (Levanter's cache_dir, or the component's)")
+        """``cache_dir/split`` of ``source`` (``cache_dirs``: set, checked at parse time), built by
+        Levanter's machinery if missing."""
         return build_split(
             source, split, cache_dir=cache_dir, tokenizer=self.the_tokenizer, enforce_eos=self.enforce_eos,
             options=self.cache_options, builder=self.cache_builder, chat_template=self.chat_template,
@@ -98,7 +97,6 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         record = {**record, "data_key": order.key_hex(key)}
         # what Pipeline.content_fingerprint() gives for this dataset and key (its host half)
         fingerprint = content_fingerprint(train.host)
-        order.note(record, fingerprint)
         if self.fast_path:
             loader, why = FAST, "meshbatch.Pipeline builds each global batch on the devices (PipelineLoader)"
         else:
@@ -114,9 +112,9 @@ class MeshbatchLMConfig(LMTaskConfig, draccus.ChoiceRegistry):
         )
         if sources:
             train.metrics = StepMetrics(sources, every=self.metrics_every)
-        from .fast import note_train_set  # fast imports Levanter's trainer: only when training
+        from .fast import note  # fast imports Levanter's trainer: only when training
 
-        note_train_set(train)
+        note(record, fingerprint, train=train)
         return train
 
     def rows(self, fmt, path: str, seq_len: int, shuffle: ShuffleSpec) -> CausalLMDataset | PackedDataset:
@@ -172,48 +170,6 @@ def source_cache(dataset) -> TokenCache:
     return dataset.examples.tokens if isinstance(dataset, PackedDataset) else dataset.source
 
 
-def shuffle_spec(config, shuffle: ShuffleField) -> ShuffleSpec:
-    """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
-    ``ShuffleSpec`` with the config's order fields. Every field reaches ``ShuffleSpec``, which
-    refuses one that does not apply (``io_block_size`` with ``shuffle: true``,
-    ``reshuffle_each_epoch`` with no shuffle); without a shuffle ``permutation_type`` is dropped, as
-    Levanter drops it, and ``compat: levanter`` holds as it is (cache order is Levanter's order).
-
-        shuffle=true, io_block_size=4096 -> ValueError: io_block_size=4096 ... (got shuffle=True)
-    """
-    strategy = {False: "none", True: "full"}.get(shuffle, shuffle) if isinstance(shuffle, bool) else shuffle
-    era_length = config.era_length
-    if isinstance(strategy, int):
-        if strategy < 0:
-            raise ValueError(
-                f"shuffle must be true, false, an era length >= 1 or a strategy (got shuffle={shuffle})"
-            )
-        if config.era_length is not None:
-            raise ValueError(
-                f"shuffle={shuffle} is Levanter's era length: era_length={config.era_length} contradicts it"
-            )
-        strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
-    if strategy != "block" and (config.io_block_size is not None or config.window_blocks != 8):
-        raise ValueError(
-            f"io_block_size={config.io_block_size} and window_blocks={config.window_blocks} only apply to "
-            f"shuffle: block (got shuffle={shuffle!r})"
-        )
-    if strategy == "none" and config.reshuffle_each_epoch:
-        raise ValueError(
-            f"reshuffle_each_epoch={config.reshuffle_each_epoch} applies to a shuffle (got "
-            f"shuffle={shuffle!r}, which keeps cache order)"
-        )
-    # no shuffle: compat holds as it is (one compat line serves every shuffle value of a run)
-    compat = "levanter" if strategy != "none" and config.compat == "levanter" else None
-    block = strategy == "block"
-    kind = config.permutation_type or ("feistel" if block else "linear")
-    return ShuffleSpec(
-        strategy, kind="feistel" if strategy == "none" else kind, compat=compat, era_length=era_length,
-        io_block_size=config.io_block_size, window_blocks=config.window_blocks,
-        reshuffle_each_epoch=config.reshuffle_each_epoch,
-    )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class _CausalFields:
     """meshbatch's order fields, shared by ``causal_lm`` and the mixtures' components."""
@@ -231,7 +187,46 @@ class _CausalFields:
     quick_start: bool = False
 
     def shuffle_spec(self) -> ShuffleSpec:
-        return shuffle_spec(self, self.shuffle)
+        """Levanter's ``shuffle`` (``false``/``true``/era length) or meshbatch's named strategy as a
+        ``ShuffleSpec`` with the config's order fields. Every field reaches ``ShuffleSpec``, which
+        refuses one that does not apply (``io_block_size`` with ``shuffle: true``,
+        ``reshuffle_each_epoch`` with no shuffle); without a shuffle ``permutation_type`` is dropped, as
+        Levanter drops it, and ``compat: levanter`` holds as it is (cache order is Levanter's order).
+
+            shuffle=true, io_block_size=4096 -> ValueError: io_block_size=4096 ... (got shuffle=True)
+        """
+        shuffle = self.shuffle
+        strategy = {False: "none", True: "full"}[shuffle] if isinstance(shuffle, bool) else shuffle
+        era_length = self.era_length
+        if isinstance(strategy, int):
+            if strategy < 0:
+                raise ValueError(
+                    f"shuffle must be true, false, an era length >= 1 or a strategy (got shuffle={shuffle})"
+                )
+            if self.era_length is not None:
+                raise ValueError(
+                    f"shuffle={shuffle} is Levanter's era length: era_length={self.era_length} contradicts it"
+                )
+            strategy, era_length = ("none", None) if strategy == 0 else ("era", strategy)
+        if strategy != "block" and (self.io_block_size is not None or self.window_blocks != 8):
+            raise ValueError(
+                f"io_block_size={self.io_block_size} and window_blocks={self.window_blocks} only apply to "
+                f"shuffle: block (got shuffle={shuffle!r})"
+            )
+        if strategy == "none" and self.reshuffle_each_epoch:
+            raise ValueError(
+                f"reshuffle_each_epoch={self.reshuffle_each_epoch} applies to a shuffle (got "
+                f"shuffle={shuffle!r}, which keeps cache order)"
+            )
+        # no shuffle: compat holds as it is (one compat line serves every shuffle value of a run)
+        compat = "levanter" if strategy != "none" and self.compat == "levanter" else None
+        block = strategy == "block"
+        kind = self.permutation_type or ("feistel" if block else "linear")
+        return ShuffleSpec(
+            strategy, kind="feistel" if strategy == "none" else kind, compat=compat, era_length=era_length,
+            io_block_size=self.io_block_size, window_blocks=self.window_blocks,
+            reshuffle_each_epoch=self.reshuffle_each_epoch,
+        )  # fmt: skip
 
 
 class _CausalLM:

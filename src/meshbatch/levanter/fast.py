@@ -14,7 +14,7 @@ point ``meshbatch.levanter.train_lm`` runs inside it); any other dataset gets Le
 
 Early start: Levanter's ``train_lm`` makes the train set, then the model (``Trainer.initial_state``:
 its init compiles), then the loader, and asks for step 0. Within ``fast_path()``, the train set a
-meshbatch config made (``note_train_set``, from its ``announce``) gets its ``PipelineLoader`` made
+meshbatch config made (``note``, from its ``announce``) gets its ``PipelineLoader`` made
 in a thread while ``initial_state`` runs, and, when the trainer has no checkpoint to resume from,
 its stream from step 0 started there too (its programs compile and its first batches are read
 beside the model's init); ``data_loader`` then hands that loader over and ``iter_from_step(0)``
@@ -69,8 +69,6 @@ from . import order
 from .async_datasets import MeshbatchDataset
 
 logger = logging.getLogger(__name__)
-_noted: weakref.ref | None = None  # the train set a meshbatch config made last (note_train_set)
-_start = None  # a Levanter config's start line, said by the next initial_state (note_start)
 SAID = (__name__, "meshbatch.pipeline.state_planner")  # loggers whose INFO lines reach Levanter's log
 STATE_FILE = "meshbatch_data_state.json"
 
@@ -86,20 +84,13 @@ def batched_lm_example(batch: Batch, Batch_: hax.Axis, Pos: hax.Axis) -> LmExamp
 
 
 class PipelineLoader:
-    """``DataLoader``'s interface over a ``Pipeline`` of a ``MeshbatchDataset``'s dataset and key.
-
-    Args:
-        dataset: the ``MeshbatchDataset`` (its dataset, key, epochs and ``Pos``).
-        mesh: the trainer's device mesh.
-        axis_mapping: haliax's compute axis mapping; ``batch_axis`` names the mesh axes the batch
-            is sharded over.
-        batch_size: Levanter's ``train_batch_size`` (an int or its schedule).
-        batch_axis: the batch axis name.
-        checkpoint_path: where the trainer resumes from (``Trainer.checkpoint_path``): a stateful
-            dataset's state is read back from there (``restore``).
-        pad_final_batch: with ``dataset.epochs`` set, yield the final partial batch, its rows past
-            the end zeros (loss mask 0), as Levanter's ``DataLoader`` does by default (``True``);
-            ``False`` drops it, as ``DataLoader(pad_final_batch=False)``.
+    """``DataLoader``'s interface over a ``Pipeline`` of a ``MeshbatchDataset``'s dataset, key,
+    epochs and ``Pos``, sharded over the mesh axes ``axis_mapping`` (haliax's compute mapping)
+    gives ``batch_axis``; ``batch_size`` is Levanter's ``train_batch_size`` (an int or its
+    schedule). A stateful dataset's state is read back from ``checkpoint_path``
+    (``Trainer.checkpoint_path``; ``restore``). ``pad_final_batch``: with ``dataset.epochs`` set,
+    the final partial batch padded with zero rows (loss mask 0), as Levanter's ``DataLoader`` by
+    default; ``False`` drops it, as ``DataLoader(pad_final_batch=False)``.
     """
 
     def __init__(
@@ -173,7 +164,6 @@ def fast_path():
     """Within it, ``Trainer.data_loader(dataset)`` of a ``MeshbatchDataset`` (``fast_path=True``, its
     default) is a ``PipelineLoader``; the training loader's (``batch`` not given, as ``train_lm``
     asks) state goes into each checkpoint (``saved_with_checkpoints``)."""
-    global _start
     original, original_initial_state = Trainer.data_loader, Trainer.initial_state
 
     def make_loader(self, dataset, batch=None) -> PipelineLoader:
@@ -187,21 +177,22 @@ def fast_path():
         )
 
     def initial_state(self, *args, **kwargs):
-        global _noted, _start
-        dataset, _noted = (None if _noted is None else _noted()), None
-        say, _start = _start, None
+        dataset = None if _Noted.train is None else _Noted.train()
+        say, _Noted.train, _Noted.start = _Noted.start, None, None
         if say is not None:  # Levanter's log and tracker are set up by now
             say()
         if isinstance(dataset, MeshbatchDataset) and dataset.fast_path:
             early = _Early(dataset, lambda: make_loader(self, dataset), resume=self.checkpoint_path)
             self._meshbatch_early = early
         state = original_initial_state(self, *args, **kwargs)
-        record = order.noted()
-        if record is not None and int(state.step) > 0:  # resumed: in the checkpoint's data order?
-            saved, where, file = find_record(self.checkpoint_path, int(state.step))
-            order.check(saved, record, where, version=file.get("version", order.ORDER_VERSION))
+        record, step = _Noted.record, int(state.step)
+        if record is not None and step > 0:  # resumed: in the checkpoint's data order?
+            # none: a checkpoint of Levanter's own loader (or of meshbatch before order records)
+            path, file = _find(self.checkpoint_path, order.ORDER_FILE, step) or (None, {})
+            where = f"{self.checkpoint_path} (step {step})" if path is None else os.path.dirname(path)
+            order.check(file.get("order"), record, where, version=file.get("version", order.ORDER_VERSION))
             fingerprint = file.get("content_fingerprint")
-            order.check_content(fingerprint, order.noted_fingerprint(), where)  # a WARNING if it differs
+            order.check_content(fingerprint, _Noted.fingerprint, where)  # a WARNING if it differs
         return state
 
     def data_loader(self, dataset, batch=None):
@@ -214,8 +205,8 @@ def fast_path():
             loader = early.result()
         if loader is None:
             loader = make_loader(self, dataset, batch)
-        if batch is None:
-            track(loader.pipeline)
+        if batch is None and loader.pipeline.dataset.init_state() is not None:
+            _Noted.pipeline = loader.pipeline  # stateful: its state goes into the next checkpoints
         return loader
 
     Trainer.data_loader, Trainer.initial_state = data_loader, initial_state
@@ -224,22 +215,30 @@ def fast_path():
             yield
     finally:
         Trainer.data_loader, Trainer.initial_state = original, original_initial_state
-        _start = None  # not said: no trainer started
+        _Noted.start = None  # not said: no trainer started
 
 
-def note_train_set(dataset: MeshbatchDataset) -> None:
-    """The train set a meshbatch config made: within ``fast_path()``, the next
-    ``Trainer.initial_state`` makes its loader (and starts its stream) beside the model's init."""
-    global _noted
-    _noted = weakref.ref(dataset)
+class _Noted:
+    """What the data config made last in this process left for the trainer (``note``), and the
+    pipeline it trains from."""
+
+    record: dict | None = None  # the train set's order: what the checkpoints record, a resume checks
+    fingerprint: str | None = None  # its content fingerprint (Pipeline.content_fingerprint())
+    train: weakref.ref | None = None  # a meshbatch config's train set: its loader made early
+    start = None  # a Levanter config's start line, said once its log and tracker are set up
+    pipeline: Pipeline | None = None  # the stateful pipeline the trainer trains from, if any (data_loader)
 
 
-def note_start(say) -> None:
-    """A Levanter config's start line (``say()``, no arguments), said within ``fast_path()`` by the
-    next ``Trainer.initial_state``: ``train_lm`` reads the config before Levanter sets up its log
-    and tracker, which would drop a line said then."""
-    global _start
-    _start = say
+def note(record: dict | None, fingerprint: str | None = None, *, train=None, start=None) -> None:
+    """The train set's order ``record`` and content ``fingerprint`` (what the next checkpoints
+    record and a resume is checked against); within ``fast_path()`` the next
+    ``Trainer.initial_state`` makes the loader of ``train`` (a ``MeshbatchDataset``; and starts its
+    stream) beside the model's init, and says ``start()``: ``train_lm`` reads a Levanter config
+    before Levanter sets up its log and tracker, which would drop a line said then."""
+    _Noted.record = None if record is None else order.normal(record)
+    _Noted.fingerprint = None if record is None else fingerprint
+    _Noted.train = None if train is None else weakref.ref(train)
+    _Noted.start = start
 
 
 class _Early:
@@ -270,34 +269,6 @@ class _Early:
         return self._loader
 
 
-class _Training:
-    pipeline: Pipeline | None = None  # the stateful pipeline the trainer trains from, if any
-
-
-def track(pipeline: Pipeline) -> None:
-    """Make ``pipeline`` the one whose state the next checkpoints hold (stateful datasets only)."""
-    if pipeline.dataset.init_state() is not None:
-        _Training.pipeline = pipeline
-
-
-def write_state(directory: str, step: int) -> str | None:
-    """Write the tracked pipeline's state at the start of ``step`` into ``directory``; the path,
-    or ``None`` when nothing is tracked or (never expected) the pipeline is at another step."""
-    pipeline = _Training.pipeline
-    if pipeline is None:
-        return None
-    state = pipeline.state_dict()
-    if state["step"] != step:
-        logger.warning(
-            "not saving the data state in %s: the pipeline is at step %d, the checkpoint at step %d",
-            directory, state["step"], step,
-        )  # fmt: skip
-        return None
-    path = os.path.join(directory, STATE_FILE)
-    _write_json(path, state)
-    return path
-
-
 @contextlib.contextmanager
 def saved_with_checkpoints():
     """Within it, Levanter's ``Checkpointer.save_checkpoint`` also writes the tracked pipeline's
@@ -311,16 +282,15 @@ def saved_with_checkpoints():
 
     def save_checkpoint(self, info, destination, commit_callback=None, *, is_temporary=False):
         original(self, info, destination, commit_callback, is_temporary=is_temporary)
-        write_state(os.path.join(self.base_path, destination), int(info.state.step))
-        write_order(os.path.join(self.base_path, destination), int(info.state.step))
+        write_data(os.path.join(self.base_path, destination), int(info.state.step))
 
     Checkpointer.save_checkpoint = save_checkpoint
     try:
         yield
     finally:
         Checkpointer.save_checkpoint = original
-        _Training.pipeline = None
-        order.note(None)
+        _Noted.pipeline = None
+        note(None)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
 
@@ -333,19 +303,24 @@ def _write_json(path: str, value: dict) -> None:
             json.dump(value, out)
 
 
-def write_order(directory: str, step: int) -> str | None:
-    """Write the train set's data order (``order.noted()``) and content fingerprint into the
-    checkpoint ``directory`` as ``meshbatch_data_order.json``; the path, or ``None`` when no order
-    was noted."""
-    record = order.noted()
-    if record is None:
-        return None
-    path = os.path.join(directory, order.ORDER_FILE)
-    saved = {"version": order.ORDER_VERSION, "step": step, "order": record}
-    if order.noted_fingerprint() is not None:
-        saved["content_fingerprint"] = order.noted_fingerprint()
-    _write_json(path, saved)
-    return path
+def write_data(directory: str, step: int) -> None:
+    """Write into the checkpoint ``directory`` the tracked pipeline's state at the start of ``step``
+    (none when nothing is tracked or, never expected, the pipeline is at another step) and the
+    train set's data order and content fingerprint (none when no order was noted)."""
+    pipeline = _Noted.pipeline
+    state = None if pipeline is None else pipeline.state_dict()
+    if state is not None and state["step"] != step:
+        logger.warning(
+            "not saving the data state in %s: the pipeline is at step %d, the checkpoint at step %d",
+            directory, state["step"], step,
+        )  # fmt: skip
+    elif state is not None:
+        _write_json(os.path.join(directory, STATE_FILE), state)
+    if _Noted.record is not None:
+        saved = {"version": order.ORDER_VERSION, "step": step, "order": _Noted.record}
+        if _Noted.fingerprint is not None:
+            saved["content_fingerprint"] = _Noted.fingerprint
+        _write_json(os.path.join(directory, order.ORDER_FILE), saved)
 
 
 def _find(checkpoint_path: str, name: str, step: int) -> tuple[str, dict] | None:
@@ -357,17 +332,6 @@ def _find(checkpoint_path: str, name: str, step: int) -> tuple[str, dict] | None
             if saved.get("step") == step:
                 return path, saved
     return None
-
-
-def find_record(checkpoint_path: str, step: int) -> tuple[dict | None, str, dict]:
-    """The data order recorded with the checkpoint of ``step`` under ``checkpoint_path`` (``None``
-    when it has none: written by Levanter's own loader), where it was looked for, and the file's
-    other entries (``version``, ``content_fingerprint``; empty when there is no file)."""
-    found = _find(checkpoint_path, order.ORDER_FILE, step)
-    if found is None:
-        return None, f"{checkpoint_path} (step {step})", {}
-    path, saved = found
-    return saved["order"], os.path.dirname(path), saved
 
 
 def restore(pipeline: Pipeline, step: int, checkpoint_path: str | None) -> bool:

@@ -225,7 +225,7 @@ def default(config, name: str):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
-def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
+def refuse(config, kind: str) -> None:
     """Raises ``ConfigError`` for the first refused field of ``FIELDS[kind]`` / ``OWN[kind]`` that
     ``config`` sets to anything but its dataclass default (the Levanter default), and
     ``RuntimeError`` for a field of ``config`` that neither table decides."""
@@ -237,7 +237,7 @@ def refuse(config, kind: str, skip: tuple[str, ...] = ()) -> None:
                 "(meshbatch.levanter.fields: decide it)"
             )
         status, why = table[f.name]
-        if status != REFUSED or f.name in skip:
+        if status != REFUSED:
             continue
         value = getattr(config, f.name)
         if value != default(config, f.name):

@@ -151,10 +151,7 @@ class _MixtureConfig(_CausalFields, MixtureBaseConfig, MeshbatchLMConfig):
 
     def order(self, names: list[str]) -> dict:
         """The train set's order record (``order.py``) over the built components ``names``."""
-        source = order.source_order(self.shuffle_spec())
-        formats = {name: source.format for name, source in self.configs.items()}
-        return {"config": "mixture", "components": list(names),
-                "sources": {n: source | order.packed_order(formats[n]) for n in names}}  # fmt: skip
+        return order.mixture(names, order.source_order(self.shuffle_spec()), self.configs)
 
 
 @MeshbatchLMConfig.register_subclass("stable_mixture")

@@ -10,7 +10,7 @@ the line to add::
 
 A Levanter config (no meshbatch ``type:``) run through ``meshbatch.levanter.train_lm`` gets the
 same record (``levanter_order``), so a block trained with and without ``type:`` records the same
-order. Each checkpoint holds it as ``meshbatch_data_order.json`` (``fast.write_order``); a resume
+order. Each checkpoint holds it as ``meshbatch_data_order.json`` (``fast.write_data``); a resume
 compares it with the run's own (``check``): another order is refused by name, with the lines to
 add; a checkpoint without one was written by Levanter's own loader (or meshbatch before these
 records), so its order is Levanter's: a run asking for another (``compat: strong``,
@@ -114,22 +114,21 @@ def levanter_order(config, key) -> dict | None:
         staged = stages(config.train_weights, list(config.configs))
         names = [n for n in config.configs if any(w.get(n, 0) > 0 for _, w in staged)]
         source = levanter_source_order(config.shuffle, config.permutation_type)
-        formats = {name: config.configs[name].format for name in names}
-        record = {
-            "config": "mixture",
-            "mixture_compat": "levanter",
-            "mixture_block_size": config.mixture_block_size,
-            "stop_strategy": str(config.stop_strategy),
-            "components": names,
-            "train_weights": stages(config.train_weights, names),
-            "data_key": key_hex(key),
-            "sources": {name: source | packed_order(formats[name]) for name in names},
-        }
-        return normal(record)
+        rows = {"mixture_compat": "levanter", "mixture_block_size": config.mixture_block_size,
+                "stop_strategy": str(config.stop_strategy),
+                "train_weights": stages(config.train_weights, names)}  # fmt: skip
+        return normal(mixture(names, source, config.configs) | rows | {"data_key": key_hex(key)})
     if isinstance(config, SingleDatasetLMConfigBase):
         source = levanter_source_order(config.shuffle, config.permutation_type) | packed_order(config.format)
         return normal({"config": "single source", "data_key": key_hex(key), "sources": {"": source}})
     return None
+
+
+def mixture(names: Sequence[str], source: dict, configs: Mapping) -> dict:
+    """A mixture's record over the built components ``names``, each in the order ``source`` and
+    its ``configs[name].format``'s packing."""
+    return {"config": "mixture", "components": list(names),
+            "sources": {n: source | packed_order(configs[n].format) for n in names}}  # fmt: skip
 
 
 def normal(record: dict) -> dict:
@@ -275,26 +274,6 @@ def check_content(saved: str | None, now: str | None, where: str) -> bool:
         where, saved, now,
     )  # fmt: skip
     return False
-
-
-class _Noted:
-    record: dict | None = None  # the order of the train set made last in this process
-    fingerprint: str | None = None  # its content fingerprint (Pipeline.content_fingerprint())
-
-
-def note(record: dict | None, fingerprint: str | None = None) -> None:
-    """The train set's order and content fingerprint: what the next checkpoints record and a resume
-    is checked against."""
-    _Noted.record = None if record is None else normal(record)
-    _Noted.fingerprint = None if record is None else fingerprint
-
-
-def noted() -> dict | None:
-    return _Noted.record
-
-
-def noted_fingerprint() -> str | None:
-    return _Noted.fingerprint
 
 
 def describe(record: Mapping) -> tuple[str, dict[str, str]]:

@@ -93,11 +93,9 @@ class GrowingCache(TokenCache):
         return super().refresh()
 
 
-def growing_cache(config, cache_dir: str | None) -> TokenCache:
+def growing_cache(config, cache_dir: str) -> TokenCache:
     """The train cache of ``config`` (a text ``causal_lm``), open while it is built (see the module
     docstring); a finished cache is opened as is."""
-    if cache_dir is None:
-        raise ValueError("quick start needs cache_dir")
     path = os.path.join(cache_dir, "train")
     fmt, tokenizer = source_format(config, config.chat_template), config.the_tokenizer
     if isinstance(tokenizer, PassthroughTokenizer):

@@ -24,6 +24,7 @@ alternative:
 
 import dataclasses
 import difflib
+import functools
 import logging
 import typing
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ from levanter.data.text import LMMixtureDatasetConfig, SingleDatasetLMConfig
 from levanter.main import train_lm as _train_lm
 
 from .config import MeshbatchLMConfig
-from .fast import fast_path, note_start
+from .fast import fast_path, note
 from .splice_config import SpliceMultiDocumentLMConfig
 
 # The one field that tells a block's source kind, and the type that reads it.
@@ -141,7 +142,7 @@ def main(config: TrainLmConfig) -> None:
 def levanter_data(config: TrainLmConfig) -> None:
     """A Levanter config (no meshbatch ``type:``): its order (the one Levanter's own ``train_set``
     gives, keyed as ``train_lm`` keys it) recorded with each checkpoint and checked on resume, as
-    a meshbatch config's, and its start line, said when the trainer starts (``note_start``: once
+    a meshbatch config's, and its start line, said when the trainer starts (``note``: once
     Levanter's log and tracker are set up)."""
     import jax
 
@@ -153,10 +154,11 @@ def levanter_data(config: TrainLmConfig) -> None:
     record = order.levanter_order(config.data, key)
     if record is None:
         return
-    order.note(record)
-    note_start(lambda: observe.start(type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
-                                     why="Levanter's own config (no meshbatch type: under data:)",
-                                     builder="Levanter's", caches={}))  # fmt: skip
+    start = functools.partial(
+        observe.start, type(config.data).__name__, record, loader=observe.LEVANTER_LOADER,
+        why="Levanter's own config (no meshbatch type: under data:)", builder="Levanter's", caches={},
+    )  # fmt: skip
+    note(record, start=start)
 
 
 if __name__ == "__main__":
