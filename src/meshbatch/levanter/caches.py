@@ -93,20 +93,19 @@ def build_split(
     options = options or CacheOptions.default()
     fmt = source_format(source, chat_template)
     path = os.path.join(cache_dir, split)
-    processor = None  # the passthrough tokenizer reads pre-tokenized caches only
-    if not isinstance(tokenizer, PassthroughTokenizer):
-        processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
+    passthrough = isinstance(tokenizer, PassthroughTokenizer)  # it reads pre-tokenized caches only
     found = try_read_ledger(path)
     if found is not None and found.is_finished:  # Levanter's (or meshbatch's) finished cache
         logger.info("meshbatch: cache %s found (finished, %d documents)", path, found.total_num_rows)
-        if processor is not None:
+        if not passthrough:
+            processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
             check_metadata(path, found, processor.metadata)
         CACHE_STATUS.setdefault(path, "found")
         return path
     shards = source.get_shard_source(split)
     if shards is None:
         return None
-    if processor is None:
+    if passthrough:
         raise ValueError(
             f"tokenizer='passthrough' reads pre-tokenized caches: {path} holds no finished cache (Levanter's "
             "BatchTokenizer cannot tokenize text with the passthrough tokenizer)"
@@ -116,6 +115,7 @@ def build_split(
         wait_for_finished(path)
         CACHE_STATUS.setdefault(path, "found")
         return path
+    processor = preprocessor_for_format(fmt, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
     metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     start = time.monotonic()
     logger.info("meshbatch: building cache %s with Levanter's %s builder", path, builder)
