@@ -22,10 +22,10 @@ from .read.lru import BlockCache as BlockCache
 from .read.reader import TokenCache as TokenCache
 from .read.reads import PendingRead as PendingRead
 from .read.reads import run_reads as run_reads
+from .write.from_text import ByteTokenizer as ByteTokenizer
+from .write.from_text import HFTokenizer as HFTokenizer
+from .write.from_text import Tokenizer as Tokenizer
 from .write.from_text import build_cache as build_cache
 from .write.from_text import iter_documents as iter_documents
-from .write.sharded_writer import ShardedCacheWriter as ShardedCacheWriter
-from .write.tokenizers import ByteTokenizer as ByteTokenizer
-from .write.tokenizers import HFTokenizer as HFTokenizer
-from .write.tokenizers import Tokenizer as Tokenizer
 from .write.writer import CacheWriter as CacheWriter
+from .write.writer import ShardedCacheWriter as ShardedCacheWriter
