@@ -4,13 +4,13 @@ from .builds import CacheWaitTimeout as CacheWaitTimeout
 from .builds import poll_until as poll_until
 from .builds import wait_seconds as wait_seconds
 from .format.arrays import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
-from .format.arrays import shared_context as shared_context
 from .format.checks import CacheChangedError as CacheChangedError
 from .format.checks import CacheIntegrityError as CacheIntegrityError
 from .format.ledger import Ledger as Ledger
 from .format.ledger import read_ledger as read_ledger
 from .format.stores import StoreUnavailableError as StoreUnavailableError
 from .format.stores import kvstore_spec as kvstore_spec
+from .format.stores import shared_context as shared_context
 from .integrity.validation import ValidationReport as ValidationReport
 from .integrity.validation import validate_cache as validate_cache
 from .read.coalesce import Coalesced as Coalesced
