@@ -68,11 +68,11 @@ from meshbatch.cache.format.ledger import (
     Ledger,
     ledger_metadata,
     remove_ledger,
-    shard_table,
+    shard_root,
     try_read_ledger,
     write_ledger,
 )
-from meshbatch.cache.format.stores import check_field_inside, check_inside
+from meshbatch.cache.format.stores import check_field_inside
 from meshbatch.cache.integrity.checksums import Checksums, OffsetsChecksums, RunningChecksums, sidecar_path
 from meshbatch.cache.integrity.resume import committed_sidecar, read_range, resume_checksums, zero_past
 
@@ -387,9 +387,9 @@ class ShardedCacheWriter:
                     f"({where})"
                 )
 
-    def _shard_dtype(self, shard_root: str) -> tuple[np.dtype, str]:
+    def _shard_dtype(self, directory: str) -> tuple[np.dtype, str]:
         """The token dtype of a finished shard, and its data array's path."""
-        arrays = open_field(shard_root, self.field)
+        arrays = open_field(directory, self.field)
         return np.dtype(arrays.data.dtype.numpy_dtype), arrays.data_path
 
     @property
@@ -416,23 +416,21 @@ class ShardedCacheWriter:
         if name in self._ledger.finished_shards:  # resumed: finished by an earlier run
             logger.info("shard %s of %s already finished; skipping", name, self.root)
             return self._ledger.shard_rows[name]
-        shard_table(Ledger(0, {name: 0}, finished_shards=(name,), layout=SHARDED), self.field)  # name check
-        shard_root = posixpath.join(self.root, name)
-        check_inside(self.root, shard_root, what=f"shard {name!r}")  # no symlink out
-        done = try_read_ledger(shard_root) if self._resumed else None
+        directory = shard_root(self.root, name)  # no symlink out
+        done = try_read_ledger(directory) if self._resumed else None
         if done is not None and done.is_finished:  # finished, but killed before the top ledger listed it
             if dict(done.metadata) != self._metadata or self.field not in done.field_counts:
-                raise ValueError(f"cannot adopt finished shard {shard_root}: ledger {done.to_dict()}")
-            found, where = self._shard_dtype(shard_root)
+                raise ValueError(f"cannot adopt finished shard {directory}: ledger {done.to_dict()}")
+            found, where = self._shard_dtype(directory)
             if found != self.dtype:
                 raise ValueError(
-                    f"cannot adopt finished shard {shard_root}: {where} has dtype {found}, "
+                    f"cannot adopt finished shard {directory}: {where} has dtype {found}, "
                     f"expected {self.dtype}"
                 )
             rows, tokens = done.total_num_rows, done.field_counts[self.field]
         else:
             with CacheWriter(
-                shard_root,
+                directory,
                 field=self.field,
                 dtype=self.dtype,
                 if_exists=self._shard_if_exists,
