@@ -269,15 +269,9 @@ def _first_env(*names: str) -> str | None:
 
 
 def check_inside(root: str, path: str, *, what: str) -> None:
-    """Refuses a local ``path`` inside ``root`` that resolves outside it (or onto it).
-
-    Args:
-        root: the cache root (plain path or URL; a non-local root is not checked).
-        path: a directory under ``root`` (``root`` joined with relative names).
-        what: what ``path`` is, for the message (``"shard 'part-1'"``, ``"field 'input_ids'"``).
-
-    Raises:
-        CacheIntegrityError: naming ``path``, where it resolves, and the root.
+    """Refuses a local ``path`` inside ``root`` (``root`` joined with relative names) that resolves
+    outside it (or onto it): a ``CacheIntegrityError`` naming ``what`` (``"shard 'part-1'"``),
+    ``path``, where it resolves, and the root. A URL is not checked (an object store has no symlinks).
     """
     local_root, local = local_path(root), local_path(path)
     if local_root is None or local is None:

@@ -191,14 +191,8 @@ def check_sidecar(
 
 
 class RunningChecksums:
-    """Checksums of an append-only sequence, chunk by chunk: full chunks are final, the tail is not.
-
-    Args:
-        chunk: elements per chunk.
-        dtype: the values' dtype (their bytes are what is summed).
-        done: checksums of the full chunks already written.
-        tail: the values of the partial chunk after them (fewer than ``chunk``).
-    """
+    """Checksums of an append-only sequence of ``dtype`` values, ``chunk`` at a time: full chunks are
+    final (``done``: the sums of those already written), the ``tail`` after them is not."""
 
     def __init__(self, chunk: int, dtype: np.dtype, done: list[int], tail: np.ndarray):
         self.chunk, self.dtype = chunk, np.dtype(dtype)

@@ -48,14 +48,9 @@ def verify_default() -> bool:
 
 
 class ChunkVerifier:
-    """The data chunks of one consolidated part a reader may verify, and those it has verified.
-
-    Args:
-        sums: the part's checked sidecar.
-        tokens: tokens the reader's ledger commits for the part.
-        where: the data array's path, for messages.
-        verified: ``(chunk, length)`` pairs verified by an earlier snapshot of the same part.
-    """
+    """The data chunks of one consolidated part a reader may verify (``sums``: its checked sidecar;
+    ``tokens``: what the reader's ledger commits of it), and those it has verified (from
+    ``verified``: the ``(chunk, length)`` pairs an earlier snapshot of the same part verified)."""
 
     def __init__(self, sums: Checksums, tokens: int, *, where: str, verified: frozenset = frozenset()):
         self.size, self.extent, self.recorded, self.where = sums.chunk_elements, sums.tokens, sums.data, where

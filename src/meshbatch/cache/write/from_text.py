@@ -255,14 +255,12 @@ def build_cache(
         output: cache root (local path).
         inputs: text / JSONL files (optionally ``.gz``), read in this order.
         tokenizer: defaults to ``ByteTokenizer()``.
-        field: the field written.
         dtype: token dtype on disk; every id of the tokenizer's vocabulary must fit.
         text_key: the JSONL field holding a document's text.
         text_docs: a text file is one document (``"file"``) or one per non-empty line (``"line"``).
         if_exists: ``"resume"`` (default: continue a killed build of the same inputs and tokenizer;
             a finished one is returned as is), ``"error"`` or ``"overwrite"``.
         batch_docs: documents tokenized per call.
-        flush_tokens: tokens per commit.
         progress: show a tqdm bar; ``None`` shows it only on a terminal.
 
     Returns:
