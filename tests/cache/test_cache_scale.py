@@ -28,7 +28,7 @@ from meshbatch.cache import (
     ShardedCacheWriter,
     TokenCache,
 )
-from meshbatch.cache.format.arrays import kvstore_spec, shared_context
+from meshbatch.cache.format.stores import kvstore_spec, shared_context
 from meshbatch.cache.read.reader import EAGER_MAX_ROWS
 
 

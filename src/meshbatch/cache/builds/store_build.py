@@ -31,9 +31,8 @@ import tensorstore as ts
 from meshbatch.cache.builds.build_news import wait_for_finished
 from meshbatch.cache.builds.store_lock import StoreLock
 from meshbatch.cache.builds.waiting import CacheWaitTimeout, wait_seconds
-from meshbatch.cache.format.arrays import shared_context
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME, try_read_ledger
-from meshbatch.cache.format.stores import kvstore_spec
+from meshbatch.cache.format.stores import kvstore_spec, shared_context
 from meshbatch.cache.integrity.checksums import SIDECAR_FILE_NAME
 
 logger = logging.getLogger(__name__)

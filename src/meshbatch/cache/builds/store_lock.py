@@ -50,8 +50,7 @@ import uuid
 import tensorstore as ts
 
 from meshbatch.cache.builds.waiting import env_seconds
-from meshbatch.cache.format.arrays import shared_context
-from meshbatch.cache.format.stores import kvstore_spec, split_url
+from meshbatch.cache.format.stores import kvstore_spec, shared_context, split_url
 
 logger = logging.getLogger(__name__)
 LEASE_ENV = "MESHBATCH_BUILD_LEASE_S"

@@ -10,54 +10,26 @@ A field (``input_ids``) is a jagged array stored as two zarr v3 arrays::
 
 Both arrays have shape ``2**54`` (unbounded in practice), a ``2**27``-element write chunk holding
 ``2**18``-element (``DEFAULT_CHUNK_SIZE``) blosc-compressed inner chunks via ``sharding_indexed``:
-Levanter's ``jagged_array._get_spec``. All opens share one ``ts.Context`` so its cache pool and I/O
-concurrency limits are shared across caches, shards and re-opens.
+Levanter's ``jagged_array._get_spec``. All opens share one ``ts.Context`` (``stores.shared_context``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 import tensorstore as ts
 
 from meshbatch.cache.format.checks import CacheIntegrityError
-from meshbatch.cache.format.stores import check_field_inside, store_context_spec
-from meshbatch.cache.format.stores import kvstore_spec as kvstore_spec
+from meshbatch.cache.format.stores import check_field_inside, kvstore_spec, shared_context
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 256 * 1024  # tokens per inner (read) chunk; Levanter's DEFAULT_CHUNK_SIZE
 DEFAULT_WRITE_CHUNK_SIZE = DEFAULT_CHUNK_SIZE * 512  # tokens per stored shard file
 ARRAY_SHAPE = 2**54  # Levanter's "unbounded" extent; the row count lives in offsets[0]
-DEFAULT_CACHE_POOL_BYTES = 1 << 30  # as Levanter's CACHE_BYTES_LIMIT default
-
-_context_lock = threading.Lock()
-_shared_context: ts.Context | None = None
-
-
-def shared_context() -> ts.Context:
-    """The process-wide TensorStore context (cache pool + I/O concurrency) every cache open uses.
-
-    Its cache pool holds ``MESHBATCH_TS_CACHE_BYTES`` bytes (default 1 GiB) of decoded chunks;
-    object-store requests are retried a bounded number of times (``stores.store_context_spec``).
-    """
-    global _shared_context
-    with _context_lock:
-        if _shared_context is None:
-            limit = int(os.environ.get("MESHBATCH_TS_CACHE_BYTES", DEFAULT_CACHE_POOL_BYTES))
-            _shared_context = ts.Context(store_context_spec(cache_bytes=limit))
-        return _shared_context
-
-
-def uncached(context: ts.Context) -> ts.Context:
-    """``context`` with a cache pool of its own that keeps nothing: reads through it decode their
-    chunks and drop them (the other resources, request concurrency included, are ``context``'s)."""
-    return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, context)
 
 
 @dataclass(frozen=True)

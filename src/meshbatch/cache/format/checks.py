@@ -1,7 +1,8 @@
 """What a token cache on disk must satisfy, and the named errors when it does not.
 
 Two kinds of check live here. *Cache checks* look at what is on disk; a failure is a
-``CacheIntegrityError`` (a ``ValueError``) naming the file and the bad value::
+``CacheIntegrityError`` (a ``ValueError``) naming the file (``where``: the array's path) and the
+bad value::
 
     offsets[0] disagrees       /c/input_ids/offsets: offsets[0] = 6 rows on disk, but the ledger commits 7
     offsets not monotone       /c/input_ids/offsets not monotone: row 2 spans [9, 4)
@@ -31,15 +32,10 @@ class CacheChangedError(CacheIntegrityError):
 
 
 def check_row_count(on_disk: int, *, rows: int, finished: bool, where: str) -> None:
-    """Checks ``offsets[0]`` against the ledger before any other offset is read.
-
-    Args:
-        on_disk: ``offsets[0]``, the row count the offsets array records.
-        rows: rows the ledger commits.
-        finished: the ledger is finished, so the counts must be equal (a writer may have written
-            offsets for rows it has not committed yet otherwise).
-        where: the offsets array's path, for messages.
-    """
+    """Checks ``offsets[0]`` (``on_disk``, the row count the offsets array records) against the
+    ``rows`` the ledger commits, before any other offset is read: at least as many, and as many once
+    the ledger is ``finished`` (before, a writer may have written offsets for rows it has not
+    committed yet)."""
     if on_disk < rows or (finished and on_disk != rows):
         raise CacheIntegrityError(
             f"{where}: offsets[0] = {on_disk} rows on disk, but the ledger commits {rows} rows"
@@ -47,17 +43,9 @@ def check_row_count(on_disk: int, *, rows: int, finished: bool, where: str) -> N
 
 
 def check_offsets(raw: np.ndarray, *, rows: int, finished: bool, where: str) -> np.ndarray:
-    """Checks ``offsets[0 : rows + 1]`` as read from disk and returns them normalised to start at 0.
-
-    Args:
-        raw: int64 ``[rows + 1]``; ``raw[0]`` is the row count written on disk.
-        rows: rows the ledger commits.
-        finished: see ``check_row_count``.
-        where: the offsets array's path, for messages.
-
-    Returns:
-        int64 ``[rows + 1]``: row ``i`` spans tokens ``[out[i], out[i + 1])``.
-    """
+    """Checks ``raw``, ``offsets[0 : rows + 1]`` as read from disk (``raw[0]`` against the ledger:
+    ``check_row_count``), and returns them normalised to start at 0: row ``i`` spans tokens
+    ``[out[i], out[i + 1])``."""
     check_row_count(int(raw[0]), rows=rows, finished=finished, where=where)
     offsets = np.array(raw, dtype=np.int64)
     offsets[0] = 0
@@ -84,15 +72,9 @@ def check_dtype(found: np.dtype, expected: np.dtype | None, *, where: str) -> No
 def check_data_end(end: int, *, data: ts.TensorStore, recorded: int | None, where: str) -> None:
     """Checks that offsets ending at token ``end`` stay within the data that was written.
 
-    The ledger's token count (when recorded) must equal ``end``, and the data chunk holding token
-    ``end - 1`` must exist: with ``fill_missing_data_reads`` off, reading that one token fails if it
-    does not (one chunk decode, no directory listing).
-
-    Args:
-        end: the last offset (tokens in the field).
-        data: the data array, opened for reading.
-        recorded: the token count the ledger records, if any.
-        where: the offsets array's path, for messages.
+    The ledger's token count (``recorded``, when it records one) must equal ``end``, and the data
+    chunk holding token ``end - 1`` must exist: with ``fill_missing_data_reads`` off, reading that one
+    token fails if it does not (one chunk decode, no directory listing).
     """
     if recorded is not None and recorded != end:
         raise CacheIntegrityError(f"{where} reach token {end}, but the ledger records {recorded} tokens")
@@ -120,9 +102,6 @@ def check_extent(end: int, *, data: ts.TensorStore, offsets: ts.TensorStore, row
 
         offsets [3, 2, 3, 6], data [5, 6, 7, 8, 9, 9, 0, 0]   -> fine
         offsets [3, 2, 3, 5], data [5, 6, 7, 8, 9, 9, 0, 0]   -> data[5] = 9 past the last row
-
-    Args:
-        end: the last offset; rows: the part's rows; where: the offsets array's path, for messages.
     """
     size = int(data.chunk_layout.read_chunk.shape[0] or 1)
     stop = min(-(-end // size) * size, data.domain.exclusive_max[0]) if end % size else end + 1

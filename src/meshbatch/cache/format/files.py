@@ -39,8 +39,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import shared_context
-from meshbatch.cache.format.stores import kvstore_spec, local_path
+from meshbatch.cache.format.stores import local_path, open_kvstore
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def write_json_atomic(path: str, value: Any) -> None:
     local = local_path(path)
     if local is None:
         directory, name = path.rsplit("/", 1)
-        _kvstore(directory).write(name, json.dumps(value).encode()).result()
+        open_kvstore(directory).write(name, json.dumps(value).encode()).result()
         return
     path = local
     root = os.path.dirname(path)
@@ -152,7 +151,7 @@ def remove_file(path: str) -> None:
     local = local_path(path)
     if local is None:
         directory, name = path.rsplit("/", 1)
-        _kvstore(directory).write(name, None).result()  # None deletes
+        open_kvstore(directory).write(name, None).result()  # None deletes
         return
     path = local
     if os.path.exists(path):
@@ -166,7 +165,7 @@ def file_exists(path: str) -> bool:
     if local is not None:
         return os.path.isfile(local)
     directory, name = path.rsplit("/", 1)
-    return _kvstore(directory).read(name).result().state == "value"
+    return open_kvstore(directory).read(name).result().state == "value"
 
 
 def remove_directory(path: str) -> None:
@@ -176,7 +175,7 @@ def remove_directory(path: str) -> None:
     if local is not None:
         shutil.rmtree(local)
         return
-    _kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
+    open_kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
 
 
 def directory_exists(path: str) -> bool:
@@ -184,11 +183,7 @@ def directory_exists(path: str) -> bool:
     local = local_path(path)
     if local is not None:
         return os.path.exists(local)
-    return bool(_kvstore(path).list().result())
-
-
-def _kvstore(directory: str) -> ts.KvStore:
-    return ts.KvStore.open(kvstore_spec(directory), context=shared_context()).result()
+    return bool(open_kvstore(path).list().result())
 
 
 def _process_alive(pid: int) -> bool:

@@ -40,10 +40,9 @@ from typing import Any, Literal
 
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import kvstore_spec, shared_context
 from meshbatch.cache.format.checks import CacheIntegrityError, check_relative_path
 from meshbatch.cache.format.files import remove_file, write_json_atomic
-from meshbatch.cache.format.stores import check_inside, local_path, result
+from meshbatch.cache.format.stores import check_inside, kvstore_spec, local_path, result, shared_context
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Where a cache lives: a local directory or an object-store URL, as a TensorStore kvstore.
+"""Where a cache lives: a local directory or an object-store URL, as a TensorStore kvstore, opened
+in the one process-wide context (``shared_context``: cache pool, bounded retries, concurrency).
 
 Every byte of a cache (arrays, ledger, checksum sidecar) goes through TensorStore's own kvstore
 drivers, so a cache at ``gs://bucket/path`` or ``s3://bucket/path`` is read and written exactly like
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 from typing import Any
 
 import tensorstore as ts
@@ -58,6 +60,8 @@ from meshbatch.cache.format.checks import CacheIntegrityError
 OBJECT_SCHEMES = ("gs", "s3")
 DEFAULT_RETRIES = 6  # attempts after the first; backoff 0.1 s doubling to 2 s: about 6 s in all
 DEFAULT_READ_TIMEOUT_S = 120.0  # the longest meshbatch waits on one batch of reads
+DEFAULT_CACHE_POOL_BYTES = 1 << 30  # as Levanter's CACHE_BYTES_LIMIT default
+FILE_SCHEME = "file://"
 
 
 class StoreUnavailableError(OSError):
@@ -67,6 +71,13 @@ class StoreUnavailableError(OSError):
 
 def is_url(path: str) -> bool:
     return "://" in path
+
+
+def local_path(path: str) -> str | None:
+    """The local filesystem path of ``path`` (a plain path or a ``file://`` URL), else None."""
+    if path.startswith(FILE_SCHEME):
+        return path[len(FILE_SCHEME) :]
+    return None if is_url(path) else path
 
 
 def split_url(path: str) -> tuple[str, str, str]:
@@ -137,6 +148,35 @@ def store_context_spec(
     if copy_concurrency is not None:
         spec["data_copy_concurrency"] = {"limit": int(copy_concurrency)}
     return spec
+
+
+_context_lock = threading.Lock()
+_shared_context: ts.Context | None = None
+
+
+def shared_context() -> ts.Context:
+    """The process-wide TensorStore context (cache pool + I/O concurrency) every cache open uses.
+
+    Its cache pool holds ``MESHBATCH_TS_CACHE_BYTES`` bytes (default 1 GiB) of decoded chunks;
+    object-store requests are retried a bounded number of times (``store_context_spec``).
+    """
+    global _shared_context
+    with _context_lock:
+        if _shared_context is None:
+            limit = int(os.environ.get("MESHBATCH_TS_CACHE_BYTES", DEFAULT_CACHE_POOL_BYTES))
+            _shared_context = ts.Context(store_context_spec(cache_bytes=limit))
+        return _shared_context
+
+
+def uncached(context: ts.Context) -> ts.Context:
+    """``context`` with a cache pool of its own that keeps nothing: reads through it decode their
+    chunks and drop them (the other resources, request concurrency included, are ``context``'s)."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}}, context)
+
+
+def open_kvstore(directory: str, *, context: ts.Context | None = None) -> ts.KvStore:
+    """The kvstore of ``directory`` (``kvstore_spec``), opened in ``context`` (``shared_context()``)."""
+    return ts.KvStore.open(kvstore_spec(directory), context=context or shared_context()).result()
 
 
 def sized_context_spec(
@@ -228,26 +268,10 @@ def _first_env(*names: str) -> str | None:
     return None
 
 
-FILE_SCHEME = "file://"
-
-
-def local_path(path: str) -> str | None:
-    """The local filesystem path of ``path`` (a plain path or a ``file://`` URL), else None."""
-    if path.startswith(FILE_SCHEME):
-        return path[len(FILE_SCHEME) :]
-    return None if is_url(path) else path
-
-
 def check_inside(root: str, path: str, *, what: str) -> None:
-    """Refuses a local ``path`` inside ``root`` that resolves outside it (or onto it).
-
-    Args:
-        root: the cache root (plain path or URL; a non-local root is not checked).
-        path: a directory under ``root`` (``root`` joined with relative names).
-        what: what ``path`` is, for the message (``"shard 'part-1'"``, ``"field 'input_ids'"``).
-
-    Raises:
-        CacheIntegrityError: naming ``path``, where it resolves, and the root.
+    """Refuses a local ``path`` inside ``root`` (``root`` joined with relative names) that resolves
+    outside it (or onto it): a ``CacheIntegrityError`` naming ``what`` (``"shard 'part-1'"``),
+    ``path``, where it resolves, and the root. A URL is not checked (an object store has no symlinks).
     """
     local_root, local = local_path(root), local_path(path)
     if local_root is None or local is None:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import kvstore_spec, shared_context
 from meshbatch.cache.format.checks import CacheIntegrityError
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME
+from meshbatch.cache.format.stores import open_kvstore
 
 SIDECAR_FILE_NAME = "meshbatch_checksums.json"
 FORMAT, VERSION, ALGORITHM = "meshbatch-checksums", 1, "crc32"
@@ -160,7 +160,7 @@ def check_sidecar(
             another dtype (``data_type`` edited in ``zarr.json``), or other row and token counts
             (offsets moved past the data written).
     """
-    kvstore = ts.KvStore.open(kvstore_spec(field_root), context=context or shared_context()).result()
+    kvstore = open_kvstore(field_root, context=context)
     found = kvstore.read(SIDECAR_FILE_NAME).result()
     where = sidecar_path(field_root)
     if found.state != "value":
@@ -191,14 +191,8 @@ def check_sidecar(
 
 
 class RunningChecksums:
-    """Checksums of an append-only sequence, chunk by chunk: full chunks are final, the tail is not.
-
-    Args:
-        chunk: elements per chunk.
-        dtype: the values' dtype (their bytes are what is summed).
-        done: checksums of the full chunks already written.
-        tail: the values of the partial chunk after them (fewer than ``chunk``).
-    """
+    """Checksums of an append-only sequence of ``dtype`` values, ``chunk`` at a time: full chunks are
+    final (``done``: the sums of those already written), the ``tail`` after them is not."""
 
     def __init__(self, chunk: int, dtype: np.dtype, done: list[int], tail: np.ndarray):
         self.chunk, self.dtype = chunk, np.dtype(dtype)

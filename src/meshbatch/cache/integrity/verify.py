@@ -48,14 +48,9 @@ def verify_default() -> bool:
 
 
 class ChunkVerifier:
-    """The data chunks of one consolidated part a reader may verify, and those it has verified.
-
-    Args:
-        sums: the part's checked sidecar.
-        tokens: tokens the reader's ledger commits for the part.
-        where: the data array's path, for messages.
-        verified: ``(chunk, length)`` pairs verified by an earlier snapshot of the same part.
-    """
+    """The data chunks of one consolidated part a reader may verify (``sums``: its checked sidecar;
+    ``tokens``: what the reader's ledger commits of it), and those it has verified (from
+    ``verified``: the ``(chunk, length)`` pairs an earlier snapshot of the same part verified)."""
 
     def __init__(self, sums: Checksums, tokens: int, *, where: str, verified: frozenset = frozenset()):
         self.size, self.extent, self.recorded, self.where = sums.chunk_elements, sums.tokens, sums.data, where
@@ -126,23 +121,16 @@ class ChunkVerifier:
 
 
 def verify_offsets(raw: np.ndarray, sums: Checksums, *, first: int, where: str) -> None:
-    """Checks the offsets chunks that hold elements ``first`` and after against the sidecar.
+    """Checks the chunks of ``raw`` (int64 ``[rows + 1]`` offsets as on disk) that hold elements
+    ``first`` (the first loaded now) and after against ``sums``, the part's checked sidecar (it may
+    record more rows than ``raw`` holds); a mismatch is a ``CacheIntegrityError``.
 
-    Chunk 0 is summed with ``sums.rows`` as element 0, the count its writer summed: ``offsets[0]``
-    is ahead of the sidecar while a writer is between steps 2 and 3 of a commit (or was killed
-    there), and the rest of chunk 0 must still be what it recorded::
+    Chunk 0 is checked whenever it is complete, since ``offsets[0]`` changes with every commit. It
+    is summed with ``sums.rows`` as element 0, the count its writer summed: ``offsets[0]`` is ahead
+    of the sidecar while a writer is between steps 2 and 3 of a commit (or was killed there), and
+    the rest of chunk 0 must still be what it recorded::
 
         sidecar rows 2, offsets[0:3] on disk [3, 7, 20]  ->  crc32 of [2, 7, 20] vs the recorded one
-
-    Args:
-        raw: int64 ``[rows + 1]`` offsets as on disk (``raw[0]`` the row count written).
-        sums: the part's checked sidecar (it may record more rows than ``raw`` holds).
-        first: the first element loaded now (chunk 0 is checked whenever it is complete, since
-            ``offsets[0]`` changes with every commit).
-        where: the offsets array's path, for messages.
-
-    Raises:
-        CacheIntegrityError: a chunk's CRC-32 differs from the recorded one.
     """
     size, n = sums.chunk_elements, raw.shape[0]
     for k in sorted({0, *range(first // size, -(-n // size))}):
@@ -156,11 +144,7 @@ def verify_offsets_chunk(values: np.ndarray, k: int, sums: Checksums, *, where: 
     """Checks offsets chunk ``k`` (``values``: its elements as on disk, the whole chunk the sidecar
     sums) against the sidecar, chunk 0 summed with ``sums.rows`` as element 0: ``verify_offsets``
     checks loaded offsets this way, and a cache opened without loading them a chunk at a time,
-    where they are read.
-
-    Raises:
-        CacheIntegrityError: the chunk's CRC-32 differs from the recorded one.
-    """
+    where they are read."""
     head = sums.rows if k == 0 else None
     wrong = checksum_mismatch(values, sums.offsets, k, lo=k * sums.chunk_elements, where=where, head=head)
     if wrong is not None:

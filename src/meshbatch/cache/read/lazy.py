@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import FieldArrays, open_field, uncached
+from meshbatch.cache.format.arrays import FieldArrays, open_field
 from meshbatch.cache.format.checks import CacheIntegrityError, check_monotone
 from meshbatch.cache.format.ledger import (
     SHARDED,
@@ -39,6 +39,7 @@ from meshbatch.cache.format.ledger import (
     shard_root,
     shard_table,
 )
+from meshbatch.cache.format.stores import uncached
 from meshbatch.cache.integrity.checksums import Checksums
 from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets_chunk
 from meshbatch.cache.read.contents import check_part, checked_dtype, read_ends, read_result, touched

@@ -28,7 +28,6 @@ import numpy as np
 import tensorstore as ts
 
 from meshbatch.arguments import check_bool, check_float, check_int
-from meshbatch.cache.format.arrays import shared_context
 from meshbatch.cache.format.checks import (
     as_index_array,
     as_token_dtype,
@@ -37,6 +36,7 @@ from meshbatch.cache.format.checks import (
     check_path,
 )
 from meshbatch.cache.format.ledger import CONSOLIDATED, SHARDED, Ledger, LedgerFile
+from meshbatch.cache.format.stores import shared_context
 from meshbatch.cache.integrity.verify import verify_default
 from meshbatch.cache.read.coalesce import (
     Coalesced,

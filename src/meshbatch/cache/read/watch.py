@@ -29,7 +29,6 @@ from collections.abc import Callable, Collection
 
 import tensorstore as ts
 
-from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.checks import CacheChangedError
 from meshbatch.cache.format.ledger import (
     LEDGER_FILE_NAME,
@@ -39,7 +38,7 @@ from meshbatch.cache.format.ledger import (
     shard_root,
     shard_table,
 )
-from meshbatch.cache.format.stores import result
+from meshbatch.cache.format.stores import kvstore_spec, result
 
 
 def ledger_change(loaded: Ledger, now: Ledger) -> str | None:

@@ -40,8 +40,8 @@ import tensorstore as ts
 
 from meshbatch.arguments import INT32_MAX, INT32_MIN
 from meshbatch.cache import BlockCache, CacheIntegrityError, ReadCounters, shared_context
-from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.ledger import read_ledger
+from meshbatch.cache.format.stores import kvstore_spec
 from meshbatch.cache.integrity.verify import verify_default
 from meshbatch.cache.read.coalesce import as_spans, coalesce_spans
 from meshbatch.cache.read.reads import PendingRead, run_reads

@@ -50,10 +50,9 @@ import tensorstore as ts
 
 from meshbatch.arguments import check_int, check_token_id
 from meshbatch.cache import CacheIntegrityError, shared_context
-from meshbatch.cache.format.arrays import kvstore_spec
 from meshbatch.cache.format.files import file_exists, write_json_atomic
 from meshbatch.cache.format.ledger import LEDGER_FILE_NAME
-from meshbatch.cache.format.stores import is_url, local_path
+from meshbatch.cache.format.stores import is_url, kvstore_spec, local_path
 from meshbatch.cache.integrity.checksums import chunk_crc
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from meshbatch.arguments import as_key, check_bool, check_choice, check_int, check_token_id
 from meshbatch.cache import ByteTokenizer, HFTokenizer, TokenCache, Tokenizer, build_cache
-from meshbatch.cache.format.arrays import created, kvstore_spec
+from meshbatch.cache.format.arrays import created
 from meshbatch.cache.format.files import (
     directory_exists,
     file_exists,
@@ -49,7 +49,7 @@ from meshbatch.cache.format.files import (
     write_json_atomic,
 )
 from meshbatch.cache.format.ledger import Ledger, ledger_metadata, read_ledger, write_ledger
-from meshbatch.cache.format.stores import is_url
+from meshbatch.cache.format.stores import is_url, kvstore_spec
 
 from .block_store import (
     BLOCKS,
