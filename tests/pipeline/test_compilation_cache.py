@@ -83,8 +83,11 @@ def test_a_second_process_compiles_nothing(cache_path, tmp_path, kind):
         paths.append(other)
     cache_dir = str(tmp_path / "jax-cache")
     first = run(kind, paths, cache_dir)
-    assert first["misses"] > 0 and os.listdir(cache_dir), first  # the first run wrote entries
+    written = sorted(os.listdir(cache_dir))
+    assert first["misses"] > 0 and written, first  # the first run wrote entries
     second = run(kind, paths, cache_dir)
     assert second["tokens"] == first["tokens"]
-    assert second["misses"] == 0, second  # every program read back: nothing compiled
-    assert second["hits"] >= first["misses"], (first, second)
+    assert second["misses"] == 0 and second["hits"] > 0, second  # every program read back
+    # and nothing written again. (Not hits >= the first run's misses: a program that the warm-up
+    # thread and the stream ask for at the same moment misses twice, or hits twice, by timing.)
+    assert sorted(os.listdir(cache_dir)) == written
