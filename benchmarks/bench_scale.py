@@ -84,12 +84,7 @@ def child(args) -> dict:
     # hand (a loader's buffers never get ahead of such a consumer: the time is its production's).
     # One stream, not a fresh one: Levanter's MixtureDataset caches blocks as tasks of its first
     # iterator's event loop, which a second iterator cannot await (async-lru >= 2.1).
-    times, cpu, total = [], time.process_time(), time.perf_counter()
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        jax.block_until_ready(next(stream))
-        times.append(time.perf_counter() - start)
-    total, cpu = time.perf_counter() - total, time.process_time() - cpu
+    times, total, cpu = time_steps(stream, args.steps)
     _close(stream)
     q = statistics.quantiles(times, n=10)
     return {
@@ -103,6 +98,19 @@ def child(args) -> dict:
         "wait_p90_ms": 1e3 * q[-1],
         "cpu_ms": 1e3 * cpu / args.steps,
     }
+
+
+def time_steps(stream, steps: int) -> tuple[list[float], float, float]:
+    """Each of ``stream``'s next ``steps`` batches waited for as soon as the last is in hand: the
+    waits, the wall time and the process CPU time of all of them (seconds)."""
+    import jax
+
+    times, cpu, total = [], time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(next(stream))
+        times.append(time.perf_counter() - start)
+    return times, time.perf_counter() - total, time.process_time() - cpu
 
 
 def _meshbatch(paths, names, args, mesh):
