@@ -61,11 +61,14 @@ def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"], per_la
     return jax.lax.cond(jnp.max(group) - low < MAX_TABLE_GROUPS, table, lambda: make(group))
 
 
-def _base_key(key: Key[Array, ""], epoch) -> tuple[Key[Array, "*lanes"], bool]:
+def _base_key(key: Key[Array, "*keys"], epoch) -> tuple[Key[Array, "*lanes"], bool]:
     """The (possibly per-lane) key for this call and whether it is per-lane.
 
-    ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``IndexShuffle``).
+    ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``IndexShuffle``). A
+    key with a lane axis is a shuffle per lane (``IndexShuffle.lanes``): its epoch is per lane.
     """
+    if key.ndim:
+        return (key, True) if epoch is None else (jax.vmap(epoch_key)(key, epoch.reshape(-1)), True)
     if epoch is None:
         return key, False
     if epoch.ndim == 0:

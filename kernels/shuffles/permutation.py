@@ -171,6 +171,13 @@ class IndexShuffle(eqx.Module):
         epoch = None if epoch is None else jnp.asarray(epoch, U32)
         return _shuffle(self, jnp.asarray(indices), epoch)
 
+    def lanes(self, indices: UInt32[Array, " n"], epoch: UInt32[Array, " n"] | None) -> UInt32[Array, " n"]:
+        """``indices[i]`` shuffled by shuffle ``i`` (in its epoch ``epoch[i]``): every field of
+        ``self`` carries a leading lane axis, one shuffle per lane, as alike shuffles stacked and
+        gathered per row (a mixture's rows, each planned by its own child). Lane ``i`` gets what
+        shuffle ``i`` alone gives for that index; jittable, unchecked (indices in range)."""
+        return self._impl(indices, epoch)
+
     def _impl(self, indices, epoch):
         raise NotImplementedError
 
@@ -221,7 +228,14 @@ class Permutation(KeyedShuffle):
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
-        if epoch is None:
+        if self.key.ndim:  # a permutation per lane (``lanes``): its network, key and epoch
+            if epoch is None:
+                y = apply_network(self.kind, self.network, x, self.length, batched=True)
+            else:
+                keys = jax.vmap(epoch_key)(self.key, epoch.reshape(-1))
+                net = derive_network(self.kind, self.compat, keys, self.length)
+                y = apply_network(self.kind, net, x, self.length, batched=True)
+        elif epoch is None:
             y = apply_network(self.kind, self.network, x, self.length, batched=False)
         else:
             epoch = jnp.asarray(epoch, U32)

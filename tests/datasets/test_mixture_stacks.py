@@ -45,10 +45,14 @@ def caches(tmp_path_factory):
 
 SPECS = {
     "full": ShuffleSpec("full"),
+    "full-epochs": ShuffleSpec("full", reshuffle_each_epoch=True),
     "full-levanter": ShuffleSpec("full", compat="levanter"),
+    "linear": ShuffleSpec("full", kind="linear", reshuffle_each_epoch=True),
     "linear-levanter": ShuffleSpec("full", kind="linear", compat="levanter"),
     "era": ShuffleSpec("era", era_length=5, reshuffle_each_epoch=True),
     "block": ShuffleSpec("block", io_block_size=3, window_blocks=2),
+    "block-epochs": ShuffleSpec("block", io_block_size=2, window_blocks=3, reshuffle_each_epoch=True),
+    "era-levanter": ShuffleSpec("era", era_length=4, compat="levanter"),
     "block-levanter-epochs": ShuffleSpec(
         "block", io_block_size=4, compat="levanter", reshuffle_each_epoch=True
     ),

@@ -29,14 +29,24 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Int, PRNGKeyArray
 
 from meshbatch.arguments import check_int, check_token_id
 from meshbatch.cache import DEFAULT_CHUNK_SIZE, poll_until
 from meshbatch.kernels import Batch, causal_lm_batch, gather_windows
 from meshbatch.shuffles.shuffle_spec import ShuffleSpec
 
-from .protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, TokenSource, check_cache
+from .protocol import (
+    Content,
+    Dataset,
+    DeviceDataset,
+    Plan,
+    Rows,
+    Spans,
+    TokenSource,
+    check_cache,
+    gather_members,
+)
 
 logger = logging.getLogger(__name__)
 MAX_EXAMPLES = 2**32 - 1
@@ -83,6 +93,12 @@ class CausalDevice(DeviceDataset):
         """The example each row reads: ``shuffle(position)`` (with its epoch if reshuffling)."""
         example = self.shuffle_spec.apply(self.shuffle, rows.position, rows.epoch)
         return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example), None
+
+    def plan_members(self, member: Int[Array, " n"], rows: Rows) -> Plan:
+        """Rows of alike windows over several caches, each by its own shuffle (one call)."""
+        shuffles = None if self.shuffle is None else gather_members(self.shuffle, member)
+        example = self.shuffle_spec.apply_lanes(shuffles, rows.position, rows.epoch)
+        return Plan(rows=rows, source=jnp.zeros(example.shape, jnp.int32), example=example)
 
     def build(self, plan: Plan, content: Content) -> Batch:
         """Rows of the batch from their windows in the fetched buffer."""

@@ -36,6 +36,7 @@ import os
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from equinox import AbstractVar
@@ -172,6 +173,14 @@ class DeviceDataset(eqx.Module):
         """Batch rows from their plan and fetched content (``None`` without sources); jitted,
         per device shard, so it sees only that shard's rows."""
 
+    def plan_members(self, member: Int[Array, " n"], rows: Rows) -> Plan:
+        """A stateless plan of rows of several alike datasets stacked in ``self`` (every table
+        leaf ``[members, ...]``, as a mixture stacks its children): row ``i`` planned by member
+        ``member[i]``, exactly as that member's ``plan`` plans it. Default: each row's member
+        gathered (``gather_members``) and its one row planned alone, under ``vmap``; a dataset
+        whose plan can take a table per row overrides it with one call over all rows."""
+        return _plan_per_row(gather_members(self, member), rows)
+
     def builder(self) -> eqx.Module:
         """The part of this value ``build`` reads. Children of a mixture whose builders are equal
         (``eqx.tree_equal``) build alike for the same plan and content, so they share one build
@@ -188,6 +197,19 @@ class DeviceDataset(eqx.Module):
         ``real_tokens``: ``seq_len``), else ``None``. A token-balanced mixture counts such a
         child's upcoming rows without planning them."""
         return self.seq_len if type(self).real_tokens is DeviceDataset.real_tokens else None
+
+
+def gather_members(stack: eqx.Module, member: Int[Array, " n"]) -> eqx.Module:
+    """Each row's member out of a stack of alike modules (device halves, shuffles): every table
+    leaf ``[members, ...]`` becomes ``[n, ...]``."""
+    return jax.tree.map(lambda leaf: leaf[member] if eqx.is_array(leaf) else leaf, stack)
+
+
+@eqx.filter_vmap
+def _plan_per_row(device: DeviceDataset, rows: Rows) -> Plan:
+    """Each row planned by its own device half (``gather_members``' ``[n, ...]`` tables)."""
+    plan, _ = device.plan(Rows(rows.position[None], rows.epoch[None]), None)
+    return jax.tree.map(lambda leaf: leaf[0] if eqx.is_array(leaf) else leaf, plan)
 
 
 class Dataset(eqx.Module):
@@ -226,6 +248,11 @@ class Dataset(eqx.Module):
 
     __eq__ = object.__eq__
     __hash__ = object.__hash__
+    # Plain attribute access. An equinox module makes each method it hands out a module of its own,
+    # which flattens ``self``: a mixture's host half is every child's fields, and the host calls its
+    # methods at every step, so that would be host work that grows with the number of sources.
+    # A host half never enters a JAX transformation, so its bound methods need not be pytrees.
+    __getattribute__ = object.__getattribute__
 
     @property
     def fetches(self) -> bool:

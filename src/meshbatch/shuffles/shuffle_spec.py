@@ -187,3 +187,11 @@ class ShuffleSpec:
         if self.reshuffle_each_epoch:
             return shuffle(positions, epoch=epochs)
         return shuffle(positions)
+
+    def apply_lanes(self, shuffles, positions, epochs):
+        """``apply`` with one shuffle per row: ``shuffles``' fields carry a leading row axis
+        (alike shuffles stacked and gathered per row); row ``i`` gets what ``apply`` with shuffle
+        ``i`` gives it (jittable)."""
+        if shuffles is None:
+            return positions
+        return shuffles.lanes(positions, epochs if self.reshuffle_each_epoch else None)

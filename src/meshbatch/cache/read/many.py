@@ -32,7 +32,8 @@ from meshbatch.cache.format.checks import as_index_array, check_out_buffer
 from meshbatch.cache.read.coalesce import Coalesced, SourceRuns, as_spans, coalesce_sources
 from meshbatch.cache.read.contents import Contents
 from meshbatch.cache.read.reader import TokenCache, check_fits
-from meshbatch.cache.read.reads import PendingRead, Segment, check_all, pieces, plan_pieces, widens_exactly
+from meshbatch.cache.read.reads import PendingRead, Segment, pieces, plan_pieces, widens_exactly
+from meshbatch.cache.read.watch import start_watches
 
 
 @dataclass(frozen=True)
@@ -109,15 +110,18 @@ def prepare_reads(
     span_starts[empty] = at + spans.run_offsets[spans.first_run[slot[empty]]]
 
     groups: dict[tuple, list[int]] = {}
-    alone, paths = [], set()
+    alone, paths, widens = [], set(), {}
     for j, cache in enumerate(chosen):
-        key = (cache.path, cache.field)
-        if key in paths or not widens_exactly(cache.dtype, out.dtype):
+        key, dtype = (cache.path, cache.field), cache.dtype
+        fits = widens.get(dtype)
+        if fits is None:
+            fits = widens[dtype] = widens_exactly(dtype, out.dtype)
+        if key in paths or not fits:
             alone.append(j)
             continue
         paths.add(key)
         block_cache = cache.block_cache
-        groups.setdefault((id(block_cache), None if block_cache is None else cache.dtype), []).append(j)
+        groups.setdefault((id(block_cache), None if block_cache is None else dtype), []).append(j)
     reads = [
         _plan_group(chosen, members, spans, bases, slot, span_starts, out, at) for members in groups.values()
     ]
@@ -149,21 +153,24 @@ def _plan_group(
     """One plan for the runs of ``members`` (caches alike in block cache and, with one, dtype)."""
     first, base = spans.first_run.tolist(), bases.tolist()
     segments: list[Segment] = []
-    segment_starts, segment_slots, touched_parts = [], [], []
+    segment_starts, segment_slots, watched = [], [], []
     for j in members:
         a, b = first[j], first[j + 1]
-        view = chosen[j]._view
+        cache = chosen[j]
+        view = cache._view
         if a == b:
-            mine = []
+            mine = ()
         elif type(view) is Contents and len(view.segments) == 1:  # a consolidated cache, loaded
-            mine = list(view.segments)
+            mine = view.segments
         else:
             local = spans.run_starts[a:b] - base[j]
             mine = view.segments_for(local, local + spans.run_lengths[a:b])
-        segments.extend(mine)
-        segment_starts.extend(base[j] + seg.token_start for seg in mine)
-        segment_slots.extend([j] * len(mine))
-        touched_parts.append(frozenset(seg.part for seg in mine if seg.part))
+        for seg in mine:
+            segments.append(seg)
+            segment_starts.append(base[j] + seg.token_start)
+            segment_slots.append(j)
+        if cache._watch is not None:  # the shards this read touches are checked too
+            watched.append((cache._watch, frozenset(seg.part for seg in mine if seg.part)))
     in_group = np.zeros(len(chosen), dtype=bool)
     in_group[members] = True
     runs = np.flatnonzero(in_group[spans.run_slot])
@@ -175,40 +182,36 @@ def _plan_group(
         run_starts + spans.run_lengths[runs],
         at + spans.run_offsets[runs],
     )
-    cache = chosen[members[0]]
-    targets, extra, finish, _ = plan_pieces(planned, out, block_cache=cache.block_cache)
+    lead = chosen[members[0]]
+    targets, extra, finish, _ = plan_pieces(planned, out, block_cache=lead.block_cache)
 
     owner = {id(seg): j for seg, j in zip(segments, segment_slots, strict=True)}
     reads = dict.fromkeys(members, 0)
     nbytes = dict.fromkeys(members, 0)
     for target in targets + extra:
         reads[owner[id(target.segment)]] += 1
-    if cache.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
+    if lead.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
         tokens = np.diff(spans.run_offsets[spans.first_run]).tolist()
         for j in members:
             nbytes[j] = tokens[j] * chosen[j].dtype.itemsize
     else:
         for target in targets:
             nbytes[owner[id(target.segment)]] += target.dest.nbytes
-    checks = []
     requested, unique = spans.requested.tolist(), spans.unique.tolist()
-    for j, parts in zip(members, touched_parts, strict=True):
-        mine = chosen[j]
-        mine.counters.add(
+    for j in members:
+        chosen[j].counters.add(
             spans_requested=requested[j],
             unique_spans=unique[j],
             runs=first[j + 1] - first[j],
             reads_issued=reads[j],
             bytes_read=nbytes[j],
         )
-        if mine._watch is not None:
-            checks.append(functools.partial(mine._watch.start, parts))
     return PendingRead(
         span_starts[in_group[slot]],
         at + int(spans.run_offsets[first[members[-1] + 1]]),
         targets + extra,
         finish,
-        check_all(checks) if checks else None,
+        functools.partial(start_watches, watched) if watched else None,
         publish=getattr(finish, "publish", None),
         abort=getattr(finish, "abort", None),
     )

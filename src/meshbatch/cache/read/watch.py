@@ -111,6 +111,24 @@ def _unchanged() -> None:
     """The completed check of a local ledger whose ``stat`` had not moved."""
 
 
+def start_watches(watched: list[tuple[LedgerWatch, Collection[str]]]) -> Callable[[], None]:
+    """``watch.start(shards)`` of each ``(watch, shards)``, all started before any is completed
+    (one read plan's caches). A local ledger with no shard to check is its one ``stat``, compared
+    here: no function per cache for the common case."""
+    pending = []
+    for watch, shards in watched:
+        if shards or not watch.file.unchanged_on_disk(watch.stamp):
+            pending.append(watch.start(shards))
+    if not pending:
+        return _unchanged
+
+    def complete() -> None:
+        for done in pending:
+            done()
+
+    return complete
+
+
 class LedgerWatch:
     """The ledger a reader loaded, and the check that it is still the cache's ledger."""
 
@@ -118,6 +136,11 @@ class LedgerWatch:
         self.file, self.loaded, self._stamp = file, loaded, stamp
         self._shards = dict(shards or {})
         self._lock = threading.Lock()
+
+    @property
+    def stamp(self) -> object:
+        """The stamp of the ledger last loaded (``LedgerFile``)."""
+        return self._stamp
 
     @property
     def shard_names(self) -> set[str]:

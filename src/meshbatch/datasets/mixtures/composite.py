@@ -41,7 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, UInt32
 
-from meshbatch.datasets.protocol import Content, Dataset, DeviceDataset, Plan, Rows, Spans, replace
+from meshbatch.datasets.protocol import (
+    Content,
+    Dataset,
+    DeviceDataset,
+    Plan,
+    Rows,
+    Spans,
+    gather_members,
+    replace,
+)
 from meshbatch.datasets.provenance import RowSources, content_fingerprint
 from meshbatch.kernels import Batch
 from meshbatch.kernels.internal import WRAPPED
@@ -145,7 +154,7 @@ class CompositeDevice(DeviceDataset):
             if len(self.members[s]) == 1:
                 plan, _ = stack.plan(rows, None)
             else:
-                plan = _plan_per_row(_gather(stack, member), rows)
+                plan = stack.plan_members(member, rows)
             plans.append(plan)
         return tuple(plans)
 
@@ -196,7 +205,7 @@ class CompositeDevice(DeviceDataset):
                 if len(members) == 1:
                     tokens = stack.real_tokens(child_plan)
                 else:
-                    tokens = _tokens_per_row(_gather(stack, member), child_plan)
+                    tokens = _tokens_per_row(gather_members(stack, member), child_plan)
                 out = jnp.where(mine, tokens.astype(jnp.int32), out)
                 continue
             for c in members:
@@ -212,19 +221,6 @@ def _index_of(parts: tuple[tuple[int, ...], ...], n: int) -> tuple[int, ...]:
         for c in part:
             out[c] = p
     return tuple(out)
-
-
-def _gather(stack: DeviceDataset, member: Int[Array, " n"]) -> DeviceDataset:
-    """Each row's child's device half out of a stack: every table leaf ``[members, ...]`` becomes
-    ``[n, ...]``."""
-    return jax.tree.map(lambda leaf: leaf[member] if eqx.is_array(leaf) else leaf, stack)
-
-
-@eqx.filter_vmap
-def _plan_per_row(device: DeviceDataset, rows: Rows) -> Plan:
-    """Each row planned by its own device half (``_gather``'s ``[n, ...]`` tables)."""
-    plan, _ = device.plan(Rows(rows.position[None], rows.epoch[None]), None)
-    return jax.tree.map(lambda leaf: leaf[0] if eqx.is_array(leaf) else leaf, plan)
 
 
 @eqx.filter_vmap
