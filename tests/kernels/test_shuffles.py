@@ -266,3 +266,40 @@ def test_one_invalid_lane_keeps_the_table_path_values():
     got = np.asarray(_apply(era, with_invalid))
     np.testing.assert_array_equal(got[:-1], np.asarray(_apply(era, few))[:-1])
     assert got[-1] == 2**32 - 1
+
+
+@pytest.mark.parametrize("which", ["full", "era", "block"])
+def test_lanes_shuffle_each_lane_by_its_own_shuffle(which):
+    """Alike shuffles of other lengths and keys stacked, then gathered per lane: each lane gets
+    what its own shuffle gives its index (plain and in per-lane epochs), as a mixture's rows do.
+    (Levanter's key schedules: tests/datasets/test_mixture_stacks.py, through the mixture.)"""
+    compat = None
+    lengths = [37, 1000, 64, 517]
+
+    def make(length, k):
+        key = jax.random.key(k)
+        if which == "full":
+            return meshbatch.permutation("feistel", length, key, compat=compat)
+        if which == "era":
+            return meshbatch.era_shuffle(length, era_length=30, key=key, compat=compat)
+        return meshbatch.block_shuffle(length, io_block_size=8, window_blocks=3, key=key, compat=compat)
+
+    shuffles = [make(length, 5 + k) for k, length in enumerate(lengths)]
+    stack = jax.tree.map(lambda *leaves: jnp.stack(leaves), *shuffles)
+    rng = np.random.default_rng(0)
+    member = rng.integers(0, len(lengths), 300)
+    index = (rng.random(300) * np.asarray(lengths)[member]).astype(np.uint32)
+    epoch = rng.integers(0, 4, 300).astype(np.uint32)
+    lanes = jax.tree.map(lambda leaf: leaf[member], stack)
+    index, epoch = jnp.asarray(index), jnp.asarray(epoch)
+    for per_lane_epoch in (None, epoch):
+        got = np.asarray(_lanes(lanes, index, per_lane_epoch))
+        for m, shuffle in enumerate(shuffles):  # every lane through each (one shape: one compile)
+            want = _apply(shuffle, index) if per_lane_epoch is None else _apply_epoch(shuffle, index, epoch)
+            mine = member == m
+            np.testing.assert_array_equal(got[mine], np.asarray(want)[mine], err_msg=f"member {m}")
+
+
+@jax.jit
+def _lanes(shuffles, indices, epoch):
+    return shuffles.lanes(indices, epoch)
