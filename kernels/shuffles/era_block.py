@@ -33,7 +33,7 @@ from .permutation import (
     KeyedShuffle,
     apply_network,
     derive_network,
-    epoch_key,
+    keys_for,
     rewrap,
 )
 
@@ -61,21 +61,6 @@ def _per_lane(make, group: UInt32[Array, " n"], valid: Bool[Array, " n"], per_la
     return jax.lax.cond(jnp.max(group) - low < MAX_TABLE_GROUPS, table, lambda: make(group))
 
 
-def _base_key(key: Key[Array, "*keys"], epoch) -> tuple[Key[Array, "*lanes"], bool]:
-    """The (possibly per-lane) key for this call and whether it is per-lane.
-
-    ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``IndexShuffle``). A
-    key with a lane axis is a shuffle per lane (``IndexShuffle.lanes``): its epoch is per lane.
-    """
-    if key.ndim:
-        return (key, True) if epoch is None else (jax.vmap(epoch_key)(key, epoch.reshape(-1)), True)
-    if epoch is None:
-        return key, False
-    if epoch.ndim == 0:
-        return epoch_key(key, epoch), False
-    return epoch_key(key, epoch.reshape(-1)), True
-
-
 def _fold_in(key: Key[Array, "*lanes"], data: UInt32[Array, " n"], per_lane_key: bool) -> Key[Array, " n"]:
     if per_lane_key:
         return jax.vmap(jax.random.fold_in)(key, data)
@@ -91,7 +76,7 @@ class EraShuffle(KeyedShuffle):
         x, valid = self._lanes(indices)
         era = x // self.era_length
         start = era * self.era_length
-        base, per_lane_key = _base_key(self.key, epoch)
+        base, per_lane_key = keys_for(self.key, epoch)
 
         def era_size(e):
             remaining = self.length - jnp.minimum(e * self.era_length, self.length - U32(1))
@@ -135,7 +120,7 @@ class BlockShuffle(KeyedShuffle):
         stage_size = jnp.where(in_tail, tail, full_region)
         stage_x = jnp.where(in_tail, offset - full_region, offset)
 
-        base, per_lane_key = _base_key(self.key, epoch)
+        base, per_lane_key = keys_for(self.key, epoch)
         if per_lane_key:
             split = jax.vmap(lambda k: jax.random.split(k, 3))(base)
             block_key, full_key, tail_key = split[:, 0], split[:, 1], split[:, 2]

@@ -171,13 +171,6 @@ class IndexShuffle(eqx.Module):
         epoch = None if epoch is None else jnp.asarray(epoch, U32)
         return _shuffle(self, jnp.asarray(indices), epoch)
 
-    def lanes(self, indices: UInt32[Array, " n"], epoch: UInt32[Array, " n"] | None) -> UInt32[Array, " n"]:
-        """``indices[i]`` shuffled by shuffle ``i`` (in its epoch ``epoch[i]``): every field of
-        ``self`` carries a leading lane axis, one shuffle per lane, as alike shuffles stacked and
-        gathered per row (a mixture's rows, each planned by its own child). Lane ``i`` gets what
-        shuffle ``i`` alone gives for that index; jittable, unchecked (indices in range)."""
-        return self._impl(indices, epoch)
-
     def _impl(self, indices, epoch):
         raise NotImplementedError
 
@@ -194,6 +187,28 @@ class KeyedShuffle(IndexShuffle):
     key: PRNGKeyArray
     kind: Kind = eqx.field(static=True)
     compat: Compat = eqx.field(static=True)
+
+    def lanes(self, indices: UInt32[Array, " n"], epoch: UInt32[Array, " n"] | None) -> UInt32[Array, " n"]:
+        """``indices[i]`` shuffled by shuffle ``i`` (in its epoch ``epoch[i]``): every field of
+        ``self`` carries a leading lane axis, one shuffle per lane, as alike shuffles stacked and
+        gathered per row (a mixture's rows, each planned by its own child). Lane ``i`` gets what
+        shuffle ``i`` alone gives for that index; jittable, unchecked (indices in range)."""
+        return self._impl(indices, epoch)
+
+
+def keys_for(key: Key[Array, "*keys"], epoch) -> tuple[Key[Array, "*lanes"], bool]:
+    """A keyed shuffle's key for this call (``epoch_key`` of its epoch) and whether it is per lane.
+
+    ``epoch`` is ``None``, a scalar, or already broadcast to the indices (``_shuffle``). A key with
+    a lane axis is a shuffle per lane (``KeyedShuffle.lanes``): its epoch is per lane.
+    """
+    if key.ndim:
+        return (key, True) if epoch is None else (jax.vmap(epoch_key)(key, epoch.reshape(-1)), True)
+    if epoch is None:
+        return key, False
+    if epoch.ndim == 0:
+        return epoch_key(key, epoch), False
+    return epoch_key(key, epoch.reshape(-1)), True
 
 
 @eqx.filter_jit
@@ -228,22 +243,10 @@ class Permutation(KeyedShuffle):
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
-        if self.key.ndim:  # a permutation per lane (``lanes``): its network, key and epoch
-            if epoch is None:
-                y = apply_network(self.kind, self.network, x, self.length, batched=True)
-            else:
-                keys = jax.vmap(epoch_key)(self.key, epoch.reshape(-1))
-                net = derive_network(self.kind, self.compat, keys, self.length)
-                y = apply_network(self.kind, net, x, self.length, batched=True)
-        elif epoch is None:
-            y = apply_network(self.kind, self.network, x, self.length, batched=False)
+        if epoch is None:  # the plain key's network (one per lane for ``lanes``)
+            net, batched = self.network, self.key.ndim > 0
         else:
-            epoch = jnp.asarray(epoch, U32)
-            if epoch.ndim == 0:
-                net = derive_network(self.kind, self.compat, epoch_key(self.key, epoch), self.length)
-                y = apply_network(self.kind, net, x, self.length, batched=False)
-            else:
-                keys = epoch_key(self.key, jnp.broadcast_to(epoch, indices.shape).reshape(-1))
-                net = derive_network(self.kind, self.compat, keys, self.length)
-                y = apply_network(self.kind, net, x, self.length, batched=True)
+            keys, batched = keys_for(self.key, jnp.asarray(epoch, U32))
+            net = derive_network(self.kind, self.compat, keys, self.length)
+        y = apply_network(self.kind, net, x, self.length, batched=batched)
         return y.reshape(indices.shape)
