@@ -22,6 +22,9 @@ Loaders, at each size (``--sources``), 256 rows of 1024 tokens (``--batch``, ``-
 * ``--block-cache BYTES``: meshbatch's caches are opened with one shared ``BlockCache`` of that
   size (``docs/mixtures.md``: many block-shuffled sources), each chunk decoded once into host
   memory and every later window of it copied from there; 0 (the default): none;
+* ``--open lazy``: meshbatch opens the caches from their ledgers (``TokenCache.open(...,
+  eager=False)``, what a cache of more than 65,536 documents gets by default), not with every
+  document offset loaded (``eager``, the default here: these caches hold 128 documents each);
 * ``levanter``: Levanter's ``MixtureDataset`` of ``TokenSeqDataset(...).shuffle(key)`` children
   (Levanter 1.2.dev1644 has no block shuffle: a full Feistel permutation each) through its
   ``DataLoader``.
@@ -120,7 +123,9 @@ def _meshbatch(paths, names, args, mesh):
     spec = ShuffleSpec("block")
     shared = BlockCache(args.block_cache) if args.block_cache else None
     kids = {
-        name: CausalLMDataset(TokenCache.open(path, block_cache=shared), args.seq_len, shuffle=spec)
+        name: CausalLMDataset(
+            TokenCache.open(path, block_cache=shared, eager=args.open == "eager"), args.seq_len, shuffle=spec
+        )
         for name, path in zip(names, paths, strict=True)
     }
     if args.kind == "stable":
@@ -197,7 +202,7 @@ def run_cell(kind: str, sources: int, args, compile_cache: str) -> dict:
     command = [
         sys.executable, __file__, "--child", kind, "--sources", str(sources), "--data", args.data,
         "--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
-        "--block-cache", str(args.block_cache), "--skip", str(args.skip),
+        "--block-cache", str(args.block_cache), "--skip", str(args.skip), "--open", args.open,
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode:
@@ -221,6 +226,13 @@ def main():
     parser.add_argument("--tokens", type=int, default=1 << 20, help="tokens per cache")
     parser.add_argument(
         "--block-cache", type=int, default=0, help="bytes of a BlockCache meshbatch caches share (0: none)"
+    )
+    parser.add_argument(
+        "--open",
+        choices=("eager", "lazy"),
+        default="eager",
+        help="how meshbatch opens the caches: every offset loaded (eager) or from the ledger (lazy, "
+        "as TokenCache.open opens a cache of more than 65,536 documents)",
     )
     parser.add_argument("--data", default=None, help="where the caches are (made if missing)")
     parser.add_argument("--timeout", type=float, default=1800)

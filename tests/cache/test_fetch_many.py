@@ -2,6 +2,7 @@
 counters and errors as one ``prepare_read`` per cache, in cache order; and fetch's batches are the
 same with it and with a plan per source (``MESHBATCH_FETCH_PLAN``)."""
 
+import functools
 import shutil
 
 import jax
@@ -19,7 +20,7 @@ from meshbatch.cache import (
     TokenCache,
     run_reads,
 )
-from meshbatch.cache.read.many import prepare_reads
+from meshbatch.cache.read.many import ReadSpace, prepare_reads
 from meshbatch.pipeline.fetch import PLAN_ENV, one_plan
 
 AT = 3  # where the reads begin in the buffer: tokens before it must stay untouched
@@ -129,9 +130,14 @@ def _buffer(source, lengths):
     return np.full(AT + int(lengths.sum()) + 7, -1, np.int32)
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["space-per-step", "space-kept"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_one_plan_equals_a_plan_per_cache(corpus, layout):
+def test_one_plan_equals_a_plan_per_cache(corpus, layout, kept):
+    """One plan, step after step: a ``ReadSpace`` made for each step (``prepare_reads``) or kept
+    across steps (as fetch keeps one per dataset: lazily opened parts open as steps touch them)."""
     mine, theirs = _open(corpus, layout), _open(corpus, layout)
+    space = ReadSpace(mine)
+    plan = space.prepare if kept else functools.partial(prepare_reads, mine)
     flats = {r: corpus[name][1] for r, (name, _, _) in enumerate(LAYOUTS[layout])}
     flats |= {len(LAYOUTS[layout]) + k: flats[k] for k in range(2)}
     rng = np.random.default_rng(len(layout))
@@ -142,7 +148,7 @@ def test_one_plan_equals_a_plan_per_cache(corpus, layout):
         run_reads(reads)
         got = want.copy()
         got[:] = -1
-        many = prepare_reads(mine, source, starts, lengths, got, AT)
+        many = plan(source, starts, lengths, got, AT)
         run_reads(many.reads)
         np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
         np.testing.assert_array_equal(many.span_starts, want_where)
@@ -243,6 +249,50 @@ def test_a_replaced_cache_is_named(corpus, tmp_path):
         CacheChangedError, match=f"cache {paths[1]} changed under an open reader: it was replaced"
     ):
         run_reads(many.reads)
+
+
+def test_a_kept_space_sees_a_cache_replaced_after_its_first_step(corpus, tmp_path):
+    paths = copies(corpus, tmp_path, ("c0", "c1", "s0"))
+    space = ReadSpace([TokenCache.open(path, eager=path != paths[2]) for path in paths])
+    out = np.zeros(12, np.int32)
+    run_reads(space.prepare([0, 1, 2], [0, 0, 0], [4, 4, 4], out, 0).reads)
+    with CacheWriter(paths[1], if_exists="overwrite") as writer:
+        writer.write([np.arange(500, dtype=np.int32)])
+    many = space.prepare([0, 1, 2], [0, 0, 0], [4, 4, 4], out, 0)
+    with pytest.raises(CacheChangedError, match=f"cache {paths[1]} changed under an open reader"):
+        run_reads(many.reads)
+
+
+def test_a_kept_space_reads_the_rows_a_growing_cache_loads(tmp_path):
+    """A cache still being written: what the space keeps is rebuilt when the reader loads more rows
+    (its token count and, in the sharded layout, its new shards), and spans past what it had
+    loaded are refused until then, naming the cache."""
+    rng = np.random.default_rng(11)
+    plain, sharded = str(tmp_path / "plain"), str(tmp_path / "sharded")
+    _write(plain, _docs(rng, 12, np.int32))
+    first = _docs(rng, 5, np.int32)
+    writer = ShardedCacheWriter(sharded)
+    writer.write_shard("p0", iter(first))
+    caches = [TokenCache.open(plain), TokenCache.open(sharded, require_finished=False)]
+    space = ReadSpace(caches)
+    flat = np.concatenate(first)
+    out = np.full(2048, -1, np.int32)
+    run_reads(space.prepare([0, 1], [0, 0], [4, flat.size], out, 0).reads)
+    np.testing.assert_array_equal(out[4 : 4 + flat.size], flat)
+    with pytest.raises(IndexError, match=f"> num_tokens={flat.size} of cache {sharded}"):
+        space.prepare([1], [0], [flat.size + 1], out, 0)
+    more = _docs(rng, 4, np.int32)
+    writer.write_shard("p1", iter(more))
+    writer.finish()
+    caches[1].refresh()
+    flat = np.concatenate(first + more)
+    n = min(flat.size, 60)
+    out[:] = -1
+    many = space.prepare([1, 0], [flat.size - n, 2], [n, 2], out, 0)
+    run_reads(many.reads)
+    assert many.span_starts.tolist() == [2, 0]
+    np.testing.assert_array_equal(out[2 : 2 + n], flat[-n:])
+    assert caches[1].counters.as_dict()["runs"] == 2
 
 
 def test_a_damaged_chunk_is_named_as_before(corpus, tmp_path):

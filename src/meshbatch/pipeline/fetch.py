@@ -18,12 +18,14 @@ A buffer's size is static (``rows x max_row_tokens`` plus the margins), so build
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 
 import numpy as np
 
 from meshbatch.cache import TokenCache, run_reads
-from meshbatch.cache.read.many import prepare_reads
+from meshbatch.cache.read.many import ReadSpace
 from meshbatch.datasets.protocol import Dataset, Spans
 
 from .prefetch import wait_turn
@@ -150,11 +152,10 @@ def _read_group(
     present, first = np.unique(source.reshape(-1)[order], return_index=True)
     bounds = np.append(first, order.size)
     flat_start, flat_length, flat_where = start.reshape(-1), length.reshape(-1), where.reshape(-1)
-    touched = [dataset.sources[s] for s in present.tolist()]
-    if len(touched) > 1 and one_plan() and all(isinstance(cache, TokenCache) for cache in touched):
-        # the touched caches as one token space: one bounds check, coalesce and read plan (cache/many.py)
-        slots = np.repeat(np.arange(len(touched)), np.diff(bounds))
-        many = prepare_reads(touched, slots, flat_start[order], flat_length[order], buffer, margin)
+    space = read_space(dataset) if present.size > 1 and one_plan() else None
+    if space is not None:
+        # the caches as one token space: one bounds check, coalesce and read plan (cache/many.py)
+        many = space.prepare(source.reshape(-1)[order], flat_start[order], flat_length[order], buffer, margin)
         flat_where[order] = many.span_starts
         reads, at = many.reads, many.end
     else:
@@ -175,6 +176,27 @@ def _read_group(
 
     run_reads(reads, after_io=after_io)
     return buffer, where.astype(np.int32)
+
+
+_SPACES: dict[int, ReadSpace | None] = {}  # by id of a live dataset (its entry goes with it)
+_SPACES_LOCK = threading.Lock()
+
+
+def read_space(dataset: Dataset) -> ReadSpace | None:
+    """The ``ReadSpace`` of ``dataset``'s sources, kept while the dataset lives (what a step's read
+    plan needs of every cache, learnt once), or ``None`` when a source is not a ``TokenCache``."""
+    key = id(dataset)
+    space = _SPACES.get(key, False)
+    if space is not False:
+        return space
+    sources = dataset.sources
+    space = ReadSpace(sources) if all(isinstance(cache, TokenCache) for cache in sources) else None
+    try:
+        weakref.finalize(dataset, _SPACES.pop, key, None)
+    except TypeError:  # a dataset that cannot be referenced weakly: a space per step
+        return space
+    with _SPACES_LOCK:
+        return _SPACES.setdefault(key, space)
 
 
 PLAN_ENV = "MESHBATCH_FETCH_PLAN"  # "one" (default): one read plan for all caches of a step; "per-source"

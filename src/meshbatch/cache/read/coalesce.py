@@ -221,6 +221,9 @@ class RunRead:
         return SpanRead(tokens, offsets)
 
 
+_COUNTERS_LOCK = threading.Lock()  # one for every reader's counters: a plan of many caches takes it once
+
+
 @dataclass
 class ReadCounters:
     """Cumulative read-efficiency counters of one ``TokenCache`` (thread-safe).
@@ -234,7 +237,6 @@ class ReadCounters:
     runs: int = 0
     reads_issued: int = 0
     bytes_read: int = 0
-    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(
         self,
@@ -246,19 +248,31 @@ class ReadCounters:
         bytes_read: int = 0,
     ) -> None:
         """Adds one request's counts."""
-        with self._lock:
+        with _COUNTERS_LOCK:
             self.spans_requested += spans_requested
             self.unique_spans += unique_spans
             self.runs += runs
             self.reads_issued += reads_issued
             self.bytes_read += bytes_read
 
+    @staticmethod
+    def add_each(counters: list[ReadCounters], counts) -> None:
+        """Adds to each of ``counters`` its ``(spans_requested, unique_spans, runs, reads_issued,
+        bytes_read)`` from ``counts`` (the caches of one plan, under one lock)."""
+        with _COUNTERS_LOCK:
+            for c, (requested, unique, runs, reads, nbytes) in zip(counters, counts, strict=True):
+                c.spans_requested += requested
+                c.unique_spans += unique
+                c.runs += runs
+                c.reads_issued += reads
+                c.bytes_read += nbytes
+
     def reset(self) -> None:
         """Zeroes every counter."""
-        with self._lock:
+        with _COUNTERS_LOCK:
             self.spans_requested = self.unique_spans = self.runs = self.reads_issued = self.bytes_read = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (a consistent snapshot)."""
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_lock"}
+        with _COUNTERS_LOCK:
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

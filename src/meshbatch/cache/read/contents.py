@@ -30,6 +30,7 @@ import dataclasses
 import posixpath
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import tensorstore as ts
@@ -53,6 +54,22 @@ from meshbatch.cache.format.ledger import (
 from meshbatch.cache.integrity.checksums import check_sidecar
 from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets
 from meshbatch.cache.read.reads import Segment
+
+
+class Placed(NamedTuple):
+    """A cache's parts that hold tokens, in token order (``many.ReadSpace`` keeps them in arrays).
+
+    Attributes:
+        starts, ends: int64 ``[P]``, each part's first token and the token past its last.
+        names: each part's shard name (``""`` for a consolidated cache).
+        segments: each part's data array, or ``None`` for a part not opened yet (a lazily opened
+            cache opens it with ``open_segments``).
+    """
+
+    starts: np.ndarray
+    ends: np.ndarray
+    names: list[str]
+    segments: list[Segment | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +99,18 @@ class Contents:
     @property
     def num_tokens(self) -> int:
         return int(self.offsets[-1])
+
+    def placed(self) -> Placed:
+        """Every segment holding tokens, placed in the token space (all are open)."""
+        filled = [seg for seg in self.segments if seg.tokens]
+        starts = np.array([seg.token_start for seg in filled], np.int64)
+        ends = starts + np.array([seg.tokens for seg in filled], np.int64)
+        return Placed(starts, ends, [seg.part for seg in filled], filled)
+
+    def open_segments(self, placed: list[int]) -> list[Segment]:
+        """The segments at ``placed`` (their places in ``placed()``; every one is open)."""
+        filled = [seg for seg in self.segments if seg.tokens]
+        return [filled[i] for i in placed]
 
     def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:
         """The segments that tokens ``[run_starts[r], run_ends[r])`` touch, in token order."""

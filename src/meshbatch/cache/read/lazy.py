@@ -42,7 +42,7 @@ from meshbatch.cache.format.ledger import (
 from meshbatch.cache.format.stores import uncached
 from meshbatch.cache.integrity.checksums import Checksums
 from meshbatch.cache.integrity.verify import ChunkVerifier, check_last_chunk, verify_offsets_chunk
-from meshbatch.cache.read.contents import check_part, checked_dtype, read_ends, read_result, touched
+from meshbatch.cache.read.contents import Placed, check_part, checked_dtype, read_ends, read_result, touched
 from meshbatch.cache.read.reads import Segment
 from meshbatch.cache.read.watch import ShardFiles, read_shard_ledgers
 
@@ -262,6 +262,24 @@ class LazyContents:
             check_last_chunk(verifier, arrays.data, end, cache=root)
         token_start = int(self.token_starts[i]) if name else 0  # consolidated: opened before token_starts
         return LazyPart(name, arrays, rows, end, token_start, sums, verifier, self.path)
+
+    def placed(self) -> Placed:
+        """Every part holding tokens, placed in the token space; a part not opened yet has no
+        segment (``open_segments`` opens it)."""
+        with self._lock:
+            opened = dict(self._open)
+        filled = self._filled.tolist()
+        return Placed(
+            self.token_starts[self._filled],
+            self.token_starts[self._filled + 1],
+            [self.parts[i] for i in filled],
+            [opened[i].segment if i in opened else None for i in filled],
+        )
+
+    def open_segments(self, placed: list[int]) -> list[Segment]:
+        """The segments of the parts at ``placed`` (their places in ``placed()``), opening (in one
+        round, checked) those not open yet."""
+        return [part.segment for part in self._open_parts(self._filled[placed].tolist())]
 
     def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:
         """The segments of every part that tokens ``[run_starts[r], run_ends[r])`` touch, in token

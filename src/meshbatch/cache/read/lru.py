@@ -64,19 +64,29 @@ class BlockCache:
     def claim(self, key: Hashable) -> tuple[np.ndarray | None, Pending | None, bool]:
         """``(block, None, False)`` on a hit; else ``(None, pending, owner)``: the owner (the first
         to miss) must ``fulfil`` or ``abandon`` the key; the others wait on ``pending``."""
+        return self.claim_each([key])[0]
+
+    def claim_each(self, keys) -> list[tuple[np.ndarray | None, Pending | None, bool]]:
+        """``claim`` of each of ``keys`` (distinct), under one lock."""
+        got = []
         with self._lock:
-            block = self._blocks.get(key)
-            if block is not None:
-                self._blocks.move_to_end(key)
-                self.hits += 1
-                return block, None, False
-            pending = self._pending.get(key)
-            if pending is not None:
-                self.shared += 1
-                return None, pending, False
-            self.misses += 1
-            pending = self._pending[key] = Pending()
-            return None, pending, True
+            blocks, pendings = self._blocks, self._pending
+            for key in keys:
+                block = blocks.get(key)
+                if block is not None:
+                    blocks.move_to_end(key)
+                    self.hits += 1
+                    got.append((block, None, False))
+                    continue
+                pending = pendings.get(key)
+                if pending is not None:
+                    self.shared += 1
+                    got.append((None, pending, False))
+                    continue
+                self.misses += 1
+                pending = pendings[key] = Pending()
+                got.append((None, pending, True))
+        return got
 
     def fulfil(self, key: Hashable, block: np.ndarray) -> None:
         """The owner of ``key`` read ``block``: cache it and hand it to the waiting threads."""

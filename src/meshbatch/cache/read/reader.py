@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 
 import numpy as np
@@ -46,11 +47,12 @@ from meshbatch.cache.read.coalesce import (
     as_spans,
     coalesce_spans,
 )
-from meshbatch.cache.read.contents import Contents, load_contents
+from meshbatch.cache.read.contents import Contents, Placed, load_contents
 from meshbatch.cache.read.lazy import LazyContents
 from meshbatch.cache.read.lru import BlockCache
 from meshbatch.cache.read.reads import (
     PendingRead,
+    Segment,
     checked_cast,
     pieces,
     plan_pieces,
@@ -69,6 +71,16 @@ def check_fits(out: np.ndarray, at: int, total: int) -> None:
     """Raise ``ValueError`` unless ``total`` tokens fit ``out`` from ``at``."""
     if at + total > out.shape[0]:
         raise ValueError(f"out has {out.shape[0]} elements; {total} tokens at {at} do not fit")
+
+
+_LOADS_LOCK = threading.Lock()
+_loads = 0
+
+
+def load_count() -> int:
+    """How many times any reader has loaded rows (``many.ReadSpace`` rebuilds what it keeps when
+    this moves)."""
+    return _loads
 
 
 class TokenCache:
@@ -180,6 +192,15 @@ class TokenCache:
     @property
     def _view(self) -> Contents | LazyContents:
         return self._lazy if self._lazy is not None else self._contents
+
+    def placed(self) -> Placed:
+        """The parts holding tokens, placed in the token space (``Placed``)."""
+        return self._view.placed()
+
+    def open_segments(self, placed: list[int]) -> list[Segment]:
+        """The segments of the parts at ``placed`` (their places in ``placed()``), each opened and
+        checked first if it is not open yet (a lazily opened cache)."""
+        return self._view.open_segments(placed)
 
     @property
     def is_eager(self) -> bool:
@@ -431,3 +452,6 @@ class TokenCache:
             verify=self.verify,
             shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
         )
+        global _loads
+        with _LOADS_LOCK:  # after the swap: whoever sees the new count sees the new rows
+            _loads += 1

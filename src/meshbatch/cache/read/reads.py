@@ -281,10 +281,12 @@ def pieces(
     run_starts: np.ndarray,
     run_ends: np.ndarray,
     dest: np.ndarray,
+    segment_ends: np.ndarray | None = None,
 ) -> list[tuple[int, Segment, int, int]]:
     """Each run ``[run_starts[r], run_ends[r])``, read to ``dest[r]`` on, split where it crosses the
-    segments placed at ``segment_starts`` (ascending): ``(position, segment, local start, local end)``
-    in run order, vectorised."""
+    segments placed at ``segment_starts`` (ascending; ending at ``segment_ends``, by default where
+    each segment's tokens end): ``(position, segment, local start, local end)`` in run order,
+    vectorised. Only the segments a run touches are looked at."""
     if run_starts.size == 0:
         return []
     first = np.searchsorted(segment_starts, run_starts, side="right") - 1
@@ -295,8 +297,9 @@ def pieces(
         index = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(placed, count)
         starts, ends, dest = np.repeat(run_starts, count), np.repeat(run_ends, count), np.repeat(dest, count)
         lo = np.maximum(starts, segment_starts[index])
-        ends_at = segment_starts + np.array([seg.tokens for seg in segments], np.int64)
-        hi = np.minimum(ends, ends_at[index])
+        if segment_ends is None:
+            segment_ends = segment_starts + np.array([seg.tokens for seg in segments], np.int64)
+        hi = np.minimum(ends, segment_ends[index])
         dest = dest + (lo - starts)
     else:
         index, lo, hi = first, run_starts, run_ends
@@ -352,18 +355,21 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     blocks: dict[tuple, np.ndarray] = {}  # this request's blocks: kept even if the LRU evicts them
     missing: dict[tuple, tuple[Segment, int]] = {}  # blocks this request reads (it owns them)
     waiting: dict[tuple, tuple[Pending, Segment, int]] = {}  # blocks another thread is reading
+    wanted: dict[tuple, tuple[Segment, int]] = {}  # every block the pieces touch, once, in order
     for _, seg, lo, hi in pieces:
+        array, tokens = seg.key, seg.tokens
         for k in range(lo // size, (hi - 1) // size + 1):
-            key = _block_key(seg, k, size)
-            if key in blocks or key in missing or key in waiting:
-                continue
-            block, pending, owner = cache.claim(key)
-            if block is not None:
-                blocks[key] = block
-            elif owner:
-                missing[key] = (seg, k)
-            else:
-                waiting[key] = (pending, seg, k)
+            key = (array, k, min(size, tokens - k * size))  # _block_key, inline: once per block a step
+            if key not in wanted:
+                wanted[key] = (seg, k)
+    claimed = cache.claim_each(wanted)
+    for (key, (seg, k)), (block, pending, owner) in zip(wanted.items(), claimed, strict=True):
+        if block is not None:
+            blocks[key] = block
+        elif owner:
+            missing[key] = (seg, k)
+        else:
+            waiting[key] = (pending, seg, k)
 
     # consecutive missing blocks of one segment share a read
     groups: list[list[tuple]] = []
