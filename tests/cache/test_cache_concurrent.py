@@ -2,7 +2,8 @@
 
 A reader serves only the cache it loaded: rows a writer commits later are picked up by
 ``refresh``, a cache replaced under it (``if_exists="overwrite"``, a rewritten finished ledger, a
-removed ledger) is a ``CacheChangedError`` on the next read, never tokens of the new cache.
+removed ledger) is a ``CacheChangedError`` on the next read from storage, never tokens of the new
+cache.
 """
 
 import json
@@ -67,13 +68,17 @@ def test_a_removed_ledger_mid_overwrite_is_detected(tmp_path):
         reader.read_rows([0])
 
 
-def test_blocks_cached_before_a_replacement_are_not_served(tmp_path):
+def test_blocks_cached_before_a_replacement_serve_the_loaded_rows_until_a_read_goes_to_storage(tmp_path):
+    """A read served whole from the block cache reads nothing now: it returns rows of the ledger
+    the reader loaded (read and checked when their blocks were), never the new cache's tokens;
+    the first read that goes to storage is the ``CacheChangedError``."""
     path = _write(str(tmp_path), OLD)
     reader = TokenCache.open(path, block_cache=BlockCache(1 << 20, block_tokens=4))
-    reader.read_rows([0, 1])
+    reader.read_rows([0, 1])  # tokens [0, 8): blocks 0 and 1
     _write(path, NEW, if_exists="overwrite")
+    np.testing.assert_array_equal(reader.read_rows([0])[0], OLD[0])  # blocks 0, 1: no read, no check
     with pytest.raises(CacheChangedError, match="it was replaced"):
-        reader.read_rows([0])  # every block is in the LRU: no TensorStore read, still checked
+        reader.read_rows([2])  # tokens [8, 15): blocks 2 and 3 are read, then the ledger checked
 
 
 def test_rewritten_finished_ledger_without_cache_id_is_detected(tmp_path):

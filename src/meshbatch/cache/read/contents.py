@@ -61,14 +61,12 @@ class Placed(NamedTuple):
 
     Attributes:
         starts, ends: int64 ``[P]``, each part's first token and the token past its last.
-        names: each part's shard name (``""`` for a consolidated cache).
         segments: each part's data array, or ``None`` for a part not opened yet (a lazily opened
             cache opens it with ``open_segments``).
     """
 
     starts: np.ndarray
     ends: np.ndarray
-    names: list[str]
     segments: list[Segment | None]
 
 
@@ -105,7 +103,7 @@ class Contents:
         filled = [seg for seg in self.segments if seg.tokens]
         starts = np.array([seg.token_start for seg in filled], np.int64)
         ends = starts + np.array([seg.tokens for seg in filled], np.int64)
-        return Placed(starts, ends, [seg.part for seg in filled], filled)
+        return Placed(starts, ends, filled)
 
     def open_segments(self, placed: list[int]) -> list[Segment]:
         """The segments at ``placed`` (their places in ``placed()``; every one is open)."""

@@ -272,7 +272,6 @@ class LazyContents:
         return Placed(
             self.token_starts[self._filled],
             self.token_starts[self._filled + 1],
-            [self.parts[i] for i in filled],
             [opened[i].segment if i in opened else None for i in filled],
         )
 

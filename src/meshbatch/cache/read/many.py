@@ -19,9 +19,10 @@ it reads, not with the caches it touches. The table is rebuilt when any reader l
 opened as a step first touches them.
 
 What lands in ``out``, each span's place, each cache's counters and the errors are those of one
-``prepare_read`` per touched cache, in cache order. Each touched cache's ledger (and the ledgers of
-the shards the read touches) is still checked once per read; ``Segment``s keep their own cache's
-offsets, so a failed read or checksum names that cache and its tokens. Caches that cannot share
+``prepare_read`` per touched cache, in cache order. The ledger of each cache the plan reads from
+storage (and the ledgers of the shards it reads) is checked once per read, as ``prepare_read``
+checks it; ``Segment``s keep their own cache's offsets, so a failed read or checksum names that
+cache and its tokens. Caches that cannot share
 the plan (a dtype that does not widen into ``out``, a second reader at the same path) are planned
 one by one from the shared coalesce, exactly as ``prepare_read`` plans them.
 """
@@ -216,22 +217,20 @@ class _Group:
         self.member[members] = True
         self.block_cache = caches[members[0]].block_cache
         starts, ends, owners, local = [], [], [], []
-        self.names: list[str] = []
         self.segments: list = []
         for j in members:
             placed = caches[j].placed()
             starts.append(placed.starts + bases[j])
             ends.append(placed.ends + bases[j])
-            owners.append(np.full(len(placed.names), j, np.int64))
-            local.append(np.arange(len(placed.names)))
-            self.names += placed.names
+            owners.append(np.full(len(placed.segments), j, np.int64))
+            local.append(np.arange(len(placed.segments)))
             self.segments += placed.segments
         self.starts = np.concatenate(starts)  # ascending: bases ascend, each cache's parts do
         self.ends = np.concatenate(ends)
         self.cache_of = np.concatenate(owners)
         self.local = np.concatenate(local)  # each part's place among its cache's parts
         self.opened = np.array([seg is not None for seg in self.segments], bool)
-        self.sharded = any(self.names)
+        self.closed = int((~self.opened).sum())  # parts not opened yet (a lazily opened cache's)
         pairs = zip(self.segments, self.cache_of.tolist(), strict=True)
         self.owner = {id(seg): j for seg, j in pairs if seg is not None}  # each segment's cache
         self._lock = threading.Lock()
@@ -251,8 +250,7 @@ class _Group:
         runs = np.flatnonzero(self.member[spans.run_slot])
         run_starts = spans.run_starts[runs]
         run_ends = run_starts + spans.run_lengths[runs]
-        parts = None
-        if runs.size and (self.sharded or not self.opened.all()):
+        if runs.size and self.closed:
             first = np.searchsorted(self.starts, run_starts, side="right") - 1
             last = np.searchsorted(self.starts, run_ends - 1, side="right") - 1
             count = last - first + 1
@@ -268,8 +266,13 @@ class _Group:
         owner = self.owner
         touched = members.tolist()
         reads, nbytes = dict.fromkeys(touched, 0), dict.fromkeys(touched, 0)
+        shards: dict[int, set[str]] = {}  # the shards each cache's reads go to storage in
         for target in targets + extra:
-            reads[owner[id(target.segment)]] += 1
+            seg = target.segment
+            j = owner[id(seg)]
+            reads[j] += 1
+            if seg.part:
+                shards.setdefault(j, set()).add(seg.part)
         first_run = spans.first_run
         if self.block_cache is None:  # exact reads: the runs' tokens, in each cache's dtype
             offsets = spans.run_offsets
@@ -289,13 +292,9 @@ class _Group:
         )
         ReadCounters.add_each([caches[j].counters for j in touched], counts)
 
-        shards: dict[int, set[str]] = {}  # the shards this read touches are checked too
-        if self.sharded and parts is not None:
-            names, cache_of = self.names, self.cache_of
-            for p in parts.tolist():
-                if names[p]:
-                    shards.setdefault(int(cache_of[p]), set()).add(names[p])
-        watched = [(watches[j], shards.get(j, ())) for j in touched if watches[j] is not None]
+        # the caches this plan reads from storage (with those shards) are checked after the reads
+        # (``TokenCache._plan``); tokens served whole from the block cache are not read now
+        watched = [(watches[j], shards.get(j, ())) for j in touched if reads[j] and watches[j] is not None]
         return PendingRead(
             span_starts[self.member[source]],
             at + int(spans.run_offsets[first_run[touched[-1] + 1]]),
@@ -314,9 +313,11 @@ class _Group:
             opened = caches[j].open_segments(self.local[mine].tolist())
             with self._lock:
                 for p, seg in zip(mine.tolist(), opened, strict=True):
-                    self.segments[p] = seg
-                    self.owner[id(seg)] = j
-                    self.opened[p] = True
+                    if not self.opened[p]:  # another thread may have opened it meanwhile
+                        self.segments[p] = seg
+                        self.owner[id(seg)] = j
+                        self.opened[p] = True
+                        self.closed -= 1
 
 
 def _within(count: np.ndarray) -> np.ndarray:

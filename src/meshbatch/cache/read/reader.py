@@ -406,8 +406,9 @@ class TokenCache:
             bytes_read=nbytes,
         )
         check = None
-        if self._watch is not None:  # the ledger, and the ledgers of the shards these reads touch
-            check = functools.partial(self._watch.start, frozenset(s.part for s in segments if s.part))
+        if self._watch is not None and targets:  # the ledger, and those of the shards read from storage
+            read = frozenset(t.segment.part for t in targets if t.segment.part)
+            check = functools.partial(self._watch.start, read)
         return PendingRead(
             runs.span_starts + at,
             at + int(runs.run_offsets[-1]),
