@@ -134,12 +134,13 @@ class ReadSpace:
         span_starts[empty] = at + spans.run_offsets[spans.first_run[source[empty]]]
 
         touched = np.flatnonzero(spans.requested)
+        groups = kept.group_of[touched]  # the groups this step touches, not every group
         reads = []
-        for group in kept.groups:
-            members = touched[group.member[touched]]
-            if members.size:
-                reads.append(group.plan(caches, kept.watches, members, spans, source, span_starts, out, at))
-        for j in touched[kept.alone[touched]].tolist():  # planned as its own ``prepare_read`` plans it
+        for g in np.unique(groups[groups >= 0]).tolist():
+            members = touched[groups == g]
+            group = kept.groups[g]
+            reads.append(group.plan(caches, kept.watches, members, spans, source, span_starts, out, at))
+        for j in touched[groups < 0].tolist():  # planned as its own ``prepare_read`` plans it
             a, b = int(spans.first_run[j]), int(spans.first_run[j + 1])
             offsets = spans.run_offsets[a : b + 1]
             begin = int(offsets[0])
@@ -175,7 +176,7 @@ class _Kept:
     num_tokens: np.ndarray  # int64 [n]
     bases: np.ndarray  # int64 [n] each cache's place in the virtual space
     groups: list[_Group]  # caches that share a plan
-    alone: np.ndarray  # bool [n] caches planned on their own
+    group_of: np.ndarray  # int [n] each cache's group; -1: planned on its own
     watches: list[LedgerWatch | None]
 
     @classmethod
@@ -183,8 +184,8 @@ class _Kept:
         num_tokens = np.array([cache.num_tokens for cache in caches], dtype=np.int64)
         bases = np.zeros(len(caches), np.int64)
         np.cumsum(num_tokens[:-1] + 1, out=bases[1:])
-        alone = np.zeros(len(caches), bool)
-        groups: dict[tuple, list[int]] = {}
+        group_of = np.full(len(caches), -1, np.int64)
+        groups: dict[tuple, int] = {}  # alike in block cache (and, with one, dtype): one plan
         paths, widens = set(), {}
         for j, cache in enumerate(caches):
             key, dtype = (cache.path, cache.field), cache.dtype
@@ -192,18 +193,18 @@ class _Kept:
             if fits is None:
                 fits = widens[dtype] = widens_exactly(dtype, out_dtype)
             if key in paths or not fits:
-                alone[j] = True
                 continue
             paths.add(key)
             block_cache = cache.block_cache
-            groups.setdefault((id(block_cache), None if block_cache is None else dtype), []).append(j)
+            alike = (id(block_cache), None if block_cache is None else dtype)
+            group_of[j] = groups.setdefault(alike, len(groups))
         return cls(
             loads,
             out_dtype,
             num_tokens,
             bases,
-            [_Group(caches, members, bases) for members in groups.values()],
-            alone,
+            [_Group(caches, np.flatnonzero(group_of == g).tolist(), bases) for g in range(len(groups))],
+            group_of,
             [cache._watch for cache in caches],
         )
 
