@@ -90,6 +90,13 @@ class MixturePlan(eqx.Module):
         return self.groups[self.group_of[c]]
 
 
+def child_plan(plan: Plan, c: int) -> Plan:
+    """``plan.detail.of(c)`` on the host, by attribute: a method of a module (``MixturePlan``) is a
+    module of its own, whose construction flattens the whole plan."""
+    detail = plan.detail
+    return detail.groups[detail.group_of[c]]
+
+
 class CompositeDevice(DeviceDataset):
     """The device half of a mixture: the children's device halves, stacked where alike, and how
     they build.
@@ -332,9 +339,8 @@ class Composite(Dataset):
             mine = np.isin(source, members) if len(members) > 1 else source == members[0]
             if not lead.fetches or not mine.any():
                 continue
-            mine_only = jax.tree.map(
-                lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(members[0])
-            )
+            lead_plan = child_plan(plan, members[0])
+            mine_only = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], lead_plan)
             part = lead.spans(mine_only)
             k = part.source.shape[1]
             out.source[mine, :k] = self.source_table[source[mine][:, None], part.source]
@@ -350,7 +356,7 @@ class Composite(Dataset):
         for c, (name, child) in enumerate(zip(self.names, self.children, strict=True)):
             mine = np.flatnonzero(source == c)
             if mine.size:
-                sub = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], plan.detail.of(c))
+                sub = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], child_plan(plan, c))
                 part = child.provenance(sub)
                 part.component[:] = [name if not inner else f"{name}/{inner}" for inner in part.component]
                 parts.append((mine, part))
