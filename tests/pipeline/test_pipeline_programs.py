@@ -57,3 +57,24 @@ def test_an_equal_pipeline_compiles_nothing(paths, make, devices):
     assert compiles == [], f"{len(compiles)} programs compiled for an equal dataset"
     np.testing.assert_array_equal(again, first)
     assert not np.array_equal(other, first)  # the key still matters: only the programs are shared
+
+
+def test_a_stream_started_during_the_warm_up_compiles_each_program_once(paths):
+    """A stream asked for at once, while the warm-up still compiles (its second worker makes step 1
+    beside it), compiles what a stream after a finished warm-up compiles: no program twice."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+
+    def compiled(seq: int, wait: bool) -> int:  # a shape no other test compiles
+        dataset = CausalLMDataset(TokenCache.open(paths[1]), seq, shuffle=ShuffleSpec("block"))
+        with count_compiles() as compiles:
+            pipeline = Pipeline(dataset, mesh=mesh, batch_size=BATCH, key=0, workers=2)
+            if wait:
+                pipeline.warmup()
+            with pipeline.iterate_from(0) as stream:
+                for _ in range(4):
+                    next(stream)
+        return len(compiles)
+
+    compiled(SEQ + 1, wait=True)  # what any shape shares (key derivations) is compiled here
+    at_once, after = compiled(SEQ + 3, wait=False), compiled(SEQ + 5, wait=True)
+    assert at_once == after > 0, f"{at_once} programs compiled at once, {after} after the warm-up"
