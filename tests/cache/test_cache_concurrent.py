@@ -81,15 +81,48 @@ def test_blocks_cached_before_a_replacement_serve_the_loaded_rows_until_a_read_g
         reader.read_rows([2])  # tokens [8, 15): blocks 2 and 3 are read, then the ledger checked
 
 
-def test_rewritten_finished_ledger_without_cache_id_is_detected(tmp_path):
-    """Levanter writes no cache_id: a finished ledger that changes at all is a different cache."""
-    path = _write(str(tmp_path), OLD)
+def _without_cache_id(path: str) -> None:
+    """The cache's ledger as Levanter writes it: no ``cache_id``."""
     ledger_path = os.path.join(path, "shard_ledger.json")
     with open(ledger_path) as f:
         ledger = json.load(f)
     del ledger["cache_id"]
     with open(ledger_path, "w") as f:
         json.dump(ledger, f)
+
+
+@pytest.mark.parametrize("cache_id", [True, False], ids=["cache_id", "levanter"])
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_reader_opened_after_a_replacement_never_gets_the_old_readers_blocks(tmp_path, eager, cache_id):
+    """Readers of one path share a block cache. Readers of the same cache share its blocks (with a
+    ``cache_id``; Levanter's caches have none, and each opening keeps its own); one opened after
+    the cache was replaced reads the new cache's tokens, though an older reader's blocks of the
+    same array, chunk and length are still in the LRU."""
+    path = _write(str(tmp_path), OLD)
+    if not cache_id:
+        _without_cache_id(path)
+    blocks = BlockCache(1 << 20, block_tokens=4)
+    old = TokenCache.open(path, block_cache=blocks, eager=eager)
+    np.testing.assert_array_equal(old.read_rows([0])[0], OLD[0])
+    again = TokenCache.open(path, block_cache=blocks, eager=eager)  # the same cache
+    np.testing.assert_array_equal(again.read_rows([0])[0], OLD[0])
+    assert blocks.stats()["hits"] == (2 if cache_id else 0)  # row 0: tokens [0, 5), blocks 0 and 1
+    _write(path, [doc + 1 for doc in OLD], if_exists="overwrite")  # the same lengths, other tokens
+    if not cache_id:
+        _without_cache_id(path)
+    hits = blocks.stats()["hits"]
+    new = TokenCache.open(path, block_cache=blocks, eager=eager)
+    np.testing.assert_array_equal(new.read_rows([0])[0], OLD[0] + 1)
+    assert blocks.stats()["hits"] == hits
+
+
+def test_rewritten_finished_ledger_without_cache_id_is_detected(tmp_path):
+    """Levanter writes no cache_id: a finished ledger that changes at all is a different cache."""
+    path = _write(str(tmp_path), OLD)
+    _without_cache_id(path)
+    ledger_path = os.path.join(path, "shard_ledger.json")
+    with open(ledger_path) as f:
+        ledger = json.load(f)
     reader = TokenCache.open(path)
     ledger["is_finished"] = False
     with open(ledger_path, "w") as f:

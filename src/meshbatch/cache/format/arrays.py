@@ -15,6 +15,8 @@ Levanter's ``jagged_array._get_spec``. All opens share one ``ts.Context`` (``sto
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import posixpath
 from dataclasses import dataclass
@@ -32,13 +34,22 @@ DEFAULT_WRITE_CHUNK_SIZE = DEFAULT_CHUNK_SIZE * 512  # tokens per stored shard f
 ARRAY_SHAPE = 2**54  # Levanter's "unbounded" extent; the row count lives in offsets[0]
 
 
+_OPENINGS = itertools.count(1)
+
+
 @dataclass(frozen=True)
 class FieldArrays:
-    """The open ``offsets`` and ``data`` arrays of one field of one consolidated cache directory."""
+    """The open ``offsets`` and ``data`` arrays of one field of one consolidated cache directory.
+
+    ``opened`` numbers this opening (unique in the process): a ``BlockCache`` keys blocks by it, so
+    arrays opened again at the same path (a new reader of a cache replaced since) never get blocks
+    an earlier opening read.
+    """
 
     root: str
     offsets: ts.TensorStore
     data: ts.TensorStore
+    opened: int = dataclasses.field(default_factory=lambda: next(_OPENINGS))
 
     @property
     def data_path(self) -> str:

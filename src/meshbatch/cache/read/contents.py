@@ -144,13 +144,14 @@ def load_contents(
     context: ts.Context,
     expected: np.dtype | None,
     verify: bool = True,
-    shard_sidecars: Mapping[str, bool] | None = None,
+    shard_ledgers: Mapping[str, Ledger] | None = None,
 ) -> Contents:
     """``old`` brought up to ``ledger``; only new rows and new shards are read.
 
     With ``verify``, each segment carries the verifier of its data chunks (``verify.py``). A part
     whose ledger says ``meshbatch_checksums: true`` (the cache's own ledger for the consolidated
-    layout; for a shard ``shard_sidecars[name]``, from its ledger) must have its checksum sidecar.
+    layout; for a shard ``shard_ledgers[name]``, read before its arrays) must have its checksum
+    sidecar. Each segment's ``identity`` is its part's ``cache_id`` where the ledger has one.
 
     Raises:
         CacheIntegrityError: a changed layout, fewer rows than loaded, rewritten shards, a dtype
@@ -162,9 +163,9 @@ def load_contents(
         )
     if ledger.layout == CONSOLIDATED:
         return _consolidated(path, field, ledger, old, context=context, expected=expected, verify=verify)
-    required = dict(shard_sidecars or {})
+    shards = dict(shard_ledgers or {})
     return _sharded(
-        path, field, ledger, old, context=context, expected=expected, verify=verify, required=required
+        path, field, ledger, old, context=context, expected=expected, verify=verify, shards=shards
     )
 
 
@@ -198,11 +199,21 @@ def _consolidated(path, field, ledger: Ledger, old: Contents, *, context, expect
     dtype = checked_dtype(
         np.dtype(arrays.data.dtype.numpy_dtype), expected, old.dtype, where=arrays.data_path
     )
-    segment = Segment(arrays.data_path, 0, int(offsets[-1]), arrays.data, path, verifier)
+    segment = Segment(
+        arrays.data_path,
+        0,
+        int(offsets[-1]),
+        arrays.data,
+        path,
+        verifier,
+        identity=ledger.cache_id or arrays.opened,  # ``Segment.identity``
+    )
     return Contents(ledger, offsets, (segment,), dtype, ("",), arrays)
 
 
-def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify, required) -> Contents:
+def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, verify, shards) -> Contents:
+    required = {name: shard.meshbatch_checksums for name, shard in shards.items()}
+    shard_ids = {name: shard.cache_id for name, shard in shards.items()}
     entries = shard_table(ledger, field, root=path)
     loaded = len(old.parts)
     if tuple(e.name for e in entries[:loaded]) != old.parts:
@@ -226,18 +237,29 @@ def _sharded(path, field, ledger: Ledger, old: Contents, *, context, expected, v
             verify=verify,
             sidecar_required=required.get(entry.name, False),
         )
-        return arrays.data, offsets, verifier
+        return arrays, offsets, verifier
 
     with ThreadPoolExecutor(max_workers=16) as pool:  # opens are I/O-latency bound
         loaded_parts = list(pool.map(load, entries[loaded:]))
     offsets, segments, dtype = [old.offsets], list(old.segments), old.dtype
     start = int(old.offsets[-1])
-    for entry, (data, shard_offsets, verifier) in zip(entries[loaded:], loaded_parts, strict=True):
+    for entry, (arrays, shard_offsets, verifier) in zip(entries[loaded:], loaded_parts, strict=True):
         where = posixpath.join(path, entry.name, field, "data")
+        data = arrays.data
         dtype = checked_dtype(np.dtype(data.dtype.numpy_dtype), expected, dtype, where=where)
         offsets.append(shard_offsets[1:] + start)
         if entry.tokens:
-            segments.append(Segment(where, start, entry.tokens, data, path, verifier, part=entry.name))
+            segment = Segment(
+                where,
+                start,
+                entry.tokens,
+                data,
+                path,
+                verifier,
+                part=entry.name,
+                identity=shard_ids.get(entry.name) or arrays.opened,  # ``Segment.identity``
+            )
+            segments.append(segment)
         start += entry.tokens
     parts = tuple(e.name for e in entries)
     return Contents(ledger, np.concatenate(offsets), tuple(segments), dtype, parts, None)

@@ -69,6 +69,7 @@ class LazyPart:
         sums: Checksums | None,
         verifier: ChunkVerifier | None,
         cache: str,
+        cache_id: str | None = None,
     ):
         self.name, self.rows, self.tokens, self.token_start = name, rows, tokens, token_start
         self.dtype, self.data_path = np.dtype(arrays.data.dtype.numpy_dtype), arrays.data_path
@@ -78,7 +79,16 @@ class LazyPart:
         self._verified: set[int] = set()
         self._lock = threading.Lock()
         self.segment = (
-            Segment(self.data_path, token_start, tokens, arrays.data, cache, verifier, part=name)
+            Segment(
+                self.data_path,
+                token_start,
+                tokens,
+                arrays.data,
+                cache,
+                verifier,
+                part=name,
+                identity=cache_id or arrays.opened,  # ``Segment.identity``: the part's own ledger's
+            )
             if tokens
             else None
         )
@@ -220,7 +230,7 @@ class LazyContents:
 
         def one(i: int) -> LazyPart:
             ledger = ledgers[self.parts[i]][1] if self.parts[i] else self.ledger  # the part's own
-            return self._open_part(i, sidecar_required=ledger.meshbatch_checksums)
+            return self._open_part(i, sidecar_required=ledger.meshbatch_checksums, cache_id=ledger.cache_id)
 
         if len(missing) > 1:
             with ThreadPoolExecutor(max_workers=min(OPEN_THREADS, len(missing))) as pool:
@@ -234,7 +244,7 @@ class LazyContents:
                 self._open.setdefault(i, part)
             return [self._open[i] for i in indices]
 
-    def _open_part(self, i: int, *, sidecar_required: bool) -> LazyPart:
+    def _open_part(self, i: int, *, sidecar_required: bool, cache_id: str | None = None) -> LazyPart:
         """Opens part ``i`` and runs every check of ``contents.load_part`` that reads no bulk offsets.
 
         Reads ``offsets[0]`` and ``offsets[rows]`` (checked against the ledger), the data chunk
@@ -261,7 +271,7 @@ class LazyContents:
             verifier = ChunkVerifier(sums, end, where=arrays.data_path)
             check_last_chunk(verifier, arrays.data, end, cache=root)
         token_start = int(self.token_starts[i]) if name else 0  # consolidated: opened before token_starts
-        return LazyPart(name, arrays, rows, end, token_start, sums, verifier, self.path)
+        return LazyPart(name, arrays, rows, end, token_start, sums, verifier, self.path, cache_id)
 
     def placed(self) -> Placed:
         """Every part holding tokens, placed in the token space; a part not opened yet has no

@@ -451,7 +451,7 @@ class TokenCache:
             context=self._context,
             expected=self._expected_dtype,
             verify=self.verify,
-            shard_sidecars={name: entry[1].meshbatch_checksums for name, entry in shards.items()},
+            shard_ledgers={name: entry[1] for name, entry in shards.items()},
         )
         global _loads
         with _LOADS_LOCK:  # after the swap: whoever sees the new count sees the new rows

@@ -52,6 +52,11 @@ class Segment:
             (``verify.py``); ``None`` for a cache without checksums or with verification off.
         part: the shard it is (``""`` for a consolidated cache): a read checks that the shards it
             touched were not replaced (``watch.py``).
+        identity: with ``key``, what names its blocks in a ``BlockCache``: the ``cache_id`` of
+            the part's ledger (readers of one cache share blocks; a cache replaced since has
+            another id, so a reader opened after the replacement never gets the old cache's
+            blocks), else this opening of the array (``FieldArrays.opened``: readers of a cache
+            without one, Levanter's, share none).
     """
 
     key: str
@@ -61,6 +66,7 @@ class Segment:
     cache: str = ""
     verifier: ChunkVerifier | None = None
     part: str = ""
+    identity: str | int = 0
 
 
 class Target(NamedTuple):
@@ -345,8 +351,9 @@ def _read_into(targets: list[Target]) -> None:
 
 
 def _block_key(seg: Segment, k: int, size: int) -> tuple:
-    """Block ``k`` of ``seg``; its length is part of the key, so a tail block that grew is a new block."""
-    return (seg.key, k, min(size, seg.tokens - k * size))
+    """Block ``k`` of ``seg`` (of its ``identity``); its length is part of the key, so a tail block
+    that grew is a new block."""
+    return (seg.identity, seg.key, k, min(size, seg.tokens - k * size))
 
 
 def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
@@ -357,9 +364,9 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
     waiting: dict[tuple, tuple[Pending, Segment, int]] = {}  # blocks another thread is reading
     wanted: dict[tuple, tuple[Segment, int]] = {}  # every block the pieces touch, once, in order
     for _, seg, lo, hi in pieces:
-        array, tokens = seg.key, seg.tokens
+        identity, array, tokens = seg.identity, seg.key, seg.tokens
         for k in range(lo // size, (hi - 1) // size + 1):
-            key = (array, k, min(size, tokens - k * size))  # _block_key, inline: once per block a step
+            key = (identity, array, k, min(size, tokens - k * size))  # _block_key, inline: per block a step
             if key not in wanted:
                 wanted[key] = (seg, k)
     claimed = cache.claim_each(wanted)
@@ -373,7 +380,7 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
 
     # consecutive missing blocks of one segment share a read
     groups: list[list[tuple]] = []
-    for key in sorted(missing, key=lambda key: (missing[key][0].token_start, key[1])):
+    for key in sorted(missing, key=lambda key: (missing[key][0].token_start, missing[key][1])):
         seg, k = missing[key]
         previous = missing[groups[-1][-1]] if groups else None
         if previous is not None and previous[0] is seg and previous[1] == k - 1:
@@ -414,7 +421,9 @@ def _plan_blocks(pieces, dest: np.ndarray, cache: BlockCache):
                 at, pos = at + take, pos + take
 
     finish.publish, finish.abort = publish, abort  # run_reads calls them through PendingRead
-    finish.waited = [(seg, k * size, k * size + key[2]) for key, (_, seg, k) in waiting.items()]
+    finish.waited = [
+        (seg, k * size, k * size + key[-1]) for key, (_, seg, k) in waiting.items()
+    ]  # key[-1]: length
     return targets, finish, sum(target.dest.nbytes for target in targets)
 
 
