@@ -152,9 +152,10 @@ def _read_group(
     present, first = np.unique(source.reshape(-1)[order], return_index=True)
     bounds = np.append(first, order.size)
     flat_start, flat_length, flat_where = start.reshape(-1), length.reshape(-1), where.reshape(-1)
-    space = read_space(dataset) if present.size > 1 and one_plan() else None
+    space = read_space(dataset) if present.size and one_plan() else None
     if space is not None:
-        # the caches as one token space: one bounds check, coalesce and read plan (cache/many.py)
+        # the caches as one token space: one bounds check, coalesce and read plan (cache/many.py),
+        # from what the space keeps of them (one cache too: no lazily opened part looked up again)
         many = space.prepare(source.reshape(-1)[order], flat_start[order], flat_length[order], buffer, margin)
         flat_where[order] = many.span_starts
         reads, at = many.reads, many.end
