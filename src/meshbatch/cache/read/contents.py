@@ -107,7 +107,7 @@ class Contents:
 
     def open_segments(self, placed: list[int]) -> list[Segment]:
         """The segments at ``placed`` (their places in ``placed()``; every one is open)."""
-        filled = [seg for seg in self.segments if seg.tokens]
+        filled = self.placed().segments
         return [filled[i] for i in placed]
 
     def segments_for(self, run_starts: np.ndarray, run_ends: np.ndarray) -> list[Segment]:

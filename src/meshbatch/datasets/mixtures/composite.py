@@ -86,15 +86,10 @@ class MixturePlan(eqx.Module):
     tokens: Int[Array, " n"] | None = None
 
     def of(self, c: int) -> Plan:
-        """Child ``c``'s plan (valid on the rows whose source is ``c``)."""
+        """Child ``c``'s plan (valid on the rows whose source is ``c``). Host code calls it through
+        the class, ``MixturePlan.of(detail, c)``: a module's bound method is a module of its own,
+        whose construction flattens the whole plan."""
         return self.groups[self.group_of[c]]
-
-
-def child_plan(plan: Plan, c: int) -> Plan:
-    """``plan.detail.of(c)`` on the host, by attribute: a method of a module (``MixturePlan``) is a
-    module of its own, whose construction flattens the whole plan."""
-    detail = plan.detail
-    return detail.groups[detail.group_of[c]]
 
 
 class CompositeDevice(DeviceDataset):
@@ -339,7 +334,7 @@ class Composite(Dataset):
             mine = np.isin(source, members) if len(members) > 1 else source == members[0]
             if not lead.fetches or not mine.any():
                 continue
-            lead_plan = child_plan(plan, members[0])
+            lead_plan = MixturePlan.of(plan.detail, members[0])
             mine_only = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], lead_plan)
             part = lead.spans(mine_only)
             k = part.source.shape[1]
@@ -356,7 +351,9 @@ class Composite(Dataset):
         for c, (name, child) in enumerate(zip(self.names, self.children, strict=True)):
             mine = np.flatnonzero(source == c)
             if mine.size:
-                sub = jax.tree.map(lambda leaf, mine=mine: np.asarray(leaf)[mine], child_plan(plan, c))
+                sub = jax.tree.map(
+                    lambda leaf, mine=mine: np.asarray(leaf)[mine], MixturePlan.of(plan.detail, c)
+                )
                 part = child.provenance(sub)
                 part.component[:] = [name if not inner else f"{name}/{inner}" for inner in part.component]
                 parts.append((mine, part))
