@@ -24,17 +24,23 @@ once and gathered instead of once per index; a training batch does.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key, UInt32
 
 from .permutation import (
     INVALID,
+    Compat,
     KeyedShuffle,
+    Kind,
     apply_network,
+    apply_small,
     derive_network,
     keys_for,
     rewrap,
+    small_order,
 )
 
 U32 = jnp.uint32
@@ -91,10 +97,37 @@ class EraShuffle(KeyedShuffle):
 
 
 class BlockShuffle(KeyedShuffle):
-    """marin's two-level block shuffle as a jittable bijection of ``[0, length)``."""
+    """marin's two-level block shuffle as a jittable bijection of ``[0, length)``.
+
+    ``block_order`` is the plain key's order of the full blocks when they are few
+    (``small_order``), made once by ``create``.
+    """
 
     io_block_size: UInt32[Array, ""]
     window_blocks: UInt32[Array, ""]
+    block_order: UInt32[Array, " small"]
+
+    @classmethod
+    def create(
+        cls,
+        kind: Kind,
+        compat: Compat,
+        key: Key[Array, ""],
+        length: UInt32[Array, ""],
+        io_block_size: UInt32[Array, ""],
+        window_blocks: UInt32[Array, ""],
+    ) -> BlockShuffle:
+        """The shuffle of these checked fields, with its ``block_order``."""
+        order = _block_order(kind, compat, key, length, io_block_size)
+        return cls(
+            length=length,
+            key=key,
+            kind=kind,
+            compat=compat,
+            io_block_size=io_block_size,
+            window_blocks=window_blocks,
+            block_order=order,
+        )
 
     def _impl(self, indices, epoch):
         x, valid = self._lanes(indices)
@@ -140,12 +173,27 @@ class BlockShuffle(KeyedShuffle):
         net = _per_lane(stage_network, group, valid, per_lane_key)
         permuted = apply_network(self.kind, net, stage_x, jnp.maximum(stage_size, U32(1)), batched=True)
 
-        block = block_start + permuted // io
-        block_net = derive_network(self.kind, self.compat, block_key, jnp.maximum(full_blocks, U32(1)))
-        physical = apply_network(
-            self.kind, block_net, jnp.where(in_tail, U32(0), block), full_blocks, batched=per_lane_key
-        )
+        block = jnp.where(in_tail, U32(0), block_start + permuted // io)
+
+        def block_net():
+            return derive_network(self.kind, self.compat, block_key, jnp.maximum(full_blocks, U32(1)))
+
+        if epoch is None:  # the plain key: few blocks are looked up in block_order
+            physical = apply_small(
+                self.kind, block_net, self.block_order, block, full_blocks, batched=per_lane_key
+            )
+        else:
+            physical = apply_network(self.kind, block_net(), block, full_blocks, batched=per_lane_key)
         full_out = physical * io + (permuted - (permuted // io) * io)
         tail_out = full_blocks * io + permuted
         out = jnp.where(in_tail, tail_out, full_out)
         return jnp.where(valid, out, U32(INVALID)).reshape(indices.shape)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _block_order(kind: Kind, compat: Compat, key, length, io_block_size) -> UInt32[Array, " small"]:
+    """The plain key's ``small_order`` of the full blocks (as ``BlockShuffle._impl`` derives it)."""
+    full_blocks = length // io_block_size
+    block_key = jax.random.split(key, 3)[0]
+    network = derive_network(kind, compat, block_key, jnp.maximum(full_blocks, U32(1)))
+    return small_order(kind, compat, network, full_blocks)

@@ -17,6 +17,7 @@ raise; the host-side API checks concrete inputs and raises instead).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Literal
 
 import equinox as eqx
@@ -90,8 +91,52 @@ def derive_network(kind: Kind, compat: Compat, keys: Key[Array, "*batch"], lengt
     return feistel.StrongNetwork(unflat(round_keys, (feistel.STRONG_ROUNDS,)), unflat(a), unflat(b))
 
 
-# One compiled key schedule per (kind, compat); lengths and keys are traced, so never recompiled.
-_derive_jit = jax.jit(derive_network, static_argnums=(0, 1))
+# Up to this length a permutation is also kept as a table, made once with its network. The strong
+# network's domain is at least MIN_HALF^2 = 256 wide, so a walk of a length n that small takes about
+# 256 / n passes (n = 5: ~51, and the slowest of a batch's lanes several times more); a lookup
+# takes none.
+SMALL = 64
+
+
+def small_order(kind: Kind, compat: Compat, network: eqx.Module, length: UInt32[Array, ""]):
+    """``uint32[SMALL]``: the permutation of ``[0, length)`` by ``network``, then ``INVALID``; all
+    ``INVALID`` when ``length > SMALL`` (such a permutation is walked)."""
+    order = apply_network(kind, network, jnp.arange(SMALL, dtype=U32), length, batched=False)
+    return jnp.where(length <= SMALL, order, U32(INVALID))
+
+
+def apply_small(
+    kind: Kind,
+    network,
+    order: UInt32[Array, "*lanes small"],
+    x: UInt32[Array, " n"],
+    length: UInt32[Array, "*n"],
+    *,
+    batched: bool,
+) -> UInt32[Array, " n"]:
+    """``apply_network(kind, network(), x, length, batched=batched)``, read from ``order``
+    (``small_order`` of the same network; one per lane when ``batched``) for lanes whose length
+    is at most ``SMALL``. ``network`` is a function giving the network: it is derived, and the
+    other lanes walked, only when some lane needs it."""
+    x = x.reshape(-1)
+    small = jnp.broadcast_to(length <= U32(SMALL), x.shape)
+    index = jnp.minimum(x, U32(SMALL - 1))
+    looked = jnp.take_along_axis(order, index[:, None], axis=1)[:, 0] if batched else order[index]
+    looked = jnp.where(x < length, looked, U32(INVALID))
+    walk = jnp.where(small, U32(INVALID), x)  # out of range: these lanes never walk
+    walked = jax.lax.cond(
+        jnp.any(walk < length),
+        lambda: apply_network(kind, network(), walk, length, batched=batched),
+        lambda: walk | U32(INVALID),  # all INVALID, typed as ``walk`` (varying under shard_map)
+    )
+    return jnp.where(small, looked, walked)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _derive_small(kind: Kind, compat: Compat, key, length):
+    """The network of ``key`` for ``length`` and its ``small_order``: one program per (kind, compat)."""
+    network = derive_network(kind, compat, key, length)
+    return network, small_order(kind, compat, network, length)
 
 
 def apply_network(
@@ -229,24 +274,28 @@ def _shuffle(shuffle: IndexShuffle, indices, epoch):
 
 class Permutation(KeyedShuffle):
     """A keyed bijection of ``[0, length)``; see the module docstring. ``network`` is the key
-    schedule of the plain ``key``, derived once at construction; ``key`` serves per-epoch reshuffles.
+    schedule of the plain ``key`` and ``order`` its ``small_order``, both made once at construction
+    (one compiled program per kind and compat: lengths and keys are traced); ``key`` serves
+    per-epoch reshuffles.
     """
 
     network: eqx.Module
+    order: UInt32[Array, " small"]
 
     @classmethod
     def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
         key = typed_key(key)  # raw uint32[2] keys too
         length_arr = jax.device_put(np.uint32(length))  # placed: cheaper than a conversion
-        network = _derive_jit(kind, compat, key, length_arr)
-        return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network)
+        network, order = _derive_small(kind, compat, key, length_arr)
+        return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network, order=order)
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
-        if epoch is None:  # the plain key's network (one per lane for ``lanes``)
-            net, batched = self.network, self.key.ndim > 0
-        else:
-            keys, batched = keys_for(self.key, jnp.asarray(epoch, U32))
-            net = derive_network(self.kind, self.compat, keys, self.length)
+        if epoch is None:  # the plain key's network and table (one per lane for ``lanes``)
+            batched = self.key.ndim > 0
+            y = apply_small(self.kind, lambda: self.network, self.order, x, self.length, batched=batched)
+            return y.reshape(indices.shape)
+        keys, batched = keys_for(self.key, jnp.asarray(epoch, U32))
+        net = derive_network(self.kind, self.compat, keys, self.length)
         y = apply_network(self.kind, net, x, self.length, batched=batched)
         return y.reshape(indices.shape)

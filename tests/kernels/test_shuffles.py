@@ -303,3 +303,26 @@ def test_lanes_shuffle_each_lane_by_its_own_shuffle(which):
 @jax.jit
 def _lanes(shuffles, indices, epoch):
     return shuffles.lanes(indices, epoch)
+
+
+@pytest.mark.parametrize("compat", [None, "levanter"])
+@pytest.mark.parametrize("kind", ["feistel", "linear"])
+def test_short_orders_read_from_their_table_equal_the_walk(kind, compat):
+    """A permutation of at most ``SMALL`` indices, and a block shuffle of at most ``SMALL`` full
+    blocks, read their plain key's order from a table made at construction; epoch 0 (the same
+    key) derives and walks it on every call. Both give the same order at every length, across
+    the table's edge."""
+    small = meshbatch.kernels.shuffles.permutation.SMALL
+    for length in [*range(1, 8), small - 1, small, small + 1, 3 * small]:
+        perm = meshbatch.permutation(kind, length, jax.random.key(length), compat=compat)
+        np.testing.assert_array_equal(_whole(perm, length), _whole(perm, length, epoch=0), f"{length}")
+    for blocks in [0, 1, 2, 5, small - 1, small, small + 1]:
+        for tail in (0, 3):
+            length = blocks * 4 + tail
+            if length == 0:
+                continue
+            block = meshbatch.block_shuffle(
+                length, io_block_size=4, window_blocks=3, key=jax.random.key(blocks), kind=kind, compat=compat
+            )
+            want = _whole(block, length, epoch=0)
+            np.testing.assert_array_equal(_whole(block, length), want, f"{blocks} blocks, tail {tail}")
