@@ -15,7 +15,8 @@ checkout; ``old``: a checkout of the code before lazy opens, ``--old-src``), so 
 side on the same caches and servers. The process measures: the ``TokenCache.open`` time (defaults),
 the first read (one step: 8 spans of 1024 tokens at seeded random offsets), resident memory (RSS)
 after open and after ``--steps`` (100) such steps, each relative to the RSS just before the open.
-A run that exceeds ``--timeout`` seconds is recorded as timed out. Results print as a table and go
+A run that exceeds ``--timeout`` seconds is recorded as timed out, with what it measured before
+(the open, the first read, and the steps it made, counted every 10). Results print as a table and go
 to ``bench_cache_open.json``.
 
     python benchmarks/bench_cache_open.py [--quick] [--old-src /path/to/old/src]
@@ -70,15 +71,20 @@ def child(path: str, steps: int) -> dict:
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
+    so_far = {"open_s": opened, "rss_after_open_mb": after_open / 2**20, "first_read_s": first}
+    print(json.dumps(so_far), flush=True)
     start = time.perf_counter()
-    for _ in range(steps):
+    for done in range(1, steps + 1):
         step()
+        if done % 10 == 0 or done == steps:  # a run stopped by --timeout keeps the steps it made
+            progress = {"steps_done": done, "steps_s": time.perf_counter() - start}
+            progress["rss_after_steps_mb"] = (_rss() - base) / 2**20
+            print(json.dumps({**so_far, **progress}), flush=True)
     stepping = time.perf_counter() - start
     return {
-        "open_s": opened,
-        "first_read_s": first,
+        **so_far,
+        "steps_done": steps,
         "steps_s": stepping,
-        "rss_after_open_mb": after_open / 2**20,
         "rss_after_steps_mb": (_rss() - base) / 2**20,
         "rows": cache.num_rows,
         "tokens": cache.num_tokens,
@@ -236,17 +242,29 @@ def main() -> None:
     print(_table(results))
 
 
+def _partial(row: dict) -> tuple[str, str, str, str]:
+    """The cells of a row: open s, first read s, RSS after open, RSS after steps (with their count)."""
+
+    def num(name: str, spec: str) -> str:
+        return format(row[name], spec) if name in row else ""
+
+    steps = ""
+    if "rss_after_steps_mb" in row:
+        steps = f"{row['rss_after_steps_mb']:.1f}"
+        if "timed_out_s" in row:
+            steps += f" ({row['steps_done']} steps, {row['steps_s']:.0f} s)"
+    return num("open_s", ".3f"), num("first_read_s", ".3f"), num("rss_after_open_mb", ".1f"), steps
+
+
 def _line(row: dict) -> str:
-    if "timed_out_s" in row:
-        opened = f"open {row['open_s']:8.3f}s, then " if "open_s" in row else ""
-        what = f"{opened}timed out after {row['timed_out_s']:.0f}s"
-    elif "error" in row:
+    if "error" in row:
         what = f"error: {row['error']}"
     else:
-        what = (
-            f"open {row['open_s']:8.3f}s  first read {row['first_read_s']:7.3f}s  "
-            f"{row['rss_after_open_mb']:7.1f} MB after open, {row['rss_after_steps_mb']:7.1f} MB after steps"
-        )
+        opened, first, after_open, after_steps = _partial(row)
+        what = f"open {opened or '-':>8}s  first read {first or '-':>7}s  "
+        what += f"{after_open or '-':>7} MB after open, {after_steps or '-'} MB after steps"
+        if "timed_out_s" in row:
+            what += f"; timed out after {row['timed_out_s']:.0f}s"
     return f"{row['cache']:>16} {row['store']:>10} {row['code']:>4}  {what}"
 
 
@@ -254,17 +272,13 @@ def _table(results: list[dict]) -> str:
     head = "| cache | store | code | open s | first read s | RSS after open MB | RSS after steps MB |"
     lines = [head, "|---|---|---|---|---|---|---|"]
     for row in results:
-        if "timed_out_s" in row:
-            opened = f"{row['open_s']:.3f}" if "open_s" in row else ""
-            after = f"{row['rss_after_open_mb']:.1f}" if "rss_after_open_mb" in row else ""
-            cells = f"{opened} | timed out ({row['timed_out_s']:.0f} s in all) | {after} |"
-        elif "open_s" in row:
-            cells = (
-                f"{row['open_s']:.3f} | {row['first_read_s']:.3f} | {row['rss_after_open_mb']:.1f} | "
-                f"{row['rss_after_steps_mb']:.1f}"
-            )
+        if "error" in row:
+            cells = f"{row['error']} | | | "
         else:
-            cells = f"{row['error']} | | |"
+            opened, first, after_open, after_steps = _partial(row)
+            if "timed_out_s" in row:
+                after_steps += f" (timed out at {row['timed_out_s']:.0f} s)"
+            cells = f"{opened} | {first} | {after_open} | {after_steps}"
         lines.append(f"| {row['cache']} | {row['store']} | {row['code']} | {cells} |")
     return "\n".join(lines)
 
