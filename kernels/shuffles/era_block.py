@@ -196,4 +196,4 @@ def _block_order(kind: Kind, compat: Compat, key, length, io_block_size) -> UInt
     full_blocks = length // io_block_size
     block_key = jax.random.split(key, 3)[0]
     network = derive_network(kind, compat, block_key, jnp.maximum(full_blocks, U32(1)))
-    return small_order(kind, compat, network, full_blocks)
+    return small_order(kind, network, full_blocks)

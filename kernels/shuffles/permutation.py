@@ -98,7 +98,7 @@ def derive_network(kind: Kind, compat: Compat, keys: Key[Array, "*batch"], lengt
 SMALL = 64
 
 
-def small_order(kind: Kind, compat: Compat, network: eqx.Module, length: UInt32[Array, ""]):
+def small_order(kind: Kind, network: eqx.Module, length: UInt32[Array, ""]) -> UInt32[Array, " small"]:
     """``uint32[SMALL]``: the permutation of ``[0, length)`` by ``network``, then ``INVALID``; all
     ``INVALID`` when ``length > SMALL`` (such a permutation is walked)."""
     order = apply_network(kind, network, jnp.arange(SMALL, dtype=U32), length, batched=False)
@@ -136,7 +136,7 @@ def apply_small(
 def _derive_small(kind: Kind, compat: Compat, key, length):
     """The network of ``key`` for ``length`` and its ``small_order``: one program per (kind, compat)."""
     network = derive_network(kind, compat, key, length)
-    return network, small_order(kind, compat, network, length)
+    return network, small_order(kind, network, length)
 
 
 def apply_network(
