@@ -14,6 +14,7 @@ from .preblocked.structure import ANOMALY_KINDS as ANOMALY_KINDS
 from .preblocked.structure import LITERAL_KINDS as LITERAL_KINDS
 from .preblocked.structure import assemble_rows as assemble_rows
 from .shuffles.permutation import Compat as Compat
+from .shuffles.permutation import KeyedShuffle as KeyedShuffle
 from .shuffles.permutation import Kind as Kind
 from .splice.frames import DocumentPool as DocumentPool
 from .splice.frames import SegmentMode as SegmentMode

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key, UInt32
@@ -99,35 +100,18 @@ class EraShuffle(KeyedShuffle):
 class BlockShuffle(KeyedShuffle):
     """marin's two-level block shuffle as a jittable bijection of ``[0, length)``.
 
-    ``block_order`` is the plain key's order of the full blocks when they are few
-    (``small_order``), made once by ``create``.
+    ``block_order``, when ``with_orders`` made it, is the plain key's order of the full blocks
+    (``small_order``).
     """
 
     io_block_size: UInt32[Array, ""]
     window_blocks: UInt32[Array, ""]
-    block_order: UInt32[Array, " small"]
+    block_order: UInt32[Array, "*members small"] | None = None
 
-    @classmethod
-    def create(
-        cls,
-        kind: Kind,
-        compat: Compat,
-        key: Key[Array, ""],
-        length: UInt32[Array, ""],
-        io_block_size: UInt32[Array, ""],
-        window_blocks: UInt32[Array, ""],
-    ) -> BlockShuffle:
-        """The shuffle of these checked fields, with its ``block_order``."""
-        order = _block_order(kind, compat, key, length, io_block_size)
-        return cls(
-            length=length,
-            key=key,
-            kind=kind,
-            compat=compat,
-            io_block_size=io_block_size,
-            window_blocks=window_blocks,
-            block_order=order,
-        )
+    def with_orders(self) -> BlockShuffle:
+        """This shuffle with its ``block_order`` (one per member of a stack)."""
+        order = _block_orders(self.kind, self.compat, self.key, self.length, self.io_block_size)
+        return eqx.tree_at(lambda s: s.block_order, self, order, is_leaf=lambda x: x is None)
 
     def _impl(self, indices, epoch):
         x, valid = self._lanes(indices)
@@ -178,7 +162,7 @@ class BlockShuffle(KeyedShuffle):
         def block_net():
             return derive_network(self.kind, self.compat, block_key, jnp.maximum(full_blocks, U32(1)))
 
-        if epoch is None:  # the plain key: few blocks are looked up in block_order
+        if epoch is None and self.block_order is not None:  # few blocks are looked up
             physical = apply_small(
                 self.kind, block_net, self.block_order, block, full_blocks, batched=per_lane_key
             )
@@ -190,10 +174,17 @@ class BlockShuffle(KeyedShuffle):
         return jnp.where(valid, out, U32(INVALID)).reshape(indices.shape)
 
 
-@partial(jax.jit, static_argnums=(0, 1))
 def _block_order(kind: Kind, compat: Compat, key, length, io_block_size) -> UInt32[Array, " small"]:
     """The plain key's ``small_order`` of the full blocks (as ``BlockShuffle._impl`` derives it)."""
     full_blocks = length // io_block_size
     block_key = jax.random.split(key, 3)[0]
     network = derive_network(kind, compat, block_key, jnp.maximum(full_blocks, U32(1)))
     return small_order(kind, network, full_blocks)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _block_orders(kind: Kind, compat: Compat, key, length, io_block_size) -> UInt32[Array, "*members small"]:
+    """``_block_order`` of each member of a stack (leading axis), or of one shuffle."""
+    if key.ndim == 0:
+        return _block_order(kind, compat, key, length, io_block_size)
+    return jax.vmap(partial(_block_order, kind, compat))(key, length, io_block_size)

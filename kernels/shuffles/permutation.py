@@ -91,17 +91,34 @@ def derive_network(kind: Kind, compat: Compat, keys: Key[Array, "*batch"], lengt
     return feistel.StrongNetwork(unflat(round_keys, (feistel.STRONG_ROUNDS,)), unflat(a), unflat(b))
 
 
-# Up to this length a permutation is also kept as a table, made once with its network. The strong
-# network's domain is at least MIN_HALF^2 = 256 wide, so a walk of a length n that small takes about
-# 256 / n passes (n = 5: ~51, and the slowest of a batch's lanes several times more); a lookup
-# takes none.
+# Up to this length a permutation can also be kept as a table (``KeyedShuffle.with_orders``). The
+# strong network's domain is at least MIN_HALF^2 = 256 wide, so a walk of a length n that small
+# takes about 256 / n passes (n = 5: ~51, and the slowest of a batch's lanes several times more);
+# a lookup takes none.
 SMALL = 64
+# Every network of a length up to SMALL maps the values a walk visits into [0, DOMAIN): the strong
+# one is a bijection of [0, 16 * 16), Levanter's of [0, 2^(2 rb)) with 2^(2 rb) <= 4 * SMALL, and
+# the linear one stays inside [0, length).
+DOMAIN = feistel.MIN_HALF**2
+DOUBLINGS = 8  # 2^8 = DOMAIN steps: longer than any walk inside the domain
 
 
 def small_order(kind: Kind, network: eqx.Module, length: UInt32[Array, ""]) -> UInt32[Array, " small"]:
     """``uint32[SMALL]``: the permutation of ``[0, length)`` by ``network``, then ``INVALID``; all
-    ``INVALID`` when ``length > SMALL`` (such a permutation is walked)."""
-    order = apply_network(kind, network, jnp.arange(SMALL, dtype=U32), length, batched=False)
+    ``INVALID`` when ``length > SMALL`` (such a permutation is walked).
+
+    The walk without a loop: one pass of the network over its whole domain gives each value's
+    next, a value inside ``[0, length)`` stays where it is, and doubling that map ``DOUBLINGS``
+    times takes every value to where its walk lands.
+    """
+    domain = jnp.arange(DOMAIN, dtype=U32)
+    step = jnp.minimum(network(domain), U32(DOMAIN - 1))  # values outside the domain are never visited
+    land = jnp.where(domain < length, domain, step)
+    for _ in range(DOUBLINGS):
+        land = land[land]
+    x = domain[:SMALL]
+    order = jnp.where(length <= 1, U32(0), land[step[:SMALL]])
+    order = jnp.where(x < length, order, U32(INVALID))
     return jnp.where(length <= SMALL, order, U32(INVALID))
 
 
@@ -132,11 +149,16 @@ def apply_small(
     return jnp.where(small, looked, walked)
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def _derive_small(kind: Kind, compat: Compat, key, length):
-    """The network of ``key`` for ``length`` and its ``small_order``: one program per (kind, compat)."""
-    network = derive_network(kind, compat, key, length)
-    return network, small_order(kind, network, length)
+# One compiled key schedule per (kind, compat); lengths and keys are traced, so never recompiled.
+_derive_jit = jax.jit(derive_network, static_argnums=(0, 1))
+
+
+@partial(jax.jit, static_argnums=(0,))
+def _small_orders(kind: Kind, network: eqx.Module, length: UInt32[Array, "*members"]):
+    """``small_order`` of each member of a stack (leading axis of every leaf), or of one network."""
+    if length.ndim == 0:
+        return small_order(kind, network, length)
+    return jax.vmap(partial(small_order, kind))(network, length)
 
 
 def apply_network(
@@ -240,6 +262,18 @@ class KeyedShuffle(IndexShuffle):
         shuffle ``i`` alone gives for that index; jittable, unchecked (indices in range)."""
         return self._impl(indices, epoch)
 
+    def with_orders(self) -> KeyedShuffle:
+        """This shuffle with tables of its short orders (``small_order``) made, one program for
+        every member of a stack: the same orders, looked up instead of walked on the plain key.
+        A stack of many small shuffles gains (each lane would walk its own network); a single
+        shuffle's lanes share one walk, so it is left without (one program fewer to compile).
+        Default: no such table."""
+        return self
+
+
+def _is_none(x) -> bool:
+    return x is None
+
 
 def keys_for(key: Key[Array, "*keys"], epoch) -> tuple[Key[Array, "*lanes"], bool]:
     """A keyed shuffle's key for this call (``epoch_key`` of its epoch) and whether it is per lane.
@@ -274,26 +308,34 @@ def _shuffle(shuffle: IndexShuffle, indices, epoch):
 
 class Permutation(KeyedShuffle):
     """A keyed bijection of ``[0, length)``; see the module docstring. ``network`` is the key
-    schedule of the plain ``key`` and ``order`` its ``small_order``, both made once at construction
-    (one compiled program per kind and compat: lengths and keys are traced); ``key`` serves
-    per-epoch reshuffles.
+    schedule of the plain ``key``, derived once at construction; ``key`` serves per-epoch
+    reshuffles. ``order``, when ``with_orders`` made it, is the plain key's ``small_order``.
     """
 
     network: eqx.Module
-    order: UInt32[Array, " small"]
+    order: UInt32[Array, "*members small"] | None = None
 
     @classmethod
     def create(cls, kind: Kind, length: int, key: PRNGKeyArray, *, compat: Compat = None) -> Permutation:
         key = typed_key(key)  # raw uint32[2] keys too
         length_arr = jax.device_put(np.uint32(length))  # placed: cheaper than a conversion
-        network, order = _derive_small(kind, compat, key, length_arr)
-        return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network, order=order)
+        network = _derive_jit(kind, compat, key, length_arr)
+        return cls(length=length_arr, key=key, kind=kind, compat=compat, network=network)
+
+    def with_orders(self) -> Permutation:
+        """This permutation with its plain key's ``small_order`` (one per member of a stack)."""
+        return eqx.tree_at(
+            lambda p: p.order, self, _small_orders(self.kind, self.network, self.length), is_leaf=_is_none
+        )
 
     def _impl(self, indices, epoch):
         x = indices.reshape(-1).astype(U32)
-        if epoch is None:  # the plain key's network and table (one per lane for ``lanes``)
+        if epoch is None and self.order is not None:  # the plain key's table (one per lane for ``lanes``)
             batched = self.key.ndim > 0
             y = apply_small(self.kind, lambda: self.network, self.order, x, self.length, batched=batched)
+            return y.reshape(indices.shape)
+        if epoch is None:  # the plain key's network (one per lane for ``lanes``)
+            y = apply_network(self.kind, self.network, x, self.length, batched=self.key.ndim > 0)
             return y.reshape(indices.shape)
         keys, batched = keys_for(self.key, jnp.asarray(epoch, U32))
         net = derive_network(self.kind, self.compat, keys, self.length)

@@ -20,6 +20,7 @@ from meshbatch.cache import TokenCache
 from meshbatch.datasets import Rows
 from meshbatch.datasets.mixtures import derive_keys
 from meshbatch.kernels import Counts, select_tournament
+from meshbatch.kernels.shuffles.permutation import SMALL
 from meshbatch.pipeline.programs import plan_program
 
 SEQ = 8
@@ -68,6 +69,10 @@ def test_stacked_rows_plan_as_each_child_alone(caches, spec):
     mixture = Mixture(kids, {name: 1.0 + k for k, name in enumerate(kids)}, block_size=12)
     device = mixture.make(as_key(KEY))[0]
     assert device.members == (tuple(range(6)),)
+    if spec.strategy in ("full", "block"):  # the stack's short orders are tables (each child's walks)
+        shuffle = device.stacks[0].shuffle
+        order = shuffle.order if spec.strategy == "full" else shuffle.block_order
+        assert order.shape == (6, SMALL)
     _, child_keys = derive_keys(as_key(KEY), list(kids))
     stream = np.arange(240)  # the children wrap many times: child epochs up to about 20
     rows = Rows(jnp.asarray(np.tile(stream, 2), jnp.uint32), jnp.asarray(np.repeat([0, 1], 240), jnp.uint32))

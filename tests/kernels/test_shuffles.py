@@ -290,14 +290,15 @@ def test_lanes_shuffle_each_lane_by_its_own_shuffle(which):
     member = rng.integers(0, len(lengths), 300)
     index = (rng.random(300) * np.asarray(lengths)[member]).astype(np.uint32)
     epoch = rng.integers(0, 4, 300).astype(np.uint32)
-    lanes = jax.tree.map(lambda leaf: leaf[member], stack)
     index, epoch = jnp.asarray(index), jnp.asarray(epoch)
-    for per_lane_epoch in (None, epoch):
-        got = np.asarray(_lanes(lanes, index, per_lane_epoch))
-        for m, shuffle in enumerate(shuffles):  # every lane through each (one shape: one compile)
-            want = _apply(shuffle, index) if per_lane_epoch is None else _apply_epoch(shuffle, index, epoch)
-            mine = member == m
-            np.testing.assert_array_equal(got[mine], np.asarray(want)[mine], err_msg=f"member {m}")
+    for tabled in (stack, stack.with_orders()):  # short orders walked, then read from tables
+        lanes = jax.tree.map(lambda leaf: leaf[member], tabled)
+        for per_lane_epoch in (None, epoch):
+            got = np.asarray(_lanes(lanes, index, per_lane_epoch))
+            for m, one in enumerate(shuffles):  # every lane through each (one shape: one compile)
+                want = _apply(one, index) if per_lane_epoch is None else _apply_epoch(one, index, epoch)
+                mine = member == m
+                np.testing.assert_array_equal(got[mine], np.asarray(want)[mine], err_msg=f"member {m}")
 
 
 @jax.jit
@@ -308,14 +309,20 @@ def _lanes(shuffles, indices, epoch):
 @pytest.mark.parametrize("compat", [None, "levanter"])
 @pytest.mark.parametrize("kind", ["feistel", "linear"])
 def test_short_orders_read_from_their_table_equal_the_walk(kind, compat):
-    """A permutation of at most ``SMALL`` indices, and a block shuffle of at most ``SMALL`` full
-    blocks, read their plain key's order from a table made at construction; epoch 0 (the same
-    key) derives and walks it on every call. Both give the same order at every length, across
-    the table's edge."""
+    """``with_orders`` keeps a permutation of at most ``SMALL`` indices, and a block shuffle's
+    order of at most ``SMALL`` full blocks, as a table its plain key then reads; without it the
+    order is derived and walked. Both give the same order at every length, across the table's
+    edge."""
     small = meshbatch.kernels.shuffles.permutation.SMALL
+
+    def check(shuffle, length, what):
+        tabled = shuffle.with_orders()
+        assert jax.tree.structure(tabled) != jax.tree.structure(shuffle)  # a table was made
+        np.testing.assert_array_equal(_whole(tabled, length), _whole(shuffle, length), what)
+
     for length in [*range(1, 8), small - 1, small, small + 1, 3 * small]:
         perm = meshbatch.permutation(kind, length, jax.random.key(length), compat=compat)
-        np.testing.assert_array_equal(_whole(perm, length), _whole(perm, length, epoch=0), f"{length}")
+        check(perm, length, f"{length}")
     for blocks in [0, 1, 2, 5, small - 1, small, small + 1]:
         for tail in (0, 3):
             length = blocks * 4 + tail
@@ -324,5 +331,4 @@ def test_short_orders_read_from_their_table_equal_the_walk(kind, compat):
             block = meshbatch.block_shuffle(
                 length, io_block_size=4, window_blocks=3, key=jax.random.key(blocks), kind=kind, compat=compat
             )
-            want = _whole(block, length, epoch=0)
-            np.testing.assert_array_equal(_whole(block, length), want, f"{blocks} blocks, tail {tail}")
+            check(block, length, f"{blocks} blocks, tail {tail}")

@@ -119,9 +119,7 @@ def block_shuffle(
         )
     # A window wider than the dataset is the whole dataset; clamping keeps io * window in 32 bits.
     window_blocks = min(window_blocks, total_blocks)
-    return BlockShuffle.create(
-        kind, compat, fields["key"], fields["length"], _u32(io_block_size), _u32(window_blocks)
-    )
+    return BlockShuffle(**fields, io_block_size=_u32(io_block_size), window_blocks=_u32(window_blocks))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,7 @@ from meshbatch.datasets.protocol import (
 )
 from meshbatch.datasets.provenance import RowSources, content_fingerprint
 from meshbatch.kernels import Batch
-from meshbatch.kernels.internal import WRAPPED
+from meshbatch.kernels.internal import WRAPPED, KeyedShuffle
 
 
 def derive_keys(key: PRNGKeyArray, names) -> tuple[PRNGKeyArray, dict[str, PRNGKeyArray]]:
@@ -257,8 +257,19 @@ def stack_children(devices) -> tuple[tuple[tuple[int, ...], ...], tuple[DeviceDa
             stacks.append(devices[part[0]])
             continue
         stacked = jax.tree.map(lambda *leaves: _stack(leaves), *(parts[c][0] for c in part))
-        stacks.append(eqx.combine(stacked, parts[part[0]][1]))
+        stacks.append(_with_orders(eqx.combine(stacked, parts[part[0]][1])))
     return tuple(tuple(m) for m in members), tuple(stacks)
+
+
+def _is_shuffle(x) -> bool:
+    return isinstance(x, KeyedShuffle)
+
+
+def _with_orders(stack: DeviceDataset) -> DeviceDataset:
+    """A stack's shuffles with their short orders as tables (``KeyedShuffle.with_orders``): each
+    row of a stack is shuffled by its own member, so without them every row of a small member
+    walks its own network (docs/shuffles.md). The same orders; one program for the whole stack."""
+    return jax.tree.map(lambda x: x.with_orders() if _is_shuffle(x) else x, stack, is_leaf=_is_shuffle)
 
 
 class Composite(Dataset):
