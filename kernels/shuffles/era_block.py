@@ -36,6 +36,7 @@ from .permutation import (
     Compat,
     KeyedShuffle,
     Kind,
+    _is_none,
     apply_network,
     apply_small,
     derive_network,
@@ -111,7 +112,7 @@ class BlockShuffle(KeyedShuffle):
     def with_orders(self) -> BlockShuffle:
         """This shuffle with its ``block_order`` (one per member of a stack)."""
         order = _block_orders(self.kind, self.compat, self.key, self.length, self.io_block_size)
-        return eqx.tree_at(lambda s: s.block_order, self, order, is_leaf=lambda x: x is None)
+        return eqx.tree_at(lambda s: s.block_order, self, order, is_leaf=_is_none)
 
     def _impl(self, indices, epoch):
         x, valid = self._lanes(indices)
